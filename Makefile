@@ -1,0 +1,31 @@
+# `make train` and `make test` set themselves up: a .venv with mgpu and its test extras.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: train test test-correctness perf clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+# The main job, sized for a 2-core CPU (about 1 minute): ResNet-18 at width 16 on synthetic data.
+train: $(VENV)/.installed
+	$(PY) -m mgpu train --model resnet18 --width 16 --epochs 2 --batch-size 128 --lr 0.1 \
+		--train-size 8192 --test-size 2000 --out runs/quick
+
+# Everything CI runs: the correctness suite, and every benchmark once as a smoke test.
+test: $(VENV)/.installed
+	$(PY) -m pytest correctness perf --benchmark-disable -q
+
+test-correctness: $(VENV)/.installed
+	$(PY) -m pytest correctness -q
+
+# Real timings (a few minutes), with a scaling table at the end.
+perf: $(VENV)/.installed
+	$(PY) -m pytest perf
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .hypothesis .benchmarks perf-results

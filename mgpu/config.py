@@ -1,0 +1,94 @@
+"""Settings of one training run, shared by the CLI, the API and every strategy."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from mgpu.errors import ConfigError
+
+STRATEGY_NAMES = ("single", "manual", "dataparallel", "ddp")
+MODEL_NAMES = ("resnet18", "lenet")
+DATA_NAMES = ("synthetic", "fashion-mnist")
+NONFINITE_POLICIES = ("error", "skip")
+
+
+@dataclass
+class TrainConfig:
+    strategy: str = "single"          # how the work is spread: single | manual | dataparallel | ddp
+    devices: int = 1                  # devices (replicas for manual, processes for ddp); emulated on CPU if GPUs are short
+    require_gpus: bool = False        # fail instead of emulating when fewer GPUs than `devices` exist
+    epochs: int = 10                  # passes over the training set
+    batch_size: int = 256             # global batch: split over the devices, never per device
+    lr: float = 0.1                   # SGD learning rate for the mean loss of a global batch
+    momentum: float = 0.0             # SGD momentum (torch.optim.SGD semantics)
+    weight_decay: float = 0.0         # L2 penalty added to the gradient by SGD
+    model: str = "resnet18"           # resnet18 | lenet
+    width: int = 64                   # ResNet-18 base width (64 is the chapter's; smaller is faster)
+    data: str = "synthetic"           # synthetic (offline) | fashion-mnist (torchvision's files)
+    data_dir: str = "data"            # folder holding FashionMNIST/raw/ (torchvision's layout)
+    download: bool = False            # fetch Fashion-MNIST into data_dir if it is missing
+    resize: int | None = None         # resize images to this square side (the chapter uses 28)
+    train_size: int | None = None     # use only the first N training examples (None: all)
+    test_size: int | None = None      # use only the first N test examples (None: all)
+    seed: int = 0                     # seeds the weights, the synthetic data and the batch order
+    out: str | None = "runs/latest"   # folder for results.json, accuracy.png, model.pt (None: write nothing)
+    progress: bool = True             # show a tqdm bar per epoch on stderr
+    on_nonfinite: str = "error"       # NaN/Inf loss: stop with an error, or skip that step's update
+    port: int | None = None           # ddp: rendezvous port for the launched ranks (None: pick a free one)
+    timeout: float = 60.0             # ddp: seconds a rank waits for the others before giving up
+    sync_bn: bool = False             # ddp: convert BatchNorm to SyncBatchNorm (needs CUDA)
+    checkpoint_dir: str | None = None  # save a checkpoint here after every epoch
+    resume: bool = False              # continue from the last checkpoint in checkpoint_dir
+    extra: dict = field(default_factory=dict)  # free-form labels copied into results.json
+
+    def validate(self) -> "TrainConfig":
+        """Raise ConfigError naming the first bad setting; return self when all are fine."""
+        _choice("strategy", self.strategy, STRATEGY_NAMES)
+        _choice("model", self.model, MODEL_NAMES)
+        _choice("data", self.data, DATA_NAMES)
+        _choice("on_nonfinite", self.on_nonfinite, NONFINITE_POLICIES)
+        for name in ("devices", "epochs", "batch_size", "width"):
+            _positive_int(name, getattr(self, name))
+        for name in ("resize", "train_size", "test_size"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        _finite("lr", self.lr, lowest=0.0, inclusive=False)
+        _finite("momentum", self.momentum, lowest=0.0, inclusive=True)
+        _finite("weight_decay", self.weight_decay, lowest=0.0, inclusive=True)
+        _finite("timeout", self.timeout, lowest=0.0, inclusive=False)
+        if self.momentum >= 1:
+            raise ConfigError(f"momentum must be below 1, got {self.momentum}")
+        if self.batch_size < self.devices:
+            raise ConfigError(f"batch size {self.batch_size} is smaller than the {self.devices} devices: "
+                              "each device needs at least one example per step")
+        if self.train_size is not None and self.train_size < self.batch_size:
+            raise ConfigError(f"train size {self.train_size} is smaller than one global batch of {self.batch_size}: "
+                              "no full step could run")
+        if self.port is not None and (not isinstance(self.port, int) or not 1 <= self.port <= 65535):
+            raise ConfigError(f"port must be an integer in 1..65535, got {self.port!r}")
+        if self.resume and not self.checkpoint_dir:
+            raise ConfigError("resume needs a checkpoint directory (--checkpoint-dir)")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _choice(name, value, allowed):
+    if value not in allowed:
+        raise ConfigError(f"unknown {name} {value!r}: choose one of {', '.join(allowed)}")
+
+
+def _positive_int(name, value):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{name.replace('_', ' ')} must be a positive integer, got {value!r}")
+
+
+def _finite(name, value, lowest, inclusive):
+    ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok_type or not math.isfinite(value) or value < lowest or (value == lowest and not inclusive):
+        bound = f">= {lowest}" if inclusive else f"> {lowest}"
+        raise ConfigError(f"{name.replace('_', ' ')} must be a finite number {bound}, got {value!r}")

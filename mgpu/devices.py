@@ -1,0 +1,84 @@
+"""Device discovery with a CPU fallback.
+
+    >>> from mgpu.devices import devices, describe
+    >>> describe(devices(2))          # on a machine without GPUs
+    '[cpu (emulated 0), cpu (emulated 1)]'
+
+On a machine with fewer GPUs than asked for, `devices(n)` emulates n devices on the CPU: n model
+replicas (manual strategy) or n processes (DDP) that share the CPU. The numbers are right, the
+speed is the CPU's. Pass `require_gpus=True` to make a missing GPU an error instead.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mgpu.errors import ConfigError, DeviceError
+
+__all__ = ["DeviceList", "try_gpu", "try_all_gpus", "devices", "gpu_count", "synchronize", "describe"]
+
+
+class DeviceList(list):
+    """A list of `torch.device` that remembers whether it stands for emulated devices."""
+
+    def __init__(self, items=(), emulated: bool = False):
+        super().__init__(torch.device(d) for d in items)
+        self.emulated = emulated
+
+    def __repr__(self) -> str:
+        return describe(self)
+
+
+def gpu_count() -> int:
+    """Number of visible CUDA devices; asks the driver without initialising CUDA."""
+    return torch.cuda.device_count()
+
+
+def try_gpu(i: int = 0) -> torch.device:
+    """GPU `i` if it exists, else the CPU."""
+    if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+        raise ConfigError(f"GPU index must be a non-negative integer, got {i!r}")
+    return torch.device(f"cuda:{i}") if i < gpu_count() else torch.device("cpu")
+
+
+def try_all_gpus() -> DeviceList:
+    """All GPUs, or `[cpu]` when there are none (never an empty list)."""
+    n = gpu_count()
+    if n == 0:
+        return DeviceList([torch.device("cpu")])
+    return DeviceList(torch.device(f"cuda:{i}") for i in range(n))
+
+
+def devices(n: int, require_gpus: bool = False) -> DeviceList:
+    """n devices: n real GPUs when there are that many, else n emulated devices on the CPU.
+
+    Raises ConfigError for n < 1, and DeviceError when `require_gpus` is set and fewer than n
+    GPUs exist.
+    """
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise ConfigError(f"number of devices must be an integer, got {n!r}")
+    if n < 1:
+        raise ConfigError(f"number of devices must be at least 1, got {n}")
+    available = gpu_count()
+    if available >= n:
+        return DeviceList((torch.device(f"cuda:{i}") for i in range(n)), emulated=False)
+    if require_gpus:
+        raise DeviceError(f"{n} GPU(s) demanded but {available} CUDA device(s) found")
+    # One CPU device needs no emulation; two or more are replicas sharing the CPU.
+    return DeviceList([torch.device("cpu")] * n, emulated=n > 1)
+
+
+def synchronize(devs) -> None:
+    """Wait for every queued kernel on each CUDA device in `devs`; a no-op for CPU devices."""
+    for d in {torch.device(d) for d in devs}:
+        if d.type == "cuda":
+            torch.cuda.synchronize(d)
+
+
+def describe(devs) -> str:
+    """Device list as printed at the end of a run, emulated devices labelled as such."""
+    emulated = getattr(devs, "emulated", False)
+    devs = [torch.device(d) for d in devs]
+    if emulated or (len(devs) > 1 and all(d.type == "cpu" for d in devs)):
+        return "[" + ", ".join(f"cpu (emulated {i})" for i in range(len(devs))) + "]"
+    return "[" + ", ".join(repr(d) for d in devs) + "]"

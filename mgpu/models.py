@@ -1,0 +1,101 @@
+"""The chapter's networks: a ResNet-18 for small images, and the from-scratch notebook's LeNet.
+
+    >>> net = resnet18(num_classes=10, in_channels=1, width=64)   # 11,175,818 parameters
+    >>> net(torch.zeros(2, 1, 28, 28)).shape
+    torch.Size([2, 10])
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from mgpu.errors import ConfigError
+
+__all__ = ["Residual", "resnet18", "lenet", "init_chapter_weights", "build_model", "MODELS"]
+
+
+class Residual(nn.Module):
+    """Two 3x3 conv-BN layers plus a shortcut; a 1x1 conv on the shortcut when the shape changes."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1, stride=stride)
+        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, kernel_size=3, padding=1)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+        needs_projection = stride != 1 or in_channels != out_channels
+        self.shortcut = nn.Conv2d(in_channels, out_channels, kernel_size=1, stride=stride) if needs_projection else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C_in, H, W) -> (B, C_out, H/stride, W/stride)
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        if self.shortcut is not None:
+            x = self.shortcut(x)
+        return F.relu(y + x)
+
+
+def _stage(in_channels: int, out_channels: int, first: bool) -> nn.Sequential:
+    # The first stage keeps the stem's resolution; each later one halves it and doubles channels.
+    stride = 1 if first else 2
+    return nn.Sequential(Residual(in_channels, out_channels, stride), Residual(out_channels, out_channels))
+
+
+def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64) -> nn.Sequential:
+    """d2l's ResNet-18 variant: 3x3 stride-1 stem and no max-pool, since the images are tiny."""
+    for name, value in (("num_classes", num_classes), ("in_channels", in_channels), ("width", width)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"resnet18 {name} must be a positive integer, got {value!r}")
+    w = width
+    return nn.Sequential(
+        nn.Conv2d(in_channels, w, kernel_size=3, stride=1, padding=1),  # (B, w, H, W)
+        nn.BatchNorm2d(w),
+        nn.ReLU(),
+        _stage(w, w, first=True),          # (B, w, H, W)
+        _stage(w, 2 * w, first=False),     # (B, 2w, H/2, W/2)
+        _stage(2 * w, 4 * w, first=False), # (B, 4w, H/4, W/4)
+        _stage(4 * w, 8 * w, first=False), # (B, 8w, H/8, W/8)
+        nn.AdaptiveAvgPool2d((1, 1)),      # (B, 8w, 1, 1)
+        nn.Flatten(),                      # (B, 8w)
+        nn.Linear(8 * w, num_classes),     # (B, num_classes)
+    )
+
+
+def lenet(num_classes: int = 10) -> nn.Sequential:
+    """The from-scratch notebook's LeNet for 1x28x28 inputs (no BatchNorm)."""
+    return nn.Sequential(
+        nn.Conv2d(1, 20, kernel_size=3), nn.ReLU(),   # (B, 20, 26, 26)
+        nn.AvgPool2d(kernel_size=2, stride=2),        # (B, 20, 13, 13)
+        nn.Conv2d(20, 50, kernel_size=5), nn.ReLU(),  # (B, 50, 9, 9)
+        nn.AvgPool2d(kernel_size=2, stride=2),        # (B, 50, 4, 4)
+        nn.Flatten(),                                 # (B, 800)
+        nn.Linear(800, 128), nn.ReLU(),
+        nn.Linear(128, num_classes),
+    )
+
+
+def init_chapter_weights(model: nn.Module, std: float = 0.01) -> nn.Module:
+    """The chapter's initialisation: N(0, std^2) weights for every Conv2d and Linear."""
+    for m in model.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            nn.init.normal_(m.weight, std=std)
+    return model
+
+
+MODELS = ("resnet18", "lenet")
+
+
+def build_model(name: str, width: int = 64, num_classes: int = 10, seed: int | None = None) -> nn.Module:
+    """A model by name, initialised as a training run does (seeded, on the CPU).
+
+    ResNet-18 gets the chapter's N(0, 0.01^2) initialisation; LeNet keeps PyTorch's default,
+    since with std 0.01 it barely moves in a short run.
+    """
+    if seed is not None:
+        torch.manual_seed(seed)
+    if name == "resnet18":
+        return init_chapter_weights(resnet18(num_classes=num_classes, width=width))
+    if name == "lenet":
+        return lenet(num_classes=num_classes)
+    raise ConfigError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}")

@@ -1,0 +1,65 @@
+"""What a run leaves in its output folder: results.json, accuracy.png and model.pt."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from mgpu.errors import OutputDirError
+
+
+def check_writable(out: str | os.PathLike) -> Path:
+    """Create the folder if needed and prove a file can be written there, before training starts."""
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".mgpu-write-test-"):
+            pass
+    except OSError as e:
+        raise OutputDirError(f"output folder {path} cannot be written: {e.strerror or e}") from None
+    return path
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def plot_accuracy(result, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [e.epoch for e in result.epochs]
+    fig, ax = plt.subplots(figsize=(4.5, 3.2), dpi=120)
+    ax.plot(epochs, [e.test_acc for e in result.epochs], marker="o", label="test acc")
+    ax.plot(epochs, [e.train_acc for e in result.epochs], linestyle="--", label="train acc")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("accuracy")
+    ax.set_xlim(1, max(epochs[-1], 2))
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    cfg = result.config
+    ax.set_title(f"{cfg['model']}, {cfg['strategy']} on {len(result.devices.split(', '))} device(s)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+
+
+def write_results(out: str | os.PathLike, result) -> Path:
+    """Write results.json, accuracy.png and model.pt into `out`; return the folder."""
+    path = check_writable(out)
+    try:
+        _atomic_write(path / "results.json", lambda p: p.write_text(json.dumps(result.to_json(), indent=2) + "\n"))
+        _atomic_write(path / "accuracy.png", lambda p: plot_accuracy(result, p))
+        _atomic_write(path / "model.pt", lambda p: torch.save(result.state_dict, p))
+    except OSError as e:
+        raise OutputDirError(f"cannot write results into {path}: {e.strerror or e}") from None
+    return path

@@ -1,0 +1,23 @@
+"""One module per strategy; `get_strategy(name)` returns its class."""
+
+from mgpu.config import STRATEGY_NAMES
+from mgpu.errors import ConfigError
+from mgpu.strategies.base import Strategy
+from mgpu.strategies.dataparallel import DataParallel
+from mgpu.strategies.ddp import DistributedDataParallel
+from mgpu.strategies.manual import Manual
+from mgpu.strategies.single import SingleDevice
+
+STRATEGIES = {cls.name: cls for cls in (SingleDevice, Manual, DataParallel, DistributedDataParallel)}
+assert tuple(STRATEGIES) == STRATEGY_NAMES
+
+
+def get_strategy(name: str) -> type[Strategy]:
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise ConfigError(f"unknown strategy {name!r}: choose one of {', '.join(STRATEGIES)}") from None
+
+
+__all__ = ["Strategy", "STRATEGIES", "get_strategy", "SingleDevice", "Manual", "DataParallel",
+           "DistributedDataParallel"]

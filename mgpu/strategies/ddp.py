@@ -1,0 +1,132 @@
+"""`DistributedDataParallel`: one process per device, gradients averaged during backward.
+
+    python -m mgpu train --strategy ddp --devices 2                         # mgpu starts the ranks
+    torchrun --nproc-per-node 2 -m mgpu train --strategy ddp               # torchrun starts them
+    torchrun --nnodes 2 --node-rank R --master-addr HOST --nproc-per-node 4 -m mgpu train --strategy ddp
+
+gloo on CPUs (each rank limited to its share of the cores), nccl on GPUs. Each rank reads only
+its contiguous part of every global batch. DDP averages gradients over ranks, so each rank scales
+its summed loss by world_size / global batch size: the average then equals the gradient of the
+global mean loss, uneven shards included.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from mgpu import devices as devmod
+from mgpu import launch
+from mgpu.comm import all_max, all_sum, shard_bounds
+from mgpu.errors import ConfigError, DeviceError
+from mgpu.strategies.base import OptimizerFactory, Strategy, sum_loss_and_correct
+
+
+def setup_process_group(backend: str, timeout_s: float) -> None:
+    """Join the group described by RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT."""
+    dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
+
+
+def rank_device(local_rank: int, require_gpus: bool) -> torch.device:
+    if devmod.gpu_count() > local_rank:
+        return torch.device(f"cuda:{local_rank}")
+    if require_gpus:
+        raise DeviceError(f"local rank {local_rank} needs a GPU but {devmod.gpu_count()} CUDA device(s) found")
+    return torch.device("cpu")
+
+
+class DistributedDataParallel(Strategy):
+    name = "ddp"
+
+    @classmethod
+    def launch(cls, fn, cfg):
+        if launch.under_launcher():
+            return fn(cfg)  # torchrun (or our own spawn) already started this rank
+        return launch.spawn(fn, cfg, nprocs=cfg.devices, port=cfg.port)
+
+    @classmethod
+    def create(cls, cfg) -> "DistributedDataParallel":
+        if not launch.under_launcher():
+            raise ConfigError("the ddp strategy runs inside ranks: start it with DistributedDataParallel.launch, "
+                              "`python -m mgpu train --strategy ddp`, or torchrun")
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+        device = rank_device(local_rank, cfg.require_gpus)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        else:
+            # Ranks on one machine share its cores: oversubscribing them would serialise the ranks.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        setup_process_group("nccl" if device.type == "cuda" else "gloo", cfg.timeout)
+        strategy = cls(devmod.DeviceList([device]))
+        strategy.rank, strategy.world_size = dist.get_rank(), dist.get_world_size()
+        strategy.sync_bn = cfg.sync_bn
+        names = [None] * strategy.world_size
+        dist.all_gather_object(names, f"{device}")
+        strategy.rank_devices = names
+        return strategy
+
+    def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:
+        device = self.devices[0]
+        if self.sync_bn:
+            if device.type != "cuda":
+                raise DeviceError("SyncBatchNorm needs CUDA devices; it refuses CPU tensors")
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        self.model = model.to(device)
+        self.ddp = DDP(self.model, device_ids=[device] if device.type == "cuda" else None)
+        self.optimizer = make_optimizer(list(self.model.parameters()))
+
+    def teardown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def describe_devices(self) -> str:
+        if all(n == "cpu" for n in self.rank_devices):
+            return "[" + ", ".join(f"cpu (rank {r})" for r in range(self.world_size)) + "]"
+        return "[" + ", ".join(f"{n} (rank {r})" for r, n in enumerate(self.rank_devices)) + "]"
+
+    def notes(self) -> list[str]:
+        if self.devices[0].type == "cpu" and self.world_size > 1:
+            return [f"ddp: {self.world_size} gloo processes on the CPU, "
+                    f"{torch.get_num_threads()} thread(s) each"]
+        return []
+
+    def local_indices(self, indices: torch.Tensor) -> torch.Tensor:
+        start, stop = shard_bounds(len(indices), self.world_size, self.rank)
+        return indices[start:stop]
+
+    def forward_backward(self, X: torch.Tensor, y: torch.Tensor, global_batch_size: int) -> torch.Tensor:
+        device = self.devices[0]
+        loss, stats = sum_loss_and_correct(self.ddp(X.to(device)), y.to(device),
+                                           self.world_size / global_batch_size)
+        loss.backward()  # DDP averages gradients over ranks as the buckets fill
+        return stats.cpu()
+
+    def optimizer_step(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        return all_sum(t.to(self.devices[0])).cpu()
+
+    def all_max(self, t: torch.Tensor) -> torch.Tensor:
+        return all_max(t.to(self.devices[0])).cpu()
+
+    def eval_mode(self) -> None:
+        # Each rank updated its BatchNorm statistics with its own shard in the last forward;
+        # evaluate everywhere with rank 0's, the ones model.pt holds.
+        with torch.no_grad():
+            for b in self.model.buffers():
+                dist.broadcast(b, src=0)
+        super().eval_mode()
+
+    def modules(self) -> list[nn.Module]:
+        return [self.model]  # evaluation runs the plain module: DDP's forward would start collectives
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.optimizer]

@@ -1,0 +1,64 @@
+"""Data parallelism from scratch, as in the from-scratch notebook.
+
+One model replica per device. Each step: split the global batch into contiguous shards, run
+forward and backward of the *summed* loss on each replica, allreduce every gradient (sum over
+devices), divide by the global batch size, and apply the same SGD update on every replica. The
+summed loss makes uneven shards give exactly the full-batch mean gradient; averaging per-shard
+means would weight the examples of smaller shards more.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from mgpu.comm import allreduce, split_batch
+from mgpu.strategies.base import OptimizerFactory, Strategy, sum_loss_and_correct
+
+
+class Manual(Strategy):
+    name = "manual"
+
+    def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:
+        self.replicas = [copy.deepcopy(model).to(d) for d in self.devices]
+        self.opts = [make_optimizer(list(r.parameters())) for r in self.replicas]
+
+    def forward_backward(self, X: torch.Tensor, y: torch.Tensor, global_batch_size: int) -> torch.Tensor:
+        Xs, ys = split_batch(X, y, self.devices)
+        stats = torch.zeros(2)
+        for replica, X_shard, y_shard in zip(self.replicas, Xs, ys):
+            loss, shard_stats = sum_loss_and_correct(replica(X_shard), y_shard, 1.0)
+            loss.backward()  # queued per device; on GPUs the replicas run concurrently
+            stats += shard_stats.cpu()
+        self._global_batch_size = global_batch_size
+        return stats
+
+    def optimizer_step(self) -> None:
+        params = [list(r.parameters()) for r in self.replicas]
+        with torch.no_grad():
+            for same_param in zip(*params):
+                grads = [p.grad for p in same_param]
+                allreduce(grads)
+                for g in grads:
+                    g.div_(self._global_batch_size)  # summed loss -> mean over the global batch
+        for opt in self.opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        self._broadcast_buffers()
+
+    def _broadcast_buffers(self) -> None:
+        # BatchNorm running statistics see only their own shard; copy replica 0's to the others,
+        # as DDP does (broadcast_buffers=True), so evaluation on any device agrees.
+        with torch.no_grad():
+            main = list(self.replicas[0].buffers())
+            for replica in self.replicas[1:]:
+                for b, b0 in zip(replica.buffers(), main):
+                    b.copy_(b0)
+
+    def modules(self) -> list[nn.Module]:
+        return self.replicas
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return self.opts

@@ -1,0 +1,216 @@
+"""The one training loop, and `train(cfg)`: the whole job behind `python -m mgpu train`.
+
+    >>> from mgpu.config import TrainConfig
+    >>> from mgpu.train import train
+    >>> result = train(TrainConfig(strategy="manual", devices=2, model="lenet", epochs=1,
+    ...                            train_size=2048, test_size=512, out=None))
+    >>> result.summary_line()
+    'test acc: 0.93, 1.9 sec/epoch on [cpu (emulated 0), cpu (emulated 1)]'
+
+`Trainer` never asks which strategy it runs: it hands global batches to the strategy's handful
+of methods (see mgpu/strategies/base.py). Epoch time covers training only, measured after
+synchronising every device, as the chapter does; evaluation is timed separately.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+from tqdm import tqdm
+
+import mgpu
+from mgpu.config import TrainConfig
+from mgpu.data import BatchLoader, load_fashion_mnist, synthetic_fashion_mnist
+from mgpu.errors import NonFiniteLossError
+from mgpu.models import build_model
+from mgpu.strategies import Strategy, get_strategy
+
+__all__ = ["EpochStats", "RunResult", "Trainer", "train", "make_loaders", "make_optimizer_factory"]
+
+
+@dataclass
+class EpochStats:
+    epoch: int              # 1-based
+    loss: float             # mean training loss over the epoch's examples
+    train_acc: float        # training accuracy, measured during the epoch (train mode)
+    test_acc: float         # accuracy over the whole test set after the epoch (eval mode)
+    seconds: float          # training time of the epoch, all devices synchronised
+    eval_seconds: float     # evaluation time, not part of `seconds`
+    images_per_sec: float   # training examples per second of `seconds`
+    skipped_steps: int = 0  # steps whose update was skipped for a non-finite loss
+
+
+@dataclass
+class RunResult:
+    config: dict
+    devices: str
+    notes: list[str]
+    epochs: list[EpochStats]
+    versions: dict
+    state_dict: dict = field(repr=False, default_factory=dict)  # final weights, CPU tensors
+
+    @property
+    def test_acc(self) -> float:
+        return self.epochs[-1].test_acc if self.epochs else float("nan")
+
+    @property
+    def sec_per_epoch(self) -> float:
+        return sum(e.seconds for e in self.epochs) / len(self.epochs) if self.epochs else float("nan")
+
+    def summary_line(self) -> str:
+        """The chapter's closing line."""
+        return f"test acc: {self.test_acc:.2f}, {self.sec_per_epoch:.1f} sec/epoch on {self.devices}"
+
+    def to_json(self) -> dict:
+        return {"summary": self.summary_line(), "test_acc": self.test_acc, "sec_per_epoch": self.sec_per_epoch,
+                "devices": self.devices, "notes": self.notes, "config": self.config,
+                "epochs": [asdict(e) for e in self.epochs], "versions": self.versions}
+
+
+class Trainer:
+    """Runs epochs of a strategy over global batches; the strategy does all device work."""
+
+    def __init__(self, strategy: Strategy, train_loader: BatchLoader, test_loader: BatchLoader, epochs: int,
+                 on_nonfinite: str = "error", progress: bool = True, log: Callable[[str], None] = print,
+                 start_epoch: int = 0, on_epoch_end: Callable[[int, EpochStats], None] | None = None):
+        self.strategy, self.train_loader, self.test_loader = strategy, train_loader, test_loader
+        self.epochs, self.on_nonfinite, self.start_epoch = epochs, on_nonfinite, start_epoch
+        self.progress = progress and strategy.is_main
+        self.log = log if strategy.is_main else (lambda _: None)
+        self.on_epoch_end = on_epoch_end
+
+    def _run_batch(self, indices: torch.Tensor, epoch: int, step: int) -> tuple[float, float, bool]:
+        """One step on a global batch; returns (loss_sum, correct, skipped) over the global batch."""
+        s = self.strategy
+        X, y = self.train_loader.dataset.take(s.local_indices(indices))
+        loss_sum, correct = s.all_sum(s.forward_backward(X, y, len(indices))).tolist()
+        if not math.isfinite(loss_sum):
+            if self.on_nonfinite == "error":
+                raise NonFiniteLossError(f"loss is {loss_sum} at epoch {epoch + 1}, step {step + 1}: training stopped "
+                                         "(lower the learning rate, or pass --on-nonfinite skip to skip such steps)")
+            s.skip_step()
+            return 0.0, 0.0, True
+        s.optimizer_step()
+        return loss_sum, correct, False
+
+    def _run_epoch(self, epoch: int) -> EpochStats:
+        s = self.strategy
+        self.train_loader.set_epoch(epoch)
+        s.train_mode()
+        loss_sum = correct = seen = 0.0
+        skipped = 0
+        bar = tqdm(total=len(self.train_loader), desc=f"epoch {epoch + 1}/{self.epochs}", unit="batch",
+                   file=sys.stderr, leave=False, disable=not self.progress, dynamic_ncols=True)
+        s.synchronize()
+        start = time.perf_counter()
+        for step, indices in enumerate(self.train_loader.index_batches()):
+            batch_loss, batch_correct, was_skipped = self._run_batch(indices, epoch, step)
+            skipped += was_skipped
+            if not was_skipped:
+                loss_sum, correct, seen = loss_sum + batch_loss, correct + batch_correct, seen + len(indices)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_sum / max(seen, 1):.3f}", refresh=False)
+        s.synchronize()
+        seconds = float(s.all_max(torch.tensor([time.perf_counter() - start], dtype=torch.float64)))
+        bar.close()
+        eval_start = time.perf_counter()
+        test_acc = self.evaluate()
+        return EpochStats(epoch=epoch + 1, loss=loss_sum / max(seen, 1), train_acc=correct / max(seen, 1),
+                          test_acc=test_acc, seconds=seconds, eval_seconds=time.perf_counter() - eval_start,
+                          images_per_sec=seen / seconds if seconds > 0 else float("nan"), skipped_steps=skipped)
+
+    def evaluate(self, loader: BatchLoader | None = None) -> float:
+        """Accuracy over every example of the loader (default: the test set), on all devices."""
+        loader = loader or self.test_loader
+        s = self.strategy
+        s.eval_mode()
+        correct = 0
+        for indices in loader.index_batches():
+            X, y = loader.dataset.take(s.local_indices(indices))
+            correct += s.count_correct(X, y)
+        s.train_mode()
+        total = s.all_sum(torch.tensor([correct], dtype=torch.float64))
+        return float(total) / len(loader.dataset)
+
+    def train(self) -> list[EpochStats]:
+        history = []
+        for epoch in range(self.start_epoch, self.epochs):
+            stats = self._run_epoch(epoch)
+            history.append(stats)
+            skipped = f", {stats.skipped_steps} step(s) skipped (non-finite loss)" if stats.skipped_steps else ""
+            self.log(f"epoch {stats.epoch}/{self.epochs}: loss {stats.loss:.4f}, train acc {stats.train_acc:.3f}, "
+                     f"test acc {stats.test_acc:.3f}, {stats.seconds:.1f} s ({stats.images_per_sec:.0f} img/s){skipped}")
+            if self.on_epoch_end is not None:
+                self.on_epoch_end(epoch, stats)
+        return history
+
+
+def make_loaders(cfg: TrainConfig) -> tuple[BatchLoader, BatchLoader]:
+    if cfg.data == "synthetic":
+        return synthetic_fashion_mnist(cfg.batch_size, train_size=cfg.train_size or 60_000,
+                                       test_size=cfg.test_size or 10_000, seed=cfg.seed, resize=cfg.resize)
+    train_loader, test_loader = load_fashion_mnist(cfg.batch_size, root=cfg.data_dir, download=cfg.download,
+                                                   resize=cfg.resize, seed=cfg.seed)
+    train_loader.dataset = train_loader.dataset.head(cfg.train_size)
+    test_loader.dataset = test_loader.dataset.head(cfg.test_size)
+    if len(train_loader) == 0:
+        from mgpu.errors import ConfigError
+        raise ConfigError(f"{len(train_loader.dataset)} training examples do not fill one global batch "
+                          f"of {cfg.batch_size}")
+    return train_loader, test_loader
+
+
+def make_optimizer_factory(cfg: TrainConfig) -> Callable[[list], torch.optim.Optimizer]:
+    """The same SGD for every strategy and every replica."""
+    return lambda params: torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
+def versions() -> dict:
+    return {"mgpu": mgpu.__version__, "python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+            "platform": platform.platform()}
+
+
+def _run_in_process(cfg: TrainConfig) -> RunResult | None:
+    """Everything one process does; under DDP every rank runs this."""
+    from mgpu import results
+
+    strategy = get_strategy(cfg.strategy).create(cfg)
+    try:
+        log = print if strategy.is_main else (lambda _: None)
+        for note in strategy.notes():
+            log(f"note: {note}")
+        train_loader, test_loader = make_loaders(cfg)
+        strategy.setup(build_model(cfg.model, width=cfg.width, seed=cfg.seed), make_optimizer_factory(cfg))
+        trainer = Trainer(strategy, train_loader, test_loader, cfg.epochs, on_nonfinite=cfg.on_nonfinite,
+                          progress=cfg.progress, log=log)
+        history = trainer.train()
+        result = RunResult(config=cfg.to_dict(), devices=strategy.describe_devices(), notes=strategy.notes(),
+                           epochs=history, versions=versions(), state_dict=strategy.model_state_dict())
+        if strategy.is_main:
+            if cfg.out:
+                results.write_results(cfg.out, result)
+            log(result.summary_line())
+        return result if strategy.is_main else None
+    finally:
+        strategy.teardown()
+
+
+def train(cfg: TrainConfig) -> RunResult:
+    """Validate the settings, check data and output folder, and run the job with its strategy."""
+    from mgpu import results
+
+    cfg.validate()
+    strategy_cls = get_strategy(cfg.strategy)
+    if cfg.out:
+        results.check_writable(cfg.out)
+    if cfg.data == "fashion-mnist":
+        # Fail (or download) once here, not once per rank.
+        load_fashion_mnist(cfg.batch_size, root=cfg.data_dir, download=cfg.download, resize=cfg.resize)
+    return strategy_cls.launch(_run_in_process, cfg)
