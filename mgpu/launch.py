@@ -82,10 +82,12 @@ def _stop(procs) -> None:
             p.join()
 
 
-def spawn(fn: Callable, cfg: Any, nprocs: int, port: int | None = None, poll_s: float = 0.05) -> Any:
+def spawn(fn: Callable, cfg: Any, nprocs: int, port: int | None = None, deadline_s: float | None = None,
+          poll_s: float = 0.05) -> Any:
     """Run fn(cfg) in nprocs fresh processes (ranks 0..nprocs-1); return rank 0's result.
 
-    Raises LaunchError naming the first rank that failed; KeyboardInterrupt after stopping all.
+    Raises LaunchError naming the first rank that failed, or saying the run outlived
+    `deadline_s` seconds (None: no limit); KeyboardInterrupt after stopping all ranks.
     """
     if port is None:
         port = free_port()
@@ -99,7 +101,7 @@ def spawn(fn: Callable, cfg: Any, nprocs: int, port: int | None = None, poll_s: 
         try:
             for p in procs:
                 p.start()
-            failed = _watch(procs, errors, poll_s)
+            failed = _watch(procs, errors, poll_s, deadline_s)
         except KeyboardInterrupt:
             _stop(procs)
             raise
@@ -112,9 +114,13 @@ def spawn(fn: Callable, cfg: Any, nprocs: int, port: int | None = None, poll_s: 
         return torch.load(result_file, weights_only=False)
 
 
-def _watch(procs, errors, poll_s: float) -> LaunchError | None:
+def _watch(procs, errors, poll_s: float, deadline_s: float | None) -> LaunchError | None:
     """Wait until every rank exits 0 (None) or one fails (its LaunchError)."""
+    end = None if deadline_s is None else time.monotonic() + deadline_s
     while True:
+        if end is not None and time.monotonic() > end:
+            running = [r for r, p in enumerate(procs) if p.is_alive()]
+            return LaunchError(f"run exceeded its deadline of {deadline_s:g} s; ranks still running: {running}")
         reports = []
         while not errors.empty():
             reports.append(errors.get())

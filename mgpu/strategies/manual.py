@@ -36,6 +36,15 @@ class Manual(Strategy):
         return stats
 
     def optimizer_step(self) -> None:
+        self.sync_gradients()
+        for opt in self.opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        self._broadcast_buffers()
+
+    def sync_gradients(self) -> None:
+        """Allreduce every parameter's gradient over the replicas, then turn the sum of summed
+        losses into the gradient of the global mean loss."""
         params = [list(r.parameters()) for r in self.replicas]
         with torch.no_grad():
             for same_param in zip(*params):
@@ -43,10 +52,6 @@ class Manual(Strategy):
                 allreduce(grads)
                 for g in grads:
                     g.div_(self._global_batch_size)  # summed loss -> mean over the global batch
-        for opt in self.opts:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        self._broadcast_buffers()
 
     def _broadcast_buffers(self) -> None:
         # BatchNorm running statistics see only their own shard; copy replica 0's to the others,
