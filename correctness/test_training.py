@@ -1,0 +1,86 @@
+"""Every strategy trains, and the CLI runs the whole job end to end for each."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mgpu.cli import main
+from mgpu.config import TrainConfig
+from mgpu.models import build_model
+from mgpu.train import train
+
+SUMMARY = re.compile(r"^test acc: \d\.\d\d, \d+\.\d sec/epoch on \[.+\]$")
+TINY = dict(model="lenet", epochs=2, batch_size=32, lr=0.3, train_size=512, test_size=200, out=None, progress=False)
+
+
+@pytest.mark.parametrize("strategy, n", [
+    ("single", 1), ("manual", 2), ("manual", 3), ("dataparallel", 2),
+    pytest.param("ddp", 2, marks=[pytest.mark.multiprocess, pytest.mark.timeout(120)]),
+])
+def test_each_strategy_reduces_the_loss(strategy, n):
+    result = train(TrainConfig(strategy=strategy, devices=n, **TINY))
+    first, last = result.epochs[0], result.epochs[-1]
+    assert last.loss < first.loss, f"{strategy} on {n} devices: loss went {first.loss:.4f} -> {last.loss:.4f}"
+    assert last.test_acc > 0.3, f"{strategy} on {n} devices: test acc {last.test_acc:.3f} after 2 epochs (chance: 0.1)"
+    initial = build_model("lenet", seed=0).state_dict()
+    assert any(not torch.equal(initial[k], v) for k, v in result.state_dict.items()), "weights never changed"
+    assert SUMMARY.match(result.summary_line()), result.summary_line()
+
+
+def test_a_batch_that_does_not_divide_evenly_still_trains():
+    # 10 examples a step over 3 devices: shards of 4, 3, 3.
+    result = train(TrainConfig(strategy="manual", devices=3, **{**TINY, "batch_size": 10, "train_size": 100}))
+    assert result.epochs[-1].loss < result.epochs[0].loss
+
+
+def test_dataparallel_without_cuda_says_it_is_a_pass_through(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("the pass-through note applies to machines without CUDA")
+    result = train(TrainConfig(strategy="dataparallel", devices=2, **{**TINY, "epochs": 1}))
+    out = capsys.readouterr().out
+    assert "pass-through" in out and "not on 2 devices" in out, out
+    assert result.devices == "[device(type='cpu')]", "a pass-through must not claim 2 devices"
+
+
+def _check_outputs(out_dir, stdout: str, strategy: str, epochs: int) -> dict:
+    last_line = stdout.strip().splitlines()[-1]
+    assert SUMMARY.match(last_line), f"{strategy}: last line is not the chapter's: {last_line!r}"
+    data = json.loads((out_dir / "results.json").read_text())
+    assert data["config"]["strategy"] == strategy and len(data["epochs"]) == epochs, data
+    assert data["summary"] == last_line and {"torch", "python"} <= set(data["versions"])
+    assert all({"loss", "train_acc", "test_acc", "seconds"} <= set(e) for e in data["epochs"])
+    assert (out_dir / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{strategy}: accuracy.png is no PNG"
+    state = torch.load(out_dir / "model.pt")
+    assert all(t.device.type == "cpu" for t in state.values()) and not any(k.startswith("module.") for k in state)
+    return data
+
+
+@pytest.mark.parametrize("strategy, n", [("single", 1), ("manual", 2), ("dataparallel", 2)])
+def test_cli_writes_the_line_the_json_and_the_plot(tmp_path, capsys, strategy, n):
+    out = tmp_path / strategy
+    code = main(["train", "--strategy", strategy, "--devices", str(n), "--model", "lenet", "--epochs", "2",
+                 "--batch-size", "64", "--lr", "0.3", "--train-size", "256", "--test-size", "100",
+                 "--out", str(out), "--no-progress"])
+    assert code == 0
+    _check_outputs(out, capsys.readouterr().out, strategy, epochs=2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_python_dash_m_mgpu_runs_ddp_end_to_end(tmp_path):
+    out = tmp_path / "ddp"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mgpu", "train", "--strategy", "ddp", "--devices", "2", "--model", "resnet18",
+         "--width", "4", "--epochs", "1", "--batch-size", "32", "--train-size", "128", "--test-size", "50",
+         "--out", str(out)], capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    data = _check_outputs(out, proc.stdout, "ddp", epochs=1)
+    assert data["devices"] == "[cpu (rank 0), cpu (rank 1)]"
+    assert "epoch 1/1" in proc.stderr, "the progress bar goes to stderr"
+    assert proc.stdout.count("test acc:") == 1, "only rank 0 prints"
