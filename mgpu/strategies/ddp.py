@@ -32,12 +32,11 @@ def setup_process_group(backend: str, timeout_s: float) -> None:
     dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
 
 
-def rank_device(local_rank: int, require_gpus: bool) -> torch.device:
-    if devmod.gpu_count() > local_rank:
-        return torch.device(f"cuda:{local_rank}")
-    if require_gpus:
-        raise DeviceError(f"local rank {local_rank} needs a GPU but {devmod.gpu_count()} CUDA device(s) found")
-    return torch.device("cpu")
+def rank_device(local_rank: int, local_world_size: int, require_gpus: bool) -> torch.device:
+    """cuda:LOCAL_RANK when this machine has a GPU for every local rank, else the CPU for all of
+    them (mixing nccl and gloo ranks in one group cannot work)."""
+    node_devices = devmod.devices(local_world_size, require_gpus=require_gpus)
+    return node_devices[local_rank]
 
 
 class DistributedDataParallel(Strategy):
@@ -47,6 +46,7 @@ class DistributedDataParallel(Strategy):
     def launch(cls, fn, cfg):
         if launch.under_launcher():
             return fn(cfg)  # torchrun (or our own spawn) already started this rank
+        devmod.devices(cfg.devices, require_gpus=cfg.require_gpus)  # fail here, once, not in every rank
         return launch.spawn(fn, cfg, nprocs=cfg.devices, port=cfg.port)
 
     @classmethod
@@ -56,7 +56,7 @@ class DistributedDataParallel(Strategy):
                               "`python -m mgpu train --strategy ddp`, or torchrun")
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
-        device = rank_device(local_rank, cfg.require_gpus)
+        device = rank_device(local_rank, local_world, cfg.require_gpus)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         else:
