@@ -4,6 +4,12 @@
     python -m mgpu train --strategy ddp --devices 2 --batch-size 512 --lr 0.2
 
 Every mistake a user can make ends in one line on stderr, `mgpu: error: ...`, and exit code 2.
+Exit codes (docs/failures.md lists every case):
+
+    0    the run finished
+    1    the run failed while training: a rank failed (its error is shown), or a NaN/Inf loss
+    2    bad input: a wrong option, missing or corrupt data, an unwritable folder, a bad checkpoint
+    130  interrupted by Ctrl-C (SIGINT); 143 stopped by SIGTERM; every rank is stopped first
 """
 
 from __future__ import annotations
@@ -13,8 +19,9 @@ import math
 import sys
 
 from mgpu.config import DATA_NAMES, MODEL_NAMES, NONFINITE_POLICIES, STRATEGY_NAMES, TrainConfig
-from mgpu.errors import LaunchError, MgpuError
+from mgpu.errors import LaunchError, MgpuError, NonFiniteLossError
 
+EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 
@@ -37,6 +44,17 @@ def _int_at_least(low: int):
     return parse
 
 
+def _int_between(low: int, high: int):
+    at_least = _int_at_least(low)
+
+    def parse(text: str) -> int:
+        value = at_least(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}, got {value}")
+        return value
+    return parse
+
+
 def _float_range(low: float, inclusive: bool, high: float | None = None):
     def parse(text: str) -> float:
         try:
@@ -51,9 +69,9 @@ def _float_range(low: float, inclusive: bool, high: float | None = None):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="mgpu", description="Data-parallel training, checked against one device.")
+    parser = OneLineParser(prog="mgpu", allow_abbrev=False, description="Data-parallel training, checked against one device.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    t = commands.add_parser("train", help="train a model and print the chapter's line",
+    t = commands.add_parser("train", allow_abbrev=False, help="train a model and print the chapter's line",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = TrainConfig()
     t.add_argument("--strategy", choices=STRATEGY_NAMES, default=d.strategy, help="how to spread the work")
@@ -78,10 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
     t.add_argument("--on-nonfinite", choices=NONFINITE_POLICIES, default=d.on_nonfinite,
                    help="on a NaN/Inf loss: stop with an error, or skip that step's update")
-    t.add_argument("--port", type=_int_at_least(1), default=None, help="ddp rendezvous port (default: a free one)")
+    t.add_argument("--port", type=_int_between(1, 65535), default=None,
+                   help="ddp rendezvous port (default: a free one, chosen per run)")
     t.add_argument("--timeout", type=_float_range(0.0, inclusive=False), default=d.timeout,
                    help="ddp: seconds a rank waits for the others")
     t.add_argument("--sync-bn", action="store_true", help="ddp: use SyncBatchNorm (CUDA only)")
+    t.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                   help="save model, optimizer, RNG states and epoch to DIR/checkpoint.pt after every epoch")
+    t.add_argument("--resume", action="store_true",
+                   help="continue from the checkpoint in --checkpoint-dir (starts afresh, saying so, if there is none)")
     return parser
 
 
@@ -97,13 +120,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(config_from_args(args))
     except LaunchError as e:
-        # A rank failed: show its error (and traceback, if it was a bug) and exit non-zero.
+        # A rank failed: its error first, then what the others did (and a traceback, if it was a bug).
         print(f"mgpu: error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
+    except NonFiniteLossError as e:
+        print(f"mgpu: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_FAILED
     except MgpuError as e:
-        print(f"mgpu: error: {e}", file=sys.stderr)
+        print(f"mgpu: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("mgpu: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM to the launcher (mgpu.launch.Terminated)
+        signum = getattr(e, "signum", 2)
+        print(f"mgpu: {'interrupted' if signum == 2 else 'terminated'}: every rank stopped", file=sys.stderr)
+        return 128 + signum
     return 0
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split("\n"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field
 
 from mgpu.errors import ConfigError
@@ -38,7 +39,7 @@ class TrainConfig:
     port: int | None = None           # ddp: rendezvous port for the launched ranks (None: pick a free one)
     timeout: float = 60.0             # ddp: seconds a rank waits for the others before giving up
     sync_bn: bool = False             # ddp: convert BatchNorm to SyncBatchNorm (needs CUDA)
-    checkpoint_dir: str | None = None  # save a checkpoint here after every epoch
+    checkpoint_dir: str | None = None  # save a checkpoint here after every epoch (None or "": none)
     resume: bool = False              # continue from the last checkpoint in checkpoint_dir
     extra: dict = field(default_factory=dict)  # free-form labels copied into results.json
 
@@ -71,6 +72,10 @@ class TrainConfig:
             raise ConfigError(f"port must be an integer in 1..65535, got {self.port!r}")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("resume needs a checkpoint directory (--checkpoint-dir)")
+        if self.checkpoint_dir is not None and not isinstance(self.checkpoint_dir, (str, os.PathLike)):
+            raise ConfigError(f"checkpoint dir must be a path, got {self.checkpoint_dir!r}")
+        if self.sync_bn and self.strategy != "ddp":
+            raise ConfigError(f"sync_bn (--sync-bn) applies to the ddp strategy only, not {self.strategy!r}")
         return self
 
     def to_dict(self) -> dict:
@@ -90,5 +95,5 @@ def _positive_int(name, value):
 def _finite(name, value, lowest, inclusive):
     ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not ok_type or not math.isfinite(value) or value < lowest or (value == lowest and not inclusive):
-        bound = f">= {lowest}" if inclusive else f"> {lowest}"
+        bound = f">= {lowest:g}" if inclusive else f"> {lowest:g}"
         raise ConfigError(f"{name.replace('_', ' ')} must be a finite number {bound}, got {value!r}")

@@ -121,6 +121,8 @@ def _read_idx(path: Path, expected_magic: int) -> torch.Tensor:
     if len(raw) - offset != math.prod(dims):
         raise DataError(f"{path} is truncated or corrupt: header says {dims}, "
                         f"payload has {len(raw) - offset} bytes")
+    if math.prod(dims) == 0:
+        return torch.zeros(dims, dtype=torch.uint8)  # frombuffer refuses an empty buffer
     return torch.frombuffer(bytearray(raw[offset:]), dtype=torch.uint8).reshape(dims)
 
 

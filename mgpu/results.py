@@ -12,15 +12,20 @@ import torch
 from mgpu.errors import OutputDirError
 
 
-def check_writable(out: str | os.PathLike) -> Path:
-    """Create the folder if needed and prove a file can be written there, before training starts."""
+def check_writable(out: str | os.PathLike, what: str = "output folder") -> Path:
+    """Create the folder if needed and prove a file can be written there, before training starts.
+
+    OutputDirError names the folder and the reason (e.g. a parent that is a file, no permission).
+    """
     path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise OutputDirError(f"{what} {path} cannot be written: it is a file, not a folder")
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".mgpu-write-test-"):
             pass
     except OSError as e:
-        raise OutputDirError(f"output folder {path} cannot be written: {e.strerror or e}") from None
+        raise OutputDirError(f"{what} {path} cannot be written: {e.strerror or e}") from None
     return path
 
 

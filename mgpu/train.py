@@ -15,8 +15,11 @@ synchronising every device, as the chapter does; evaluation is timed separately.
 from __future__ import annotations
 
 import math
+import os
 import platform
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -27,11 +30,68 @@ from tqdm import tqdm
 import mgpu
 from mgpu.config import TrainConfig
 from mgpu.data import BatchLoader, load_fashion_mnist, synthetic_fashion_mnist
-from mgpu.errors import NonFiniteLossError
+from mgpu.errors import CheckpointError, ConfigError, DeviceError, LaunchError, NonFiniteLossError, ShapeError
 from mgpu.models import build_model
 from mgpu.strategies import Strategy, get_strategy
 
-__all__ = ["EpochStats", "RunResult", "Trainer", "train", "make_loaders", "make_optimizer_factory"]
+__all__ = ["EpochStats", "RunResult", "Trainer", "train", "make_loaders", "make_optimizer_factory", "Fault",
+           "FAULT_ENV", "check_model_input"]
+
+FAULT_ENV = "MGPU_FAULT"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """TEST HOOK, off unless the environment variable MGPU_FAULT is set: fail on purpose.
+
+        MGPU_FAULT="rank=1,epoch=2,step=1,kind=kill" python -m mgpu train --strategy ddp --devices 2 ...
+
+    makes rank 1 (of any strategy; rank 0 is the only one outside DDP) fail at the start of
+    step 1 of epoch 2 (both 1-based, as in error messages). Kinds: `raise` (a RuntimeError),
+    `kill` (SIGKILL itself), `exit` (os._exit(3), no report), `hang` (sleep forever, as a
+    rank stuck outside a collective), `nan` (that step's input becomes NaN, so the loss is NaN).
+    The reliability tests (correctness/test_reliability_*.py) inject faults with it; nothing
+    else reads it. rank, epoch and step default to 0, 1 and 1.
+    """
+
+    kind: str
+    rank: int = 0
+    epoch: int = 1
+    step: int = 1
+
+    KINDS = ("raise", "kill", "exit", "hang", "nan")
+
+    @classmethod
+    def from_env(cls) -> "Fault | None":
+        text = os.environ.get(FAULT_ENV, "").strip()
+        if not text:
+            return None
+        try:
+            fields = dict(item.split("=", 1) for item in text.replace(" ", "").split(","))
+            fault = cls(kind=fields.pop("kind"), **{k: int(v) for k, v in fields.items()})
+        except (ValueError, TypeError, KeyError):
+            raise ConfigError(f"{FAULT_ENV}={text!r} is not a fault: write kind=KIND[,rank=R][,epoch=E][,step=S] "
+                              f"with KIND one of {', '.join(cls.KINDS)}") from None
+        if fault.kind not in cls.KINDS:
+            raise ConfigError(f"{FAULT_ENV}: unknown kind {fault.kind!r}: choose one of {', '.join(cls.KINDS)}")
+        return fault
+
+    def fire(self, rank: int, epoch: int, step: int, X: torch.Tensor) -> torch.Tensor:
+        """Called before every step (epoch and step 0-based); returns the step's input."""
+        if (rank, epoch + 1, step + 1) != (self.rank, self.epoch, self.step):
+            return X
+        print(f"mgpu: {FAULT_ENV}: injecting {self.kind} at rank {rank}, epoch {self.epoch}, step {self.step}",
+              file=sys.stderr, flush=True)
+        if self.kind == "raise":
+            raise RuntimeError(f"injected fault ({FAULT_ENV}) at epoch {self.epoch}, step {self.step}")
+        if self.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind == "exit":
+            os._exit(3)
+        if self.kind == "hang":
+            while True:
+                time.sleep(1)
+        return X * float("nan")
 
 
 @dataclass
@@ -84,11 +144,14 @@ class Trainer:
         self.progress = progress and strategy.is_main
         self.log = log if strategy.is_main else (lambda _: None)
         self.on_epoch_end = on_epoch_end
+        self.fault = Fault.from_env()  # a test hook; None unless MGPU_FAULT is set
 
     def _run_batch(self, indices: torch.Tensor, epoch: int, step: int) -> tuple[float, float, bool]:
         """One step on a global batch; returns (loss_sum, correct, skipped) over the global batch."""
         s = self.strategy
         X, y = self.train_loader.dataset.take(s.local_indices(indices))
+        if self.fault is not None:
+            X = self.fault.fire(s.rank, epoch, step, X)
         loss_sum, correct = s.all_sum(s.forward_backward(X, y, len(indices))).tolist()
         if not math.isfinite(loss_sum):
             if self.on_nonfinite == "error":
@@ -160,7 +223,6 @@ def make_loaders(cfg: TrainConfig) -> tuple[BatchLoader, BatchLoader]:
     train_loader.dataset = train_loader.dataset.head(cfg.train_size)
     test_loader.dataset = test_loader.dataset.head(cfg.test_size)
     if len(train_loader) == 0:
-        from mgpu.errors import ConfigError
         raise ConfigError(f"{len(train_loader.dataset)} training examples do not fill one global batch "
                           f"of {cfg.batch_size}")
     return train_loader, test_loader
@@ -179,8 +241,12 @@ def versions() -> dict:
 
 def _run_in_process(cfg: TrainConfig) -> RunResult | None:
     """Everything one process does; under DDP every rank runs this."""
-    from mgpu import results
+    from mgpu import checkpoint, launch, results
 
+    if launch.under_launcher():
+        # tqdm's default lock is a multiprocessing semaphore; a rank stopped by SIGTERM would leave
+        # it behind (and a "leaked semaphore" warning). A rank's bars never span processes.
+        tqdm.set_lock(threading.RLock())
     strategy = get_strategy(cfg.strategy).create(cfg)
     try:
         log = print if strategy.is_main else (lambda _: None)
@@ -188,9 +254,39 @@ def _run_in_process(cfg: TrainConfig) -> RunResult | None:
             log(f"note: {note}")
         train_loader, test_loader = make_loaders(cfg)
         strategy.setup(build_model(cfg.model, width=cfg.width, seed=cfg.seed), make_optimizer_factory(cfg))
+        done: list[EpochStats] = []  # epochs completed before this process started
+        start_epoch = 0
+        if cfg.resume:
+            ckpt = checkpoint.load_for(cfg)
+            path = checkpoint.checkpoint_path(cfg.checkpoint_dir)
+            if ckpt is None:
+                log(f"note: no checkpoint in {cfg.checkpoint_dir}: starting from epoch 1")
+            else:
+                try:
+                    strategy.load_state_dicts(ckpt["model"], ckpt["optimizer"])
+                    done = [EpochStats(**e) for e in ckpt["history"]]
+                except (RuntimeError, KeyError, ValueError, TypeError) as e:
+                    raise CheckpointError(f"checkpoint {path} does not fit this model: "
+                                          f"{str(e).strip().splitlines()[0]}") from None
+                checkpoint.set_rng_state(ckpt["rng"])
+                start_epoch = ckpt["epoch"]
+                log(f"note: resuming from {path} after epoch {start_epoch} "
+                    f"({max(cfg.epochs - start_epoch, 0)} epoch(s) left)")
+        on_epoch_end = None
+        if cfg.checkpoint_dir:
+            saved = list(done)
+
+            def on_epoch_end(epoch: int, stats: EpochStats) -> None:
+                saved.append(stats)
+                if strategy.is_main:  # one writer; every rank holds the same weights
+                    checkpoint.save(cfg.checkpoint_dir, cfg=cfg, epoch=epoch + 1,
+                                    model_state=strategy.model_state_dict(),
+                                    optimizer_state=strategy.optimizer_state_dict(),
+                                    history=[asdict(e) for e in saved])
+
         trainer = Trainer(strategy, train_loader, test_loader, cfg.epochs, on_nonfinite=cfg.on_nonfinite,
-                          progress=cfg.progress, log=log)
-        history = trainer.train()
+                          progress=cfg.progress, log=log, start_epoch=start_epoch, on_epoch_end=on_epoch_end)
+        history = done + trainer.train()
         result = RunResult(config=cfg.to_dict(), devices=strategy.describe_devices(), notes=strategy.notes(),
                            epochs=history, versions=versions(), state_dict=strategy.model_state_dict())
         if strategy.is_main:
@@ -202,15 +298,72 @@ def _run_in_process(cfg: TrainConfig) -> RunResult | None:
         strategy.teardown()
 
 
-def train(cfg: TrainConfig) -> RunResult:
-    """Validate the settings, check data and output folder, and run the job with its strategy."""
-    from mgpu import results
+def check_model_input(cfg: TrainConfig) -> None:
+    """ShapeError when the model cannot take the run's images (e.g. LeNet and --resize 32).
 
+    Runs the model once on a blank image on the CPU (a fraction of a second for ResNet-18 at
+    28x28), leaving the caller's RNG state as it was.
+    """
+    side = cfg.resize or 28
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            out = build_model(cfg.model, width=cfg.width).eval()(torch.zeros(1, 1, side, side))
+    except (RuntimeError, ValueError) as e:
+        how = f"--resize {cfg.resize}" if cfg.resize else "the data"
+        raise ShapeError(f"model {cfg.model} cannot take 1x{side}x{side} images (from {how}): "
+                         f"{str(e).strip().splitlines()[0]}") from None
+    if tuple(out.shape) != (1, 10):
+        raise ShapeError(f"model {cfg.model} gives outputs of shape {tuple(out.shape[1:])} for 1x{side}x{side} "
+                         "images, not 10 class scores")
+
+
+def _launches_ranks(strategy_cls) -> bool:
+    """Whether the strategy starts processes of its own (checked up front, not once per rank)."""
+    from mgpu import launch
+    from mgpu.strategies import Strategy
+
+    return strategy_cls.launch.__func__ is not Strategy.launch.__func__ and not launch.under_launcher()
+
+
+def train(cfg: TrainConfig) -> RunResult:
+    """Validate the settings, check data, output folders and checkpoint, and run the job with its strategy.
+
+    Every bad input is found here, before any rank starts, as an MgpuError subclass (see
+    docs/failures.md); a failing rank then is a LaunchError, a NaN/Inf loss a NonFiniteLossError.
+    """
+    from mgpu import checkpoint, devices, launch, results
+
+    if not isinstance(cfg, TrainConfig):
+        raise ConfigError(f"train() needs a TrainConfig, got {type(cfg).__name__}")
     cfg.validate()
     strategy_cls = get_strategy(cfg.strategy)
+    Fault.from_env()  # a malformed test hook fails here, once
+    check_model_input(cfg)
     if cfg.out:
         results.check_writable(cfg.out)
+    if cfg.checkpoint_dir:
+        results.check_writable(cfg.checkpoint_dir, what="checkpoint folder")
+        if cfg.resume:
+            checkpoint.load_for(cfg)  # corrupt, truncated or foreign: fail now, not in every rank
+        elif checkpoint.checkpoint_path(cfg.checkpoint_dir).exists():
+            raise CheckpointError(f"{checkpoint.checkpoint_path(cfg.checkpoint_dir)} already exists: pass --resume "
+                                  "to continue that run, or choose an empty --checkpoint-dir")
     if cfg.data == "fashion-mnist":
         # Fail (or download) once here, not once per rank.
-        load_fashion_mnist(cfg.batch_size, root=cfg.data_dir, download=cfg.download, resize=cfg.resize)
+        train_loader, _ = load_fashion_mnist(cfg.batch_size, root=cfg.data_dir, download=cfg.download,
+                                             resize=cfg.resize)
+        n = min(len(train_loader.dataset), cfg.train_size or len(train_loader.dataset))
+        if n < cfg.batch_size:
+            raise ConfigError(f"{n} training examples do not fill one global batch of {cfg.batch_size}")
+    if _launches_ranks(strategy_cls):
+        if cfg.require_gpus:
+            devices.devices(cfg.devices, require_gpus=True)
+        if cfg.sync_bn and devices.gpu_count() < cfg.devices:
+            raise DeviceError(f"--sync-bn needs a CUDA device per rank: {cfg.devices} ranks, "
+                              f"{devices.gpu_count()} CUDA device(s) found")
+        if cfg.port is not None:
+            try:
+                launch.check_port_free(cfg.port)
+            except LaunchError as e:
+                raise ConfigError(str(e)) from None
     return strategy_cls.launch(_run_in_process, cfg)

@@ -156,4 +156,6 @@ class Strategy(ABC):
             module.load_state_dict(model_state)
         if optimizer_state is not None:
             for opt in self.optimizers():
-                opt.load_state_dict(optimizer_state)
+                # load_state_dict keeps the given tensors: without a copy each, the replicas would
+                # share (and each step update) one momentum buffer.
+                opt.load_state_dict(copy.deepcopy(optimizer_state))

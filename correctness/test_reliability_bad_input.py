@@ -1,0 +1,332 @@
+"""Bad input, everywhere: each wrong way to call the CLI or the API gets one clear line.
+
+CLI: one line on stderr, `mgpu: error: ...`, exit code 2, no traceback. API: a specific
+MgpuError subclass (which also derives from the builtin a caller expects, e.g. ValueError).
+docs/failures.md lists every case of `CASES` and `API_CASES` by id; a test checks it does.
+
+Every case fails before training starts; the base arguments make a run tiny should one slip through.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import socket
+import struct
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from conftest import gpu_count
+from mgpu import checkpoint
+from mgpu.cli import main
+from mgpu.comm import split_batch
+from mgpu.config import TrainConfig
+from mgpu.data import BatchLoader, ImageDataset
+from mgpu.devices import devices
+from mgpu.errors import (CheckpointError, ConfigError, DataError, DataNotFoundError, DeviceError, LaunchError,
+                         MgpuError, OutputDirError, ShapeError)
+from mgpu.launch import spawn
+from mgpu.train import train
+
+pytestmark = pytest.mark.reliability
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: one intra-op thread is as fast, and far faster when other work shares the cores."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "failures.md"
+BASE_ARGS = ["--model", "lenet", "--epochs", "1", "--batch-size", "64", "--train-size", "128", "--test-size", "64",
+             "--no-progress"]
+BASE_API = dict(model="lenet", epochs=1, batch_size=64, train_size=128, test_size=64, progress=False)
+
+
+# -- fixtures the cases need: files on disk ---------------------------------------------------------
+
+def _write_idx(path: Path, array: torch.Tensor) -> None:
+    magic = 2051 if array.ndim == 3 else 2049
+    header = struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in array.shape)
+    path.write_bytes(header + array.to(torch.uint8).numpy().tobytes())
+
+
+def _fashion_files(tmp: Path, n_train: int = 100, n_test: int = 20) -> Path:
+    raw = tmp / "fm" / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        _write_idx(raw / f"{prefix}-images-idx3-ubyte", torch.zeros(n, 28, 28, dtype=torch.uint8))
+        _write_idx(raw / f"{prefix}-labels-idx1-ubyte", torch.zeros(n, dtype=torch.uint8))
+    return tmp / "fm"
+
+
+def _corrupt_fashion_files(tmp: Path) -> Path:
+    root = _fashion_files(tmp)
+    images = root / "FashionMNIST" / "raw" / "train-images-idx3-ubyte"
+    images.write_bytes(images.read_bytes()[:1000])  # a download cut short
+    return root
+
+
+def _a_file(tmp: Path) -> Path:
+    (tmp / "a-file").write_text("not a folder")
+    return tmp / "a-file"
+
+
+def _corrupt_checkpoint(tmp: Path) -> Path:
+    (tmp / "ckpt").mkdir()
+    (tmp / "ckpt" / checkpoint.CHECKPOINT_NAME).write_bytes(b"PK\x03\x04 half a checkpoint")
+    return tmp / "ckpt"
+
+
+def _checkpoint_of(tmp: Path, **settings) -> Path:
+    cfg = TrainConfig(**{**BASE_API, **settings})
+    checkpoint.save(tmp / "ckpt", cfg=cfg, epoch=1, model_state={}, optimizer_state={}, history=[])
+    return tmp / "ckpt"
+
+
+@pytest.fixture
+def busy_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+# -- the cases --------------------------------------------------------------------------------------
+
+@dataclass
+class Case:
+    id: str
+    argv: list[str]             # CLI arguments after `train` and BASE_ARGS; "{tmp}", "{port}" are filled in
+    message: str                # regex the one-line error must match
+    api: dict | None = None     # the same mistake through train(TrainConfig(**BASE_API, **api)); None: CLI only
+    error: type = ConfigError   # what the API raises
+    api_message: str | None = None  # regex for the API's message, when it differs from the CLI's
+    setup: Callable[[Path], object] | None = None  # makes the files the case needs in {tmp}
+    needs: Callable[[], str | None] = field(default=lambda: None)  # a reason to skip, or None
+
+
+def _no_gpus(n: int):
+    return lambda: f"needs fewer than {n} CUDA devices (found {gpu_count()})" if gpu_count() >= n else None
+
+
+CASES = [
+    # names
+    Case("unknown-strategy", ["--strategy", "fsdp"], r"invalid choice: 'fsdp'", dict(strategy="fsdp"),
+         api_message=r"unknown strategy 'fsdp': choose one of single, manual, dataparallel, ddp"),
+    Case("unknown-model", ["--model", "vgg16"], r"invalid choice: 'vgg16'", dict(model="vgg16"),
+         api_message=r"unknown model 'vgg16'"),
+    Case("unknown-data", ["--data", "cifar10"], r"invalid choice: 'cifar10'", dict(data="cifar10"),
+         api_message=r"unknown data 'cifar10'"),
+    Case("unknown-option", ["--epoks", "3"], r"unrecognized arguments: --epoks 3"),
+    Case("missing-command", [], r"the following arguments are required: command"),
+    # numbers: wrong type or range of every numeric option
+    Case("epochs-zero", ["--epochs", "0"], r"argument --epochs: must be at least 1, got 0", dict(epochs=0),
+         api_message=r"epochs must be a positive integer, got 0"),
+    Case("epochs-negative", ["--epochs", "-3"], r"argument --epochs: must be at least 1, got -3", dict(epochs=-3),
+         api_message=r"epochs must be a positive integer"),
+    Case("epochs-not-integer", ["--epochs", "2.5"], r"argument --epochs: expected an integer, got '2.5'",
+         dict(epochs=2.5), api_message=r"epochs must be a positive integer, got 2.5"),
+    Case("batch-size-zero", ["--batch-size", "0"], r"argument --batch-size: must be at least 1", dict(batch_size=0),
+         api_message=r"batch size must be a positive integer"),
+    Case("batch-size-text", ["--batch-size", "lots"], r"argument --batch-size: expected an integer, got 'lots'",
+         dict(batch_size="64"), api_message=r"batch size must be a positive integer, got '64'"),
+    Case("lr-zero", ["--lr", "0"], r"argument --lr: must be a finite number > 0", dict(lr=0.0),
+         api_message=r"lr must be a finite number > 0"),
+    Case("lr-negative", ["--lr", "-0.1"], r"argument --lr: must be a finite number > 0", dict(lr=-0.1),
+         api_message=r"lr must be a finite number > 0"),
+    Case("lr-nan", ["--lr", "nan"], r"argument --lr: must be a finite number > 0, got nan", dict(lr=math.nan),
+         api_message=r"lr must be a finite number > 0, got nan"),
+    Case("lr-inf", ["--lr", "inf"], r"argument --lr: must be a finite number > 0, got inf", dict(lr=math.inf),
+         api_message=r"lr must be a finite number > 0, got inf"),
+    Case("lr-text", ["--lr", "fast"], r"argument --lr: expected a number, got 'fast'", dict(lr="0.1"),
+         api_message=r"lr must be a finite number"),
+    Case("devices-zero", ["--devices", "0"], r"argument --devices: must be at least 1, got 0", dict(devices=0),
+         api_message=r"devices must be a positive integer, got 0"),
+    Case("devices-negative", ["--devices", "-2"], r"argument --devices: must be at least 1", dict(devices=-2),
+         api_message=r"devices must be a positive integer"),
+    Case("momentum-one", ["--momentum", "1"], r"argument --momentum: must be a finite number >= 0 and < 1",
+         dict(momentum=1.0), api_message=r"momentum must be below 1"),
+    Case("weight-decay-negative", ["--weight-decay", "-0.01"], r"argument --weight-decay: must be a finite number >= 0",
+         dict(weight_decay=-0.01), api_message=r"weight decay must be a finite number >= 0"),
+    Case("timeout-zero", ["--timeout", "0"], r"argument --timeout: must be a finite number > 0", dict(timeout=0.0),
+         api_message=r"timeout must be a finite number > 0"),
+    Case("seed-negative", ["--seed", "-1"], r"argument --seed: must be at least 0, got -1", dict(seed=-1),
+         api_message=r"seed must be a non-negative integer"),
+    Case("width-zero", ["--width", "0"], r"argument --width: must be at least 1", dict(width=0),
+         api_message=r"width must be a positive integer"),
+    Case("resize-zero", ["--resize", "0"], r"argument --resize: must be at least 1", dict(resize=0),
+         api_message=r"resize must be a positive integer"),
+    Case("train-size-zero", ["--train-size", "0"], r"argument --train-size: must be at least 1", dict(train_size=0),
+         api_message=r"train size must be a positive integer"),
+    Case("port-out-of-range", ["--port", "70000"], r"argument --port: must be at most 65535, got 70000",
+         dict(port=70000), api_message=r"port must be an integer in 1\.\.65535, got 70000"),
+    # settings that contradict each other
+    Case("batch-smaller-than-devices", ["--strategy", "manual", "--devices", "4", "--batch-size", "2"],
+         r"batch size 2 is smaller than the 4 devices", dict(strategy="manual", devices=4, batch_size=2)),
+    Case("train-size-below-one-batch", ["--train-size", "32"],
+         r"train size 32 is smaller than one global batch of 64", dict(train_size=32)),
+    Case("image-shape-wrong-for-model", ["--resize", "32"], r"model lenet cannot take 1x32x32 images \(from --resize 32\)",
+         dict(resize=32), error=ShapeError),
+    Case("sync-bn-without-ddp", ["--sync-bn"], r"sync_bn \(--sync-bn\) applies to the ddp strategy only",
+         dict(sync_bn=True)),
+    Case("resume-without-checkpoint-dir", ["--resume"], r"resume needs a checkpoint directory \(--checkpoint-dir\)",
+         dict(resume=True)),
+    # data
+    Case("data-dir-missing", ["--data", "fashion-mnist", "--data-dir", "{tmp}/nowhere"],
+         r"Fashion-MNIST not found in .*nowhere/FashionMNIST/raw \(missing train-images-idx3-ubyte\[\.gz\]",
+         dict(data="fashion-mnist", data_dir="{tmp}/nowhere"), error=DataNotFoundError),
+    Case("data-file-corrupt", ["--data", "fashion-mnist", "--data-dir", "{tmp}/fm"],
+         r"train-images-idx3-ubyte is truncated or corrupt", dict(data="fashion-mnist", data_dir="{tmp}/fm"),
+         error=DataError, setup=_corrupt_fashion_files),
+    Case("data-empty", ["--data", "fashion-mnist", "--data-dir", "{tmp}/fm"], r"the dataset is empty",
+         dict(data="fashion-mnist", data_dir="{tmp}/fm"), error=DataError,
+         setup=lambda tmp: _fashion_files(tmp, n_train=0, n_test=0)),
+    Case("data-fewer-than-one-batch", ["--data", "fashion-mnist", "--data-dir", "{tmp}/fm"],
+         r"10 training examples do not fill one global batch of 64", dict(data="fashion-mnist", data_dir="{tmp}/fm"),
+         setup=lambda tmp: _fashion_files(tmp, n_train=10)),
+    # folders
+    Case("out-under-a-file", ["--out", "{tmp}/a-file/run"], r"output folder .*a-file/run cannot be written",
+         dict(out="{tmp}/a-file/run"), error=OutputDirError, setup=_a_file),
+    Case("out-is-a-file", ["--out", "{tmp}/a-file"], r"output folder .*a-file cannot be written: it is a file",
+         dict(out="{tmp}/a-file"), error=OutputDirError, setup=_a_file),
+    Case("checkpoint-dir-under-a-file", ["--checkpoint-dir", "{tmp}/a-file/ckpt"],
+         r"checkpoint folder .*a-file/ckpt cannot be written", dict(checkpoint_dir="{tmp}/a-file/ckpt"),
+         error=OutputDirError, setup=_a_file),
+    # checkpoints
+    Case("checkpoint-corrupt", ["--checkpoint-dir", "{tmp}/ckpt", "--resume"],
+         r"checkpoint .*ckpt/checkpoint\.pt is truncated or corrupt", dict(checkpoint_dir="{tmp}/ckpt", resume=True),
+         error=CheckpointError, setup=_corrupt_checkpoint),
+    Case("checkpoint-other-settings", ["--checkpoint-dir", "{tmp}/ckpt", "--resume"],
+         r"checkpoint .*checkpoint\.pt was written with other settings \(lr 0\.5 -> 0\.1\)",
+         dict(checkpoint_dir="{tmp}/ckpt", resume=True), error=CheckpointError,
+         setup=lambda tmp: _checkpoint_of(tmp, lr=0.5)),
+    Case("checkpoint-exists-without-resume", ["--checkpoint-dir", "{tmp}/ckpt"],
+         r"checkpoint\.pt already exists: pass --resume to continue that run", dict(checkpoint_dir="{tmp}/ckpt"),
+         error=CheckpointError, setup=lambda tmp: _checkpoint_of(tmp)),
+    # devices and ports
+    Case("port-in-use", ["--strategy", "ddp", "--devices", "2", "--port", "{port}"],
+         r"port \d+ on 127\.0\.0\.1 is already in use", dict(strategy="ddp", devices=2, port="{port}")),
+    Case("gpus-demanded-ddp", ["--strategy", "ddp", "--devices", "2", "--require-gpus"],
+         r"2 GPU\(s\) demanded but \d CUDA device\(s\) found", dict(strategy="ddp", devices=2, require_gpus=True),
+         error=DeviceError, needs=_no_gpus(2)),
+    Case("gpus-demanded-manual", ["--strategy", "manual", "--devices", "2", "--require-gpus"],
+         r"2 GPU\(s\) demanded but \d CUDA device\(s\) found", dict(strategy="manual", devices=2, require_gpus=True),
+         error=DeviceError, needs=_no_gpus(2)),
+    Case("sync-bn-without-gpus", ["--strategy", "ddp", "--devices", "2", "--sync-bn"],
+         r"--sync-bn needs a CUDA device per rank", dict(strategy="ddp", devices=2, sync_bn=True),
+         error=DeviceError, needs=_no_gpus(2)),
+]
+
+
+def _fill(value, tmp: Path, port: int):
+    if isinstance(value, str):
+        return value.replace("{tmp}", str(tmp)).replace("{port}", str(port))
+    return value
+
+
+def _params(cases):
+    return [pytest.param(c, id=c.id) for c in cases]
+
+
+def _prepare(case: Case, tmp: Path, port: int):
+    reason = case.needs()
+    if reason:
+        pytest.skip(reason)
+    if case.setup:
+        case.setup(tmp)
+    argv = [_fill(a, tmp, port) for a in case.argv]
+    return argv
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str]:
+    """(exit code, stderr) of `python -m mgpu ...`, run in this process."""
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse exits on its own
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", _params(CASES))
+def test_cli_bad_input_is_one_line_and_exit_code_2(case, tmp_path, busy_port, capsys):
+    argv = _prepare(case, tmp_path, busy_port)
+    command = [] if case.id == "missing-command" else ["train", *BASE_ARGS, "--out", str(tmp_path / "out"), *argv]
+    code, err = run_cli(command, capsys)
+    lines = err.strip().splitlines()
+    assert code == 2, f"{case.id}: exit code {code}, stderr:\n{err}"
+    assert len(lines) == 1 and lines[0].startswith("mgpu: error: "), f"{case.id}: not one error line:\n{err}"
+    assert re.search(case.message, lines[0]), f"{case.id}: {lines[0]!r} does not match {case.message!r}"
+
+
+API_CLI_CASES = [c for c in CASES if c.api is not None]
+
+
+@pytest.mark.parametrize("case", _params(API_CLI_CASES))
+def test_api_bad_input_raises_a_specific_error(case, tmp_path, busy_port):
+    _prepare(case, tmp_path, busy_port)
+    settings = {k: busy_port if v == "{port}" else _fill(v, tmp_path, busy_port) for k, v in case.api.items()}
+    cfg = TrainConfig(**{**BASE_API, "out": str(tmp_path / "out"), **settings})
+    with pytest.raises(case.error, match=case.api_message or case.message) as info:
+        train(cfg)
+    assert isinstance(info.value, MgpuError)
+    assert "\n" not in str(info.value), f"{case.id}: message must be one line: {info.value}"
+
+
+# -- mistakes only the API can make ------------------------------------------------------------------
+
+def _spawn_on_busy_port(port):
+    spawn(print, None, nprocs=2, port=port)
+
+
+API_CASES = {
+    "split-batch-x-y-mismatch": (lambda port: split_batch(torch.zeros(8, 3), torch.zeros(7), ["cpu", "cpu"]),
+                                 ShapeError, r"X has 8 examples but y has 7"),
+    "split-batch-smaller-than-devices": (lambda port: split_batch(torch.zeros(2, 3), torch.zeros(2), ["cpu"] * 3),
+                                         ConfigError, r"batch of 2 examples is smaller than the 3 devices"),
+    "dataset-images-labels-mismatch": (lambda port: ImageDataset(torch.zeros(5, 28, 28), torch.zeros(4)),
+                                       DataError, r"5 images but 4 labels"),
+    "dataset-empty": (lambda port: BatchLoader(ImageDataset(torch.zeros(0, 28, 28), torch.zeros(0)), 4),
+                      DataError, r"the dataset is empty"),
+    "train-not-a-config": (lambda port: train({"epochs": 1}), ConfigError, r"train\(\) needs a TrainConfig, got dict"),
+    "spawn-port-in-use": (_spawn_on_busy_port, LaunchError, r"port \d+ on 127\.0\.0\.1 is already in use"),
+    "devices-demanded": (lambda port: devices(gpu_count() + 1, require_gpus=True), DeviceError,
+                         r"GPU\(s\) demanded but \d+ CUDA device\(s\) found"),
+}
+
+
+@pytest.mark.parametrize("case_id", list(API_CASES))
+def test_api_only_bad_input_raises_a_specific_error(case_id, busy_port):
+    call, error, message = API_CASES[case_id]
+    with pytest.raises(error, match=message):
+        call(busy_port)
+
+
+# -- end to end: a real process prints no traceback ------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("argv, message", [
+    (["--epochs", "0"], r"^mgpu: error: argument --epochs: must be at least 1, got 0$"),
+    (["--data", "fashion-mnist", "--data-dir", "/nonexistent/mgpu"], r"^mgpu: error: Fashion-MNIST not found in "),
+], ids=["parser", "train"])
+def test_real_process_prints_one_line_and_exits_2(argv, message, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "mgpu", "train", *BASE_ARGS, "--out", str(tmp_path), *argv],
+                          cwd=ROOT, capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert re.search(message, proc.stderr.strip()), proc.stderr
+
+
+def test_failures_doc_lists_every_case():
+    text = DOC.read_text()
+    missing = [c for c in [*(c.id for c in CASES), *API_CASES] if f"`{c}`" not in text]
+    assert not missing, f"{DOC.relative_to(ROOT)} lacks rows for: {', '.join(missing)}"

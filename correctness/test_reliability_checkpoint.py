@@ -1,0 +1,135 @@
+"""Checkpoint and resume: a run interrupted mid-epoch and resumed ends bitwise where an
+uninterrupted run ends; checkpoints are written atomically; a bad one is an error, never a fresh start.
+
+These run in this process (single, manual): the interruption is the MGPU_FAULT hook raising in
+the middle of an epoch, which leaves the checkpoint directory exactly as a kill would (nothing
+is written between epochs). The DDP case, with a real SIGKILL, is in test_reliability_ranks.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from mgpu import checkpoint
+from mgpu.config import TrainConfig
+from mgpu.errors import CheckpointError, OutputDirError
+from mgpu.train import FAULT_ENV, train
+
+pytestmark = pytest.mark.reliability
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: one intra-op thread is as fast, and far faster when other work shares the cores."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+# Momentum, so that the optimizer state matters; 4 steps an epoch.
+TINY = dict(model="lenet", epochs=3, batch_size=32, lr=0.05, momentum=0.9, train_size=128, test_size=32,
+            out=None, progress=False)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Uninterrupted runs, one per strategy."""
+    return {name: train(TrainConfig(strategy=name, devices=n, **TINY)) for name, n in (("single", 1), ("manual", 2))}
+
+
+def _assert_bitwise_equal(a: dict, b: dict, what: str) -> None:
+    assert a.keys() == b.keys()
+    differ = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not differ, f"{what}: tensors differ: {differ}"
+
+
+def _interrupt(cfg: TrainConfig, monkeypatch, epoch: int = 2, step: int = 3) -> None:
+    monkeypatch.setenv(FAULT_ENV, f"kind=raise,epoch={epoch},step={step}")
+    with pytest.raises(RuntimeError, match="injected fault"):
+        train(cfg)
+    monkeypatch.delenv(FAULT_ENV)
+
+
+@pytest.mark.parametrize("strategy, n", [
+    ("single", 1),
+    ("manual", 2),
+])
+def test_resume_after_interruption_is_bitwise_exact(strategy, n, reference, tmp_path, monkeypatch, capsys):
+    cfg = TrainConfig(strategy=strategy, devices=n, checkpoint_dir=str(tmp_path), **TINY)
+    _interrupt(cfg, monkeypatch)
+    assert checkpoint.load(tmp_path)["epoch"] == 1, "only the epoch before the interruption is saved"
+    capsys.readouterr()
+    resumed = train(TrainConfig(strategy=strategy, devices=n, checkpoint_dir=str(tmp_path), resume=True, **TINY))
+    out = capsys.readouterr().out
+    assert f"resuming from {tmp_path / checkpoint.CHECKPOINT_NAME} after epoch 1 (2 epoch(s) left)" in out, out
+    assert [e.epoch for e in resumed.epochs] == [1, 2, 3], "the result covers every epoch, saved ones included"
+    ref = reference[strategy]
+    _assert_bitwise_equal(ref.state_dict, resumed.state_dict, f"{strategy}: resumed vs uninterrupted weights")
+    assert [e.loss for e in resumed.epochs] == [e.loss for e in ref.epochs]
+    assert checkpoint.load(tmp_path)["epoch"] == 3
+
+
+def test_checkpoint_holds_everything_to_resume(reference, tmp_path):
+    train(TrainConfig(checkpoint_dir=str(tmp_path), **{**TINY, "epochs": 1}))
+    ckpt = checkpoint.load(tmp_path)
+    assert ckpt["epoch"] == 1 and len(ckpt["history"]) == 1
+    assert set(ckpt["model"]) == set(reference["single"].state_dict)
+    assert ckpt["optimizer"]["state"], "momentum buffers must be saved"
+    assert {"torch", "python"} <= set(ckpt["rng"])
+    assert ckpt["fingerprint"] == checkpoint.fingerprint(TrainConfig(**TINY))
+    assert sorted(os.listdir(tmp_path)) == [checkpoint.CHECKPOINT_NAME], "no temporary file may be left"
+
+
+def test_resume_without_a_checkpoint_starts_afresh_and_says_so(reference, tmp_path, capsys):
+    result = train(TrainConfig(checkpoint_dir=str(tmp_path / "new"), resume=True, **TINY))
+    assert f"no checkpoint in {tmp_path / 'new'}: starting from epoch 1" in capsys.readouterr().out
+    _assert_bitwise_equal(reference["single"].state_dict, result.state_dict, "fresh start vs uninterrupted")
+
+
+def test_resume_may_change_strategy_and_add_epochs(reference, tmp_path, monkeypatch):
+    _interrupt(TrainConfig(checkpoint_dir=str(tmp_path), **TINY), monkeypatch)
+    result = train(TrainConfig(strategy="manual", devices=2, checkpoint_dir=str(tmp_path), resume=True,
+                               **{**TINY, "epochs": 4}))
+    assert [e.epoch for e in result.epochs] == [1, 2, 3, 4]
+    assert checkpoint.load(tmp_path)["epoch"] == 4
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    train(TrainConfig(checkpoint_dir=str(tmp_path), **{**TINY, "epochs": 1}))
+    before = (tmp_path / checkpoint.CHECKPOINT_NAME).read_bytes()
+
+    def crash(src, dst):  # the process dies between writing the new file and renaming it
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.os, "replace", crash)
+    with pytest.raises(OutputDirError, match="cannot write checkpoint .*No space left on device"):
+        train(TrainConfig(checkpoint_dir=str(tmp_path), resume=True, **{**TINY, "epochs": 2}))
+    monkeypatch.undo()
+    assert (tmp_path / checkpoint.CHECKPOINT_NAME).read_bytes() == before, "the complete checkpoint was damaged"
+    assert checkpoint.load(tmp_path)["epoch"] == 1  # the left-over .tmp file is ignored
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "not-a-checkpoint"])
+def test_damaged_checkpoint_is_an_error_not_a_fresh_start(damage, tmp_path):
+    train(TrainConfig(checkpoint_dir=str(tmp_path), **{**TINY, "epochs": 1}))
+    path = tmp_path / checkpoint.CHECKPOINT_NAME
+    data = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "empty":
+        path.write_bytes(b"")
+    else:
+        torch.save({"weights": torch.zeros(3)}, path)
+    with pytest.raises(CheckpointError, match="truncated or corrupt|not an mgpu checkpoint"):
+        train(TrainConfig(checkpoint_dir=str(tmp_path), resume=True, **TINY))
+
+
+def test_checkpoint_of_another_model_is_an_error(tmp_path):
+    cfg = TrainConfig(checkpoint_dir=str(tmp_path), **{**TINY, "epochs": 1})
+    checkpoint.save(tmp_path, cfg=cfg, epoch=1, model_state={"0.weight": torch.zeros(1)},
+                    optimizer_state={"state": {}, "param_groups": []}, history=[])
+    with pytest.raises(CheckpointError, match="does not fit this model"):
+        train(TrainConfig(checkpoint_dir=str(tmp_path), resume=True, **TINY))

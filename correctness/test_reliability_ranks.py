@@ -1,0 +1,332 @@
+"""Failing ranks: real `python -m mgpu train --strategy ddp` runs with a fault injected into one rank.
+
+Whatever a rank does (raises, is SIGKILLed, hangs in a collective) or the user does (Ctrl-C),
+the whole run must exit non-zero within 30 s, say which rank failed and why, and leave no process
+behind. Faults come from the MGPU_FAULT test hook (mgpu/train.py, `Fault`). Each run carries a
+unique environment variable that every process it starts inherits, so leftovers are found by
+scanning /proc. Every test has a hard timeout; every run is killed (its whole session) in the end.
+
+The launcher's own duties (SIGTERM, dying with its launcher, a port taken meanwhile) are tested
+with ranks that run a few lines of plain Python: `mgpu.launch` imports no torch, nor does this
+module at import time, so those ranks start in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from mgpu import launch
+
+# Hard limits: the module's runs share one fixture (started together); a test's own limit covers it.
+pytestmark = [pytest.mark.reliability, pytest.mark.multiprocess, pytest.mark.timeout(300),
+              pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                 reason="finds leftover processes in /proc, and ranks die with their launcher "
+                                        "by PR_SET_PDEATHSIG: Linux only")]
+
+ROOT = Path(__file__).resolve().parents[1]
+TAG = "MGPU_TEST_RUN_TAG"
+EXIT_WITHIN_S = 30.0
+HANG_TIMEOUT_S = 12  # --timeout of the hang run: long enough for the ranks to meet on a busy machine
+# 4 steps an epoch; LeNet on two gloo ranks of one thread each.
+DDP_ARGS = ["--strategy", "ddp", "--devices", "2", "--model", "lenet", "--batch-size", "64", "--lr", "0.05",
+            "--momentum", "0.9", "--train-size", "256", "--test-size", "64", "--no-progress"]
+
+
+class Run:
+    """`python -m mgpu train ...` (or `python -c CODE`) in its own session, its output collected line
+    by line, with time stamps."""
+
+    def __init__(self, args: list[str], fault: str | None = None, code: str | None = None):
+        self.tag = uuid.uuid4().hex
+        env = {k: v for k, v in os.environ.items() if k not in ("MGPU_FAULT", "RANK", "WORLD_SIZE")}
+        env[TAG] = self.tag
+        if fault:
+            env["MGPU_FAULT"] = fault
+        self.started = time.monotonic()
+        command = [sys.executable, "-c", code] if code else [sys.executable, "-m", "mgpu", "train", *args]
+        self.proc = subprocess.Popen(command, cwd=ROOT, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        self.out: list[str] = []
+        self.err: list[tuple[float, str]] = []
+        self._readers = [threading.Thread(target=self._read, args=(self.proc.stdout, False), daemon=True),
+                         threading.Thread(target=self._read, args=(self.proc.stderr, True), daemon=True)]
+        for t in self._readers:
+            t.start()
+        self.ended: float | None = None  # when the process exited, stamped by a watcher thread
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+        self._watcher.start()
+        self.code: int | None = None
+        self.problem: str | None = None  # what went wrong while driving the run, if anything
+        self.leftover: list[str] = []
+        self.signal_at: float | None = None
+
+    def _watch(self) -> None:
+        self.proc.wait()
+        self.ended = time.monotonic()
+
+    def _read(self, stream, is_err: bool) -> None:
+        for line in stream:
+            if is_err:
+                self.err.append((time.monotonic(), line.rstrip("\n")))
+            else:
+                self.out.append(line.rstrip("\n"))
+
+    @property
+    def stderr(self) -> str:
+        return "\n".join(line for _, line in self.err)
+
+    def wait_for_stderr(self, text: str, timeout: float) -> float:
+        """Time stamp of the first stderr line containing text."""
+        end = time.monotonic() + timeout
+        while True:
+            for stamp, line in list(self.err):
+                if text in line:
+                    return stamp
+            if time.monotonic() > end or (self.proc.poll() is not None and not any(t.is_alive() for t in self._readers)):
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no {text!r} on stderr within {timeout} s; stderr:\n{self.stderr}")
+
+    def wait(self, timeout: float) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"run still going after {timeout} s: a hang; stderr:\n{self.stderr}") from None
+        for t in [self._watcher, *self._readers]:
+            t.join(5)
+        return code
+
+    def leftovers(self, settle_s: float = 2.0) -> list[str]:
+        """Processes of this run still alive (after up to settle_s for them to finish exiting)."""
+        end = time.monotonic() + settle_s
+        while True:
+            found = []
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    environ = Path(f"/proc/{pid}/environ").read_bytes()
+                    if f"{TAG}={self.tag}".encode() in environ.split(b"\0"):
+                        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200]
+                        found.append(f"{pid}: {cmdline.decode(errors='replace')}")
+                except OSError:  # gone meanwhile, or not ours to read
+                    pass
+            if not found or time.monotonic() > end:
+                return found
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        """Kill the run's session and anything that carries its tag (the test's safety net)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for line in self.leftovers(settle_s=0):
+            try:
+                os.kill(int(line.split(":")[0]), signal.SIGKILL)
+            except OSError:
+                pass
+        self.proc.wait(10)
+
+
+def _assert_failed_fast(run: Run, since: float, expect: str) -> None:
+    assert run.code == 1, f"exit code {run.code}; stderr:\n{run.stderr}"
+    errors = [line for _, line in run.err if line.startswith("mgpu: error:")]
+    assert errors and expect in errors[0], f"first error line should say {expect!r}; stderr:\n{run.stderr}"
+    took = run.ended - since
+    assert took < EXIT_WITHIN_S, f"the run took {took:.1f} s after the fault to exit"
+    assert "Traceback" not in run.stderr.split("mgpu: error:")[0], "a rank printed a traceback of its own"
+    assert not run.leftover, "processes left behind:\n" + "\n".join(run.leftover)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Five DDP runs started at the same moment, each picking its own free port (the 2 cores are
+    shared; waiting overlaps): four with a fault in rank 1, and a reference run to resume against.
+    The Ctrl-C run gets SIGINT once its rank 1 hangs; the run whose rank 1 was SIGKILLed is resumed
+    as soon as it has ended. Each run's exit code, output, exit time and leftover processes are
+    kept for the tests below."""
+    tmp = tmp_path_factory.mktemp("ddp")
+    args = [*DDP_ARGS, "--epochs", "2"]
+    hang = "rank=1,epoch=1,step=2,kind=hang"
+    checkpointed = ["--out", str(tmp / "resumed"), "--checkpoint-dir", str(tmp / "ckpt")]
+    started = {
+        "raise": Run([*args, "--out", ""], fault="rank=1,epoch=1,step=2,kind=raise"),
+        # Rank 0 waits in DDP's gradient allreduce for the hung rank 1 until the process-group timeout.
+        "hang": Run([*args, "--out", "", "--timeout", str(HANG_TIMEOUT_S)], fault=hang),
+        # Rank 1 hangs, so rank 0 sits inside a collective (the hardest place to interrupt) when Ctrl-C comes.
+        "ctrl-c": Run([*args, "--out", "", "--timeout", "300"], fault=hang),
+        "reference": Run([*args, "--out", str(tmp / "reference")]),
+        "killed": Run([*args, *checkpointed], fault="rank=1,epoch=2,step=2,kind=kill"),
+    }
+
+    def wait(run: Run) -> None:
+        try:
+            run.code = run.wait(150)
+        except AssertionError as e:
+            run.problem = str(e)
+
+    try:
+        ctrl_c = started["ctrl-c"]
+        try:
+            ctrl_c.wait_for_stderr("injecting hang at rank 1", 150)
+            ctrl_c.signal_at = time.monotonic()
+            os.killpg(ctrl_c.proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+        except AssertionError as e:
+            ctrl_c.problem = str(e)
+        wait(started["killed"])
+        started["resumed"] = Run([*args, *checkpointed, "--resume"])
+        for run in started.values():
+            if run.code is None and run.problem is None:
+                wait(run)
+    finally:
+        for run in started.values():
+            run.leftover = run.leftovers()
+            run.kill()
+    yield tmp, args, started
+
+
+def _run(runs, name: str) -> Run:
+    run = runs[2][name]
+    assert run.problem is None, run.problem
+    return run
+
+
+def test_rank_that_raises_ends_the_run(runs):
+    run = _run(runs, "raise")
+    fault_at = run.wait_for_stderr("injecting raise at rank 1", 0)
+    _assert_failed_fast(run, fault_at, "rank 1 failed: RuntimeError: injected fault (MGPU_FAULT) at epoch 1, step 2")
+    assert "rank 0: still running, stopped" in run.stderr or "rank 0: RuntimeError" in run.stderr, run.stderr
+
+
+def test_sigkilled_rank_ends_the_run(runs):
+    run = _run(runs, "killed")
+    fault_at = run.wait_for_stderr("injecting kill at rank 1", 0)
+    _assert_failed_fast(run, fault_at, "rank 1 failed: killed by SIGKILL")
+
+
+def test_hung_rank_is_ended_by_the_process_group_timeout(runs):
+    run = _run(runs, "hang")
+    fault_at = run.wait_for_stderr("injecting hang at rank 1", 0)
+    _assert_failed_fast(run, fault_at, "rank 0 failed:")
+    assert "Timed out" in run.stderr and "rank 1: still running, stopped" in run.stderr, run.stderr
+    assert run.ended - fault_at >= HANG_TIMEOUT_S - 1, "stopped before the process-group timeout: by what?"
+
+
+def test_ctrl_c_stops_every_rank(runs):
+    run = _run(runs, "ctrl-c")
+    assert run.code == 130, f"exit code {run.code}; stderr:\n{run.stderr}"
+    assert "mgpu: interrupted: every rank stopped" in run.stderr, run.stderr
+    assert run.ended - run.signal_at < EXIT_WITHIN_S
+    assert not run.leftover, "processes left behind:\n" + "\n".join(run.leftover)
+
+
+def test_concurrent_ddp_runs_do_not_collide(runs):
+    reference, killed = _run(runs, "reference"), _run(runs, "killed")
+    assert reference.code == 0, f"the reference run failed next to four others:\n{reference.stderr}"
+    assert not reference.leftover
+    everything = "\n".join(run.stderr for run in runs[2].values()).lower()
+    assert "address already in use" not in everything and "eaddrinuse" not in everything
+    assert any(line.startswith("epoch 1/2") for line in killed.out), f"a run never trained an epoch:\n{killed.stderr}"
+
+
+def test_ddp_resume_after_sigkill_is_bitwise_exact(runs):
+    import torch
+
+    tmp, _, _ = runs
+    _run(runs, "reference"), _run(runs, "killed")
+    run = _run(runs, "resumed")
+    assert run.code == 0, run.stderr
+    assert not run.leftover, "processes left behind:\n" + "\n".join(run.leftover)
+    assert any("resuming from" in line and "after epoch 1 (1 epoch(s) left)" in line for line in run.out), run.out
+    ref = torch.load(tmp / "reference" / "model.pt", weights_only=True)
+    resumed = torch.load(tmp / "resumed" / "model.pt", weights_only=True)
+    differ = [k for k in ref if not torch.equal(ref[k], resumed[k])]
+    assert not differ, f"resumed DDP weights differ from the uninterrupted run's: {differ}"
+
+
+# -- the launcher itself, with ranks that import no torch ---------------------------------------------
+
+def _hang_forever(_):
+    """Runs in each rank: say so, then wait to be stopped."""
+    print(f"rank {os.environ['RANK']} up", file=sys.stderr, flush=True)
+    while True:
+        time.sleep(1)
+
+
+# A launcher as the CLI is one: KeyboardInterrupt (and launch.Terminated, for SIGTERM) ends it.
+LAUNCHER = """
+import sys
+from mgpu import launch
+from correctness.test_reliability_ranks import _hang_forever
+try:
+    launch.spawn(_hang_forever, None, nprocs=2)
+except KeyboardInterrupt as e:
+    print(f"stopped by signal {getattr(e, 'signum', 2)}", file=sys.stderr)
+    sys.exit(128 + getattr(e, "signum", 2))
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGKILL, -9)],
+                         ids=["sigterm", "sigint-to-launcher-only", "sigkill"])
+def test_a_signal_to_the_launcher_alone_stops_every_rank(sig, code):
+    """SIGTERM (`timeout`, a CI runner) or SIGINT sent to the launcher only: it stops the ranks
+    itself. SIGKILL: it can do nothing, and the kernel kills the ranks (PR_SET_PDEATHSIG)."""
+    run = Run([], code=LAUNCHER)
+    try:
+        run.wait_for_stderr("rank 0 up", 30)
+        run.wait_for_stderr("rank 1 up", 30)
+        sent = time.monotonic()
+        os.kill(run.proc.pid, sig)
+        assert run.wait(30) == code, run.stderr
+        assert run.ended - sent < EXIT_WITHIN_S
+    finally:
+        leftovers = run.leftovers()
+        run.kill()
+    assert not leftovers, "ranks outlived their launcher:\n" + "\n".join(leftovers)
+
+
+def test_cli_reports_sigterm_with_exit_code_143(monkeypatch, capsys):
+    from mgpu import cli, train
+
+    def stopped(cfg):
+        raise launch.Terminated(signal.SIGTERM)
+
+    monkeypatch.setattr(train, "train", stopped)
+    assert cli.main(["train", "--out", ""]) == 143
+    assert capsys.readouterr().err == "mgpu: terminated: every rank stopped\n"
+
+
+def _bind_master_port(_):
+    """Runs in each rank: rank 0 binds MASTER_PORT as torch's TCPStore would (EADDRINUSE if taken)."""
+    if os.environ["RANK"] == "0":
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])))
+    return int(os.environ["MASTER_PORT"])
+
+
+@pytest.mark.timeout(60)
+def test_a_run_whose_free_port_was_taken_meanwhile_starts_again_on_another(monkeypatch):
+    """The race behind concurrent runs: a port is free when chosen and taken before rank 0 binds it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        choices = iter([busy])
+        real_free_port, real_spawn_once = launch.free_port, launch._spawn_once
+        tried = []
+        monkeypatch.setattr(launch, "free_port", lambda host="127.0.0.1": next(choices, None) or real_free_port(host))
+        monkeypatch.setattr(launch, "_spawn_once", lambda fn, cfg, n, port, *a: tried.append(port)
+                            or real_spawn_once(fn, cfg, n, port, *a))
+        port = launch.spawn(_bind_master_port, None, nprocs=2, deadline_s=50)
+    assert tried == [busy, port] and port != busy, tried
