@@ -36,15 +36,6 @@ from mgpu.train import train
 
 pytestmark = pytest.mark.reliability
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread is as fast, and far faster when other work shares the cores."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "failures.md"
 BASE_ARGS = ["--model", "lenet", "--epochs", "1", "--batch-size", "64", "--train-size", "128", "--test-size", "64",

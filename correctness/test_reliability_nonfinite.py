@@ -19,15 +19,6 @@ from mgpu.train import FAULT_ENV, train
 
 pytestmark = pytest.mark.reliability
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread is as fast, and far faster when other work shares the cores."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
 TINY = dict(model="lenet", epochs=2, batch_size=32, train_size=128, test_size=32, out=None, progress=False)
 
 

@@ -1,0 +1,303 @@
+"""Shared pieces of the correctness suite: models and batches, reference gradients, comparisons
+that say where and by how much two results differ, and the few DDP runs the suite shares.
+
+Starting a DDP rank costs seconds (each imports torch), so every multi-process check of the
+suite rides on one spawned run per world size (`ddp_runs(2)`, `ddp_runs(3)`), started once per
+test session and shared by test_weights, test_determinism and test_evaluation.
+
+This module is imported by the spawned ranks too: it must not import hypothesis or the root
+conftest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from mgpu import devices as devmod
+from mgpu.config import TrainConfig
+from mgpu.data import BatchLoader, ImageDataset
+from mgpu.launch import free_port, spawn
+from mgpu.models import lenet, resnet18
+from mgpu.strategies import DistributedDataParallel, Manual
+
+# A DDP run of the suite gets this long before spawn() stops every rank and names the stragglers.
+DDP_DEADLINE_S = 120.0
+# A test of the suite's ResNet-18 uses this width: the same architecture, a few hundred times cheaper.
+RESNET_WIDTH = 4
+
+
+# -- threads -----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def torch_threads(n: int):
+    saved = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+@pytest.fixture
+def native_cpu_conv():
+    """oneDNN (mkldnn), PyTorch's default CPU convolution, picks kernels by batch size, and some
+    lose float32 accuracy: a width-4 ResNet-18's first-layer gradient for a batch of 2 comes out
+    1e-5 (3e-4 relative) from the float64 value, while for a batch of 1 it is within 1e-9.
+    Comparing exact arithmetic then needs wider tolerances than PyTorch's float32 defaults. As with
+    TF32 on GPUs, the suite switches the lossy path off rather than widen the tolerance."""
+    saved = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = saved
+
+
+# -- models and data ---------------------------------------------------------------------------
+def make_model(name: str, seed: int) -> nn.Module:
+    """LeNet, or a width-4 ResNet-18 with PyTorch's default initialisation (gradients of a useful
+    size, unlike the chapter's N(0, 0.01^2), which makes them so small that any tolerance passes)
+    and random BatchNorm running statistics, so that eval mode is not the identity."""
+    torch.manual_seed(seed)
+    if name == "lenet":
+        return lenet()
+    if name == "resnet18":
+        model = resnet18(num_classes=10, in_channels=1, width=RESNET_WIDTH)
+        g = torch.Generator().manual_seed(seed)
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.copy_(0.1 * torch.randn(m.running_mean.shape, generator=g))
+                m.running_var.copy_(0.5 + torch.rand(m.running_var.shape, generator=g))
+        return model
+    raise ValueError(name)
+
+
+def random_batch(batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(X, y) shaped like Fashion-MNIST: (B, 1, 28, 28) in [0, 1], labels 0..9."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(batch_size, 1, 28, 28, generator=g), torch.randint(0, 10, (batch_size,), generator=g)
+
+
+def sgd(lr: float = 0.1, momentum: float = 0.0, weight_decay: float = 0.0) -> Callable[[list], torch.optim.Optimizer]:
+    return lambda params: torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+def run_config(strategy: str, devices: int = 1, **overrides) -> TrainConfig:
+    """A TrainConfig for tests: nothing written, no progress bar."""
+    settings = dict(strategy=strategy, devices=devices, out=None, progress=False)
+    settings.update(overrides)
+    return TrainConfig(**settings)
+
+
+def weights_config(strategy: str, devices: int = 1) -> TrainConfig:
+    """The run whose final weights single, manual, DDP (and DataParallel on GPUs) must agree on.
+
+    4 SGD steps with momentum and weight decay: 40 training examples and global batches of 25
+    (drop_last), so every epoch is one step on a different reshuffled subset, and 25 splits
+    unevenly over 2 (13 + 12) and 3 (9 + 8 + 8) devices.
+    """
+    return run_config(strategy, devices, model="lenet", epochs=4, batch_size=25, train_size=40, test_size=30,
+                      lr=0.05, momentum=0.9, weight_decay=1e-3, seed=7)
+
+
+def labelled_by(model: nn.Module, images: torch.Tensor, seed: int, wrong_fraction: float = 0.4) -> torch.Tensor:
+    """Labels on which `model` is right exactly where a seeded mask says so: an accuracy strictly
+    between 0 and 1 that a miscounting evaluation cannot hit by accident."""
+    with torch.no_grad():
+        predictions = model(images).argmax(dim=1)
+    g = torch.Generator().manual_seed(seed)
+    wrong = torch.rand(len(images), generator=g) < wrong_fraction
+    return torch.where(wrong, (predictions + 1) % 10, predictions)
+
+
+# -- gradients ---------------------------------------------------------------------------------
+def reference_gradients(model: nn.Module, X: torch.Tensor, y: torch.Tensor, reduction: str,
+                        device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Gradients of the whole batch's loss on one device, computed with plain PyTorch."""
+    model = copy.deepcopy(model).to(device)
+    F.cross_entropy(model(X.to(device)), y.to(device), reduction=reduction).backward()
+    return {name: p.grad.detach().cpu() for name, p in model.named_parameters()}
+
+
+def manual_gradients(model: nn.Module, X: torch.Tensor, y: torch.Tensor, n: int,
+                     reduction: str) -> tuple[Manual, list[dict[str, torch.Tensor]]]:
+    """The manual strategy over n devices after one forward/backward and the gradient allreduce:
+    (strategy, gradients of every replica).
+
+    The strategy backpropagates summed losses and divides the allreduced sum by the divisor it is
+    handed as the global batch size: B gives the gradient of the mean loss, 1 that of the sum.
+    """
+    strategy = Manual(devmod.devices(n))
+    strategy.setup(model, sgd())
+    strategy.forward_backward(X, y, X.shape[0] if reduction == "mean" else 1)
+    strategy.sync_gradients()
+    return strategy, [{name: p.grad.detach().cpu() for name, p in r.named_parameters()} for r in strategy.replicas]
+
+
+# -- comparisons that say what, where and by how much ------------------------------------------
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+
+
+def assert_tensors_close(actual: dict, expected: dict, where: str, exact: bool = False) -> None:
+    """assert_close on every entry (float32 defaults; bitwise when exact), the message naming
+    `where` (device / rank / step) and the entry; assert_close adds how much and where inside."""
+    assert actual.keys() == expected.keys(), f"{where}: entries differ: {sorted(actual.keys() ^ expected.keys())}"
+    tol = dict(rtol=0.0, atol=0.0) if exact else {}
+    for name, value in expected.items():
+        torch.testing.assert_close(
+            actual[name].cpu(), value.cpu(), **tol, equal_nan=exact,
+            msg=lambda m, name=name: f"{where}: {name} differs ({'bitwise' if exact else 'float32 tolerance'}); {m}")
+
+
+def assert_every_parameter_changed(final: dict, initial: dict, where: str) -> None:
+    """Negative control: a comparison of weights proves nothing if training never moved them."""
+    for name, value in initial.items():
+        if value.is_floating_point() and not name.endswith(("running_mean", "running_var")):
+            assert not torch.equal(final[name].cpu(), value.cpu()), \
+                f"{where}: {name} never changed from its initial value: the run did not train"
+
+
+# -- evaluation --------------------------------------------------------------------------------
+@dataclass
+class EvalCase:
+    images: torch.Tensor  # (N, 1, 28, 28) float
+    labels: torch.Tensor  # (N,)
+    batch_size: int
+
+    def loader(self) -> BatchLoader:
+        return BatchLoader(ImageDataset(self.images, self.labels), self.batch_size)
+
+    def describe(self) -> str:
+        n, b = len(self.labels), self.batch_size
+        return f"{n} test examples in batches of {b} (last batch {n - (len(self.loader()) - 1) * b})"
+
+
+def evaluate(strategy, model: nn.Module, loader: BatchLoader) -> float:
+    """Accuracy as a training run measures it: the Trainer's evaluate over the strategy's devices."""
+    from mgpu.train import Trainer
+
+    strategy.setup(copy.deepcopy(model), sgd())
+    return Trainer(strategy, loader, loader, epochs=0, progress=False, log=lambda _: None).evaluate(loader)
+
+
+# -- DDP runs, shared by the suite -------------------------------------------------------------
+@dataclass
+class TrainJob:
+    """`mgpu.train.train(cfg)` inside the ranks: the code path of `python -m mgpu train --strategy ddp`."""
+    cfg: TrainConfig
+    port: int = field(default_factory=free_port)
+
+    def run(self):
+        from mgpu.train import train
+
+        return train(self.cfg)
+
+
+@dataclass
+class EvalJob:
+    """Trainer.evaluate under DDP for fixed LeNet weights, over several test sets."""
+    state_dict: dict
+    cases: list
+    port: int = field(default_factory=free_port)
+
+    def run(self) -> list[float]:
+        cfg = run_config("ddp", int(os.environ["WORLD_SIZE"]))
+        model = lenet()
+        model.load_state_dict(self.state_dict)
+        strategy = DistributedDataParallel.create(cfg)
+        try:
+            return [evaluate(strategy, model, case.loader()) for case in self.cases]
+        finally:
+            strategy.teardown()
+
+
+def run_jobs_in_rank(jobs: list) -> list:
+    """What each rank runs: the jobs in order, each in its own process group (its own port)."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # ranks don't get the fixture
+    results = []
+    for job in jobs:
+        os.environ["MASTER_PORT"] = str(job.port)
+        results.append(job.run())
+    return results
+
+
+def run_job_in_this_process(job):
+    """A world of one rank in the test process itself (no spawn); the environment is restored."""
+    saved_env, saved_threads = dict(os.environ), torch.get_num_threads()
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(job.port))
+    try:
+        return job.run()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        torch.set_num_threads(saved_threads)
+
+
+def eval_cases(seed: int = 11) -> tuple[dict, list[EvalCase]]:
+    """LeNet weights and test sets whose last batch is smaller than 2 and 3 devices, or empty for some."""
+    model = make_model("lenet", seed)
+    cases = []
+    for i, (n, b) in enumerate([(9, 4), (10, 4), (7, 7), (41, 8), (2, 5)]):
+        images, _ = random_batch(n, seed + i)
+        cases.append(EvalCase(images, labelled_by(model, images, seed + i), b))
+    return model.state_dict(), cases
+
+
+@dataclass
+class DdpRuns:
+    world_size: int
+    weights: object              # RunResult of weights_config("ddp", world_size)
+    weights_again: object        # the same run repeated (world size 2 only), for determinism
+    accuracies: list[float]      # evaluate() of eval_cases() under DDP
+
+
+@functools.lru_cache(maxsize=None)
+def _ddp_outcome(world_size: int):
+    state_dict, cases = eval_cases()
+    jobs = [TrainJob(weights_config("ddp", world_size))]
+    if world_size == 2:
+        jobs.append(TrainJob(weights_config("ddp", world_size)))
+    jobs.append(EvalJob(state_dict, cases))
+    try:
+        results = spawn(run_jobs_in_rank, jobs, nprocs=world_size, deadline_s=DDP_DEADLINE_S)
+    except Exception as e:  # cached, so that every test that needs this run reports it, once run
+        return e
+    return DdpRuns(world_size, results[0], results[1] if world_size == 2 else None, results[-1])
+
+
+def ddp_runs(world_size: int) -> DdpRuns:
+    """The suite's DDP runs with `world_size` gloo ranks, spawned once per session."""
+    outcome = _ddp_outcome(world_size)
+    if isinstance(outcome, Exception):
+        raise AssertionError(f"the DDP run with {world_size} ranks failed: {outcome}") from outcome
+    return outcome
+
+
+def syncbn_gradients_in_rank(args) -> dict:
+    """In each of 2+ GPU ranks: DDP with SyncBatchNorm, one backward of the rank's shard of (X, y);
+    returns rank 0's (allreduced) gradients on the CPU."""
+    model_state, X, y = args
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # ranks don't get the fixture
+    cfg = run_config("ddp", int(os.environ["WORLD_SIZE"]), model="resnet18", width=RESNET_WIDTH, sync_bn=True,
+                     require_gpus=True)
+    strategy = DistributedDataParallel.create(cfg)
+    try:
+        model = resnet18(num_classes=10, in_channels=1, width=RESNET_WIDTH)
+        model.load_state_dict(model_state)
+        strategy.setup(model, sgd())
+        X_local, y_local = X[strategy.local_indices(torch.arange(len(y)))], y[strategy.local_indices(torch.arange(len(y)))]
+        strategy.forward_backward(X_local, y_local, len(y))
+        return {name: p.grad.detach().cpu() for name, p in strategy.model.named_parameters()}
+    finally:
+        strategy.teardown()

@@ -1,0 +1,34 @@
+"""Property 5: without CUDA, the dataparallel strategy gives exactly the single-device result.
+
+Why exactly: `nn.DataParallel` scatters over CUDA devices only. With none, it calls the wrapped
+module directly, a pass-through, so the dataparallel strategy runs on one CPU device: the same
+kernels on the same batches in the same order as `single`, hence bitwise-equal weights, losses
+and accuracies. The run must also say so in its notes rather than claim several devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from correctness.helpers import assert_tensors_close, weights_config
+from mgpu.train import train
+
+
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="CUDA is present: dataparallel really scatters over GPUs there (test_weights checks it)")
+@pytest.mark.parametrize("n", [2, 3])
+def test_dataparallel_without_cuda_is_exactly_the_single_device_run(n):
+    cfg = weights_config("single")
+    single = train(cfg)
+    passthrough = train(dataclasses.replace(cfg, strategy="dataparallel", devices=n))
+    where = f"dataparallel asked for {n} devices without CUDA vs single"
+    assert_tensors_close(passthrough.state_dict, single.state_dict, exact=True, where=where)
+    for mine, ref in zip(passthrough.epochs, single.epochs, strict=True):
+        assert (mine.loss, mine.train_acc, mine.test_acc) == (ref.loss, ref.train_acc, ref.test_acc), \
+            f"{where}: epoch {mine.epoch} loss/train acc/test acc {mine.loss, mine.train_acc, mine.test_acc} " \
+            f"vs {ref.loss, ref.train_acc, ref.test_acc}"
+    assert any("pass-through" in note for note in passthrough.notes), \
+        f"{where}: the notes must say it ran as a pass-through on one CPU device, got {passthrough.notes}"
