@@ -1,0 +1,88 @@
+"""Perf-suite options, the device sweep, and the scaling table at the end of a run.
+
+    pytest perf                          # real timings (a few minutes on a 2-core CPU)
+    pytest perf --benchmark-disable      # every benchmark once, as CI does: a broken benchmark fails
+    pytest perf --devices 4 --perf-out perf-results/run1
+
+Options: `--devices N|LIST` (or MGPU_PERF_DEVICES) overrides the device counts taken from the
+machine; `--perf-out DIR` (or MGPU_PERF_OUT, default perf-results/) is where scaling.json and
+scaling.png go.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from mgpu.bench import cpu_cores
+from perf import scaling
+from perf.sweep import DEFAULT_OUT, ENV_OUT, ROWS_KEY, SWEEP_KEY, make_sweep
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("mgpu perf")
+    group.addoption("--devices", default=None, metavar="N|LIST",
+                    help="device counts to sweep: N (1, 2, 4, ..., N) or a list like 1,3; "
+                         "default: the CUDA devices, else one emulated device per CPU core (at most 4)")
+    group.addoption("--perf-out", default=None, metavar="DIR",
+                    help=f"folder for scaling.json and scaling.png (default ${ENV_OUT} or {DEFAULT_OUT}/)")
+
+
+def pytest_configure(config):
+    try:
+        config.stash[SWEEP_KEY] = make_sweep(config.getoption("--devices"))
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+    config.stash[ROWS_KEY] = []
+
+
+def pytest_report_header(config):
+    s = config.stash[SWEEP_KEY]
+    cpu = "" if s.gpus else f", {s.threads_per_device} CPU thread(s) per emulated device ({cpu_cores()} cores)"
+    return [f"mgpu perf: device counts {list(s.counts)} ({s.source}){cpu}"]
+
+
+@pytest.fixture(scope="session")
+def sweep(pytestconfig):
+    return pytestconfig.stash[SWEEP_KEY]
+
+
+@pytest.fixture(scope="session")
+def scaling_rows(pytestconfig) -> list[dict]:
+    """Training benchmarks append their results here for the table at the end."""
+    return pytestconfig.stash[ROWS_KEY]
+
+
+@pytest.fixture
+def cpu_threads(sweep):
+    """Give this test `sweep.threads_per_device` torch threads on a CPU machine; restore after."""
+    saved = torch.get_num_threads()
+    if sweep.threads_per_device:
+        torch.set_num_threads(sweep.threads_per_device)
+    yield sweep.threads_per_device
+    torch.set_num_threads(saved)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    rows = config.stash.get(ROWS_KEY, [])
+    if not rows:
+        return
+    s = config.stash[SWEEP_KEY]
+    tr = terminalreporter
+    tr.section("mgpu scaling (weak: fixed per-device batch)")
+    if all(r["images_per_s"] is None for r in rows):
+        tr.write_line("no timings: benchmarks were disabled (--benchmark-disable); nothing written")
+        return
+    rows = scaling.add_speedups([r for r in rows if r["images_per_s"] is not None])
+    for line in scaling.format_table(rows):
+        tr.write_line(line)
+    emulated = any(r["emulated"] for r in rows)
+    meta = {"title": f"ResNet-18 weak scaling, {'emulated CPU devices' if emulated else 'GPUs'}",
+            "scaling": "weak", "emulated": emulated, "gpus": s.gpus, "device_counts": list(s.counts),
+            "threads_per_device": s.threads_per_device, "cpu_cores": cpu_cores(), "torch": torch.__version__}
+    out_dir = Path(config.getoption("--perf-out") or os.environ.get(ENV_OUT) or DEFAULT_OUT)
+    for path in scaling.write_outputs(rows, meta, out_dir):
+        tr.write_line(f"wrote {path}")

@@ -1,0 +1,139 @@
+"""Training throughput: one step and one short epoch of the full-width ResNet-18, for every
+strategy at every device count, with images/s, speedup and scaling efficiency against 1 device.
+
+    pytest perf/test_training.py                      # timings; the scaling table comes at the end
+    pytest perf/test_training.py -k ddp               # DDP only: 1 rank against 2 ranks
+
+Weak scaling: each device gets the same batch at every count, so the global batch grows with the
+devices. On a CPU each emulated device (a replica for manual, a process for ddp) gets the same
+threads at every count (see perf/sweep.py), so manual's replicas take turns on those threads while
+ddp's ranks run in parallel. DDP ranks start once per count (a process start costs seconds) and
+run each step when the benchmark asks, so pytest-benchmark times every DDP step itself: slowest
+rank, gradient allreduce and the loss allreduce included.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import pytest
+
+from mgpu.bench import DDPRankPool, TrainBench, TrainSession
+from perf.sweep import SWEEP_KEY, record_rate
+
+
+@dataclass(frozen=True)
+class Settings:
+    per_device_batch: int
+    steps_per_epoch: int
+    step_rounds: int
+    step_warmup: int
+    epoch_rounds: int
+    epoch_warmup: int
+
+
+# CPU: a full-width ResNet-18 step takes about 0.65 s a core at batch 32, so few rounds fit the
+# 5-minute budget. Batch 32, not 16: DDP's gradient allreduce (45 MB over gloo, about 80 ms on two
+# cores) would otherwise cost a quarter of a step and hide the ranks' parallel speedup.
+CPU = Settings(per_device_batch=32, steps_per_epoch=2, step_rounds=8, step_warmup=2, epoch_rounds=2, epoch_warmup=1)
+GPU = Settings(per_device_batch=128, steps_per_epoch=20, step_rounds=30, step_warmup=5, epoch_rounds=5, epoch_warmup=1)
+
+
+@dataclass(frozen=True)
+class Case:
+    strategy: str
+    devices: int
+
+
+def _cases(sweep) -> list:
+    params = [pytest.param(Case("single", 1), id=f"single-{sweep.label(1)}")]
+    for n in sweep.counts:
+        params.append(pytest.param(Case("manual", n), id=f"manual-{sweep.label(n)}"))
+    for n in sweep.counts:
+        # Without CUDA, nn.DataParallel is a pass-through on one device: more would claim what it is not.
+        skip = pytest.mark.skipif(n > 1 and not sweep.on_gpu(n),
+                                  reason=f"dataparallel on {n} devices needs {n} CUDA devices (found {sweep.gpus})")
+        params.append(pytest.param(Case("dataparallel", n), id=f"dataparallel-{sweep.label(n)}", marks=skip))
+    for n in sweep.counts:
+        params.append(pytest.param(Case("ddp", n), id=f"ddp-{sweep.label(n, unit='ranks')}",
+                                   marks=pytest.mark.multiprocess))
+    return params
+
+
+def pytest_generate_tests(metafunc):
+    if "case" in metafunc.fixturenames:
+        metafunc.parametrize("case", _cases(metafunc.config.stash[SWEEP_KEY]))
+
+
+@pytest.fixture(scope="module")
+def settings(sweep, pytestconfig) -> Settings:
+    chosen = GPU if sweep.gpus else CPU
+    if pytestconfig.getoption("benchmark_disable"):
+        chosen = replace(chosen, steps_per_epoch=1)  # a smoke run checks that an epoch works, not its time
+    return chosen
+
+
+@pytest.fixture(scope="module")
+def sessions(sweep, settings):
+    """One set-up strategy per case, shared by its step and epoch benchmarks; DDP ranks stay up
+    (idle, blocked on their queue) until the module ends."""
+    cache = {}
+
+    def get(case: Case):
+        if case not in cache:
+            bench = TrainBench(case.strategy, case.devices, per_device_batch=settings.per_device_batch,
+                               steps_per_epoch=settings.steps_per_epoch, threads_per_device=sweep.threads_per_device)
+            cache[case] = DDPRankPool(bench) if case.strategy == "ddp" else TrainSession(bench)
+        return cache[case]
+
+    yield get
+    for session in cache.values():
+        session.close()
+
+
+def _report(benchmark, case, sweep, settings, scaling_rows, measure: str, images: int) -> None:
+    n = case.devices
+    benchmark.extra_info.update(
+        strategy=case.strategy, devices=n, device_label=sweep.label(n, unit="ranks" if case.strategy == "ddp" else "dev"),
+        emulated=sweep.emulated(n), scaling="weak (fixed per-device batch)", model="resnet18 width 64",
+        per_device_batch=settings.per_device_batch, global_batch=settings.per_device_batch * n,
+        threads_per_device=sweep.threads_per_device, images_per_round=images)
+    rate = record_rate(benchmark, images, "images/s", per_device=n)
+    base = next((r for r in scaling_rows if r["devices"] == 1 and r["strategy"] == case.strategy
+                 and r["measure"] == measure and r["images_per_s"]), None)
+    if rate and base:
+        benchmark.extra_info["speedup"] = round(rate / base["images_per_s"], 3)
+        benchmark.extra_info["efficiency"] = round(rate / base["images_per_s"] / n, 3)
+        # From the fastest rounds: what the code can do when nothing else runs on the machine.
+        benchmark.extra_info["speedup (fastest rounds)"] = round(base["min_s"] * n / benchmark.stats.stats.min, 3)
+    scaling_rows.append({"strategy": case.strategy, "measure": measure, "devices": n,
+                         "label": benchmark.extra_info["device_label"], "emulated": sweep.emulated(n),
+                         "images_per_s": rate, "per_device_batch": settings.per_device_batch,
+                         "median_s": benchmark.stats.stats.median if benchmark.stats else None,
+                         "min_s": benchmark.stats.stats.min if benchmark.stats else None})
+
+
+@pytest.mark.benchmark(group="train-step")
+def test_train_step(benchmark, case, sessions, sweep, settings, scaling_rows, cpu_threads):
+    session = sessions(case)
+    losses = []
+    benchmark.pedantic(lambda: losses.append(session.step()), rounds=settings.step_rounds,
+                       warmup_rounds=settings.step_warmup)
+    assert losses and all(math.isfinite(v) for v in losses), f"non-finite loss: {losses}"
+    assert session.weights_moved() > 0, "the steps did not change the weights"
+    _report(benchmark, case, sweep, settings, scaling_rows, "step", settings.per_device_batch * case.devices)
+
+
+@pytest.mark.benchmark(group="train-epoch")
+def test_train_epoch(benchmark, case, sessions, sweep, settings, scaling_rows, cpu_threads):
+    session = sessions(case)
+    epochs = []
+    benchmark.pedantic(lambda: epochs.append(session.epoch()), rounds=settings.epoch_rounds,
+                       warmup_rounds=settings.epoch_warmup)
+    assert all(math.isfinite(e.loss) and 0 <= e.test_acc <= 1 for e in epochs), f"bad epoch: {epochs}"
+    assert session.weights_moved() > 0, "the epoch did not change the weights"
+    # The timed epoch is training plus evaluation of one test batch; the trainer's own figure is training only.
+    benchmark.extra_info["train_only_images/s (trainer)"] = round(epochs[-1].images_per_sec, 3)
+    _report(benchmark, case, sweep, settings, scaling_rows, "epoch",
+            settings.per_device_batch * case.devices * settings.steps_per_epoch)
