@@ -132,6 +132,9 @@ def peers(sweep, n_devices):
     group.close()
 
 
+# Over gloo on a CPU, a call's time is mostly how soon the peer process wakes up: medians of two
+# unchanged runs differ by 20-40 %, so the CPU gate deselects it (-m "not cpu_noisy").
+@pytest.mark.cpu_noisy
 @pytest.mark.multiprocess
 @pytest.mark.benchmark(group="collective-dist_all_reduce")
 def test_dist_all_reduce(benchmark, sweep, peers, n_devices, nbytes, cpu_threads):
