@@ -317,14 +317,6 @@ def check_model_input(cfg: TrainConfig) -> None:
                          "images, not 10 class scores")
 
 
-def _launches_ranks(strategy_cls) -> bool:
-    """Whether the strategy starts processes of its own (checked up front, not once per rank)."""
-    from mgpu import launch
-    from mgpu.strategies import Strategy
-
-    return strategy_cls.launch.__func__ is not Strategy.launch.__func__ and not launch.under_launcher()
-
-
 def train(cfg: TrainConfig) -> RunResult:
     """Validate the settings, check data, output folders and checkpoint, and run the job with its strategy.
 
@@ -355,9 +347,7 @@ def train(cfg: TrainConfig) -> RunResult:
         n = min(len(train_loader.dataset), cfg.train_size or len(train_loader.dataset))
         if n < cfg.batch_size:
             raise ConfigError(f"{n} training examples do not fill one global batch of {cfg.batch_size}")
-    if _launches_ranks(strategy_cls):
-        if cfg.require_gpus:
-            devices.devices(cfg.devices, require_gpus=True)
+    if strategy_cls.spawns_ranks and not launch.under_launcher():  # checked once here, not in every rank
         if cfg.sync_bn and devices.gpu_count() < cfg.devices:
             raise DeviceError(f"--sync-bn needs a CUDA device per rank: {cfg.devices} ranks, "
                               f"{devices.gpu_count()} CUDA device(s) found")

@@ -45,6 +45,7 @@ class Strategy(ABC):
     """Base: the parts most strategies share. Subclasses override a handful of methods."""
 
     name: ClassVar[str] = "base"
+    spawns_ranks: ClassVar[bool] = False  # whether `launch` starts processes of its own
 
     def __init__(self, devices: devmod.DeviceList):
         self.devices = devices

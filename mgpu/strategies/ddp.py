@@ -41,6 +41,7 @@ def rank_device(local_rank: int, local_world_size: int, require_gpus: bool) -> t
 
 class DistributedDataParallel(Strategy):
     name = "ddp"
+    spawns_ranks = True
 
     @classmethod
     def launch(cls, fn, cfg):
