@@ -40,6 +40,7 @@ def plot_accuracy(result, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     epochs = [e.epoch for e in result.epochs]
     fig, ax = plt.subplots(figsize=(4.5, 3.2), dpi=120)
@@ -47,7 +48,8 @@ def plot_accuracy(result, path: Path) -> None:
     ax.plot(epochs, [e.train_acc for e in result.epochs], linestyle="--", label="train acc")
     ax.set_xlabel("epoch")
     ax.set_ylabel("accuracy")
-    ax.set_xlim(1, max(epochs[-1], 2))
+    ax.set_xlim(0.8, max(epochs[-1], 2) + 0.2)  # a margin, so the first and last points show whole
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
