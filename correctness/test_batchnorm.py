@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import requires_gpus
-from correctness.helpers import (DDP_DEADLINE_S, assert_tensors_close, make_model, manual_gradients,  # noqa: F401
-                                 max_abs_diff, native_cpu_conv, random_batch, reference_gradients,
+from correctness.helpers import (DDP_DEADLINE_S, assert_tensors_close, make_model, manual_gradients,
+                                 max_abs_diff, random_batch, reference_gradients,
                                  syncbn_gradients_in_rank)
 from correctness.strategies import batch_sizes_for, multi_batch_and_devices, seeds
 from mgpu.launch import spawn

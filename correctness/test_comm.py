@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given
 
 from correctness.strategies import batch_and_devices, device_counts, float_dtypes, seeds, tensor_shapes
 from mgpu.comm import allreduce, ring_allreduce, shard_sizes, split_batch

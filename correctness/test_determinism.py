@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from correctness.helpers import assert_tensors_close, ddp_runs, weights_config  # noqa: F401
+from correctness.helpers import assert_tensors_close, ddp_runs, weights_config
 from mgpu.train import train
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from correctness.helpers import (EvalCase, EvalJob, ddp_runs, eval_cases, evaluate, labelled_by,  # noqa: F401
+from correctness.helpers import (EvalCase, EvalJob, ddp_runs, eval_cases, evaluate, labelled_by,
                                  make_model, random_batch, run_job_in_this_process)
 from correctness.strategies import eval_splits, seeds
 from mgpu.devices import devices

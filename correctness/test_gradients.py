@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from correctness.helpers import (assert_tensors_close, make_model, manual_gradients, native_cpu_conv,  # noqa: F401
+from correctness.helpers import (assert_tensors_close, make_model, manual_gradients,
                                  random_batch, reference_gradients)
 from correctness.strategies import batch_and_devices, seeds
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from correctness.helpers import (assert_every_parameter_changed, assert_tensors_close, make_model,  # noqa: F401
+from correctness.helpers import (assert_every_parameter_changed, assert_tensors_close, make_model,
                                  random_batch, sgd)
 from correctness.strategies import multi_batch_and_devices, seeds, training_steps
 from mgpu.devices import devices

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import requires_gpus
-from correctness.helpers import (assert_every_parameter_changed, assert_tensors_close, ddp_runs,  # noqa: F401
+from correctness.helpers import (assert_every_parameter_changed, assert_tensors_close, ddp_runs,
                                  run_config, weights_config)
 from correctness.strategies import batch_sizes_for, seeds, training_steps
 from mgpu.models import build_model

@@ -239,6 +239,20 @@ def versions() -> dict:
             "platform": platform.platform()}
 
 
+def _checkpoint_saver(cfg: TrainConfig, strategy: Strategy, done: list[EpochStats]) -> Callable[[int, EpochStats], None]:
+    """The Trainer's end-of-epoch hook that writes a checkpoint (rank 0 only; every rank holds the same weights)."""
+    from mgpu import checkpoint
+
+    history = list(done)
+
+    def save(epoch: int, stats: EpochStats) -> None:
+        history.append(stats)
+        if strategy.is_main:
+            checkpoint.save(cfg.checkpoint_dir, cfg=cfg, epoch=epoch + 1, model_state=strategy.model_state_dict(),
+                            optimizer_state=strategy.optimizer_state_dict(), history=[asdict(e) for e in history])
+    return save
+
+
 def _run_in_process(cfg: TrainConfig) -> RunResult | None:
     """Everything one process does; under DDP every rank runs this."""
     from mgpu import checkpoint, launch, results
@@ -272,18 +286,7 @@ def _run_in_process(cfg: TrainConfig) -> RunResult | None:
                 start_epoch = ckpt["epoch"]
                 log(f"note: resuming from {path} after epoch {start_epoch} "
                     f"({max(cfg.epochs - start_epoch, 0)} epoch(s) left)")
-        on_epoch_end = None
-        if cfg.checkpoint_dir:
-            saved = list(done)
-
-            def on_epoch_end(epoch: int, stats: EpochStats) -> None:
-                saved.append(stats)
-                if strategy.is_main:  # one writer; every rank holds the same weights
-                    checkpoint.save(cfg.checkpoint_dir, cfg=cfg, epoch=epoch + 1,
-                                    model_state=strategy.model_state_dict(),
-                                    optimizer_state=strategy.optimizer_state_dict(),
-                                    history=[asdict(e) for e in saved])
-
+        on_epoch_end = _checkpoint_saver(cfg, strategy, done) if cfg.checkpoint_dir else None
         trainer = Trainer(strategy, train_loader, test_loader, cfg.epochs, on_nonfinite=cfg.on_nonfinite,
                           progress=cfg.progress, log=log, start_epoch=start_epoch, on_epoch_end=on_epoch_end)
         history = done + trainer.train()
@@ -340,14 +343,9 @@ def train(cfg: TrainConfig) -> RunResult:
         elif checkpoint.checkpoint_path(cfg.checkpoint_dir).exists():
             raise CheckpointError(f"{checkpoint.checkpoint_path(cfg.checkpoint_dir)} already exists: pass --resume "
                                   "to continue that run, or choose an empty --checkpoint-dir")
-    if cfg.data == "fashion-mnist":
-        # Fail (or download) once here, not once per rank.
-        train_loader, _ = load_fashion_mnist(cfg.batch_size, root=cfg.data_dir, download=cfg.download,
-                                             resize=cfg.resize)
-        n = min(len(train_loader.dataset), cfg.train_size or len(train_loader.dataset))
-        if n < cfg.batch_size:
-            raise ConfigError(f"{n} training examples do not fill one global batch of {cfg.batch_size}")
     if strategy_cls.spawns_ranks and not launch.under_launcher():  # checked once here, not in every rank
+        if cfg.data == "fashion-mnist":
+            make_loaders(cfg)  # missing, corrupt or too few files fail (or download) once, before the ranks
         if cfg.sync_bn and devices.gpu_count() < cfg.devices:
             raise DeviceError(f"--sync-bn needs a CUDA device per rank: {cfg.devices} ranks, "
                               f"{devices.gpu_count()} CUDA device(s) found")
