@@ -9,6 +9,8 @@ What is here:
 - `DDPRankPool`: DDP ranks started once (process start costs seconds) that run a step or an epoch
   each time the parent asks, so the parent times every step itself and a benchmark's statistics
   are the DDP step times, collectives and the slowest rank included.
+- `interleaved_step_times` / `measure_ddp_scaling`: DDP at several rank counts with their steps taken
+  in turn, so that a machine whose speed drifts cannot favour one count.
 - `CollectivePeers`: this process as rank 0 of a process group whose other ranks mirror each of its
   `all_reduce` calls, so `torch.distributed.all_reduce` is timed in the caller.
 
@@ -20,6 +22,7 @@ device count (`threads_per_device`), so a speedup measures parallel execution, n
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing as mp
 import os
 import queue
@@ -27,6 +30,7 @@ import statistics
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
@@ -34,6 +38,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from mgpu import devices as devmod
 from mgpu.config import TrainConfig
 from mgpu.errors import ConfigError, LaunchError
 from mgpu.launch import free_port, spawn
@@ -42,15 +47,12 @@ from mgpu.strategies import DistributedDataParallel, Strategy, get_strategy
 from mgpu.train import EpochStats, Trainer, make_loaders, make_optimizer_factory
 
 __all__ = ["cpu_cores", "TrainBench", "TrainSession", "DDPRankPool", "CollectivePeers", "allreduce_pattern",
-           "measure_ddp_scaling", "main"]
+           "interleaved_step_times", "scaling_rows", "measure_ddp_scaling", "main"]
 
 
 def cpu_cores() -> int:
     """Cores this process may run on (the affinity mask, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    return len(devmod.usable_cores())
 
 
 # -- training ----------------------------------------------------------------------------------
@@ -88,6 +90,7 @@ class TrainSession:
 
     def __init__(self, bench: TrainBench, strategy: Strategy | None = None):
         cfg = bench.train_config()
+        devmod.keep_freed_memory()  # as `python -m mgpu train` does
         self.bench = bench
         self.strategy = strategy or get_strategy(cfg.strategy).create(cfg)
         train_loader, test_loader = make_loaders(cfg)
@@ -224,39 +227,65 @@ class DDPRankPool:
         self.close()
 
 
-def measure_ddp_scaling(counts=(1, 2), width: int = 64, per_rank_batch: int = 32, rounds: int = 8, warmup: int = 2,
+def interleaved_step_times(pools: dict[int, DDPRankPool], rounds: int, warmup: int = 0) -> dict[int, list[float]]:
+    """Step times of each pool (keyed by rank count), taken in turn: one step at every count, then
+    the next round. A machine whose speed drifts (a VM whose host is busy for a minute) then slows
+    every count alike, rather than whichever count happened to run during the slow minute, so the
+    ratios between counts hold even when the absolute times move."""
+    for pool in pools.values():
+        for _ in range(warmup):
+            pool.step()
+    times: dict[int, list[float]] = {n: [] for n in pools}
+    for _ in range(rounds):
+        for n, pool in pools.items():
+            start = time.perf_counter()
+            loss = pool.step()
+            times[n].append(time.perf_counter() - start)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss {loss} at {n} ranks")
+    for n, pool in pools.items():
+        if pool.weights_moved() <= 0:
+            raise AssertionError(f"weights did not change at {n} ranks")
+    return times
+
+
+def scaling_rows(times: dict[int, list[float]], per_rank_batch: int) -> list[dict]:
+    """One row per rank count from its step times: median and fastest step, images/s, and speedup
+    and efficiency against the smallest count (normally 1 rank)."""
+    rows = []
+    for n in sorted(times):
+        median = statistics.median(times[n])
+        rows.append({"ranks": n, "per_rank_batch": per_rank_batch, "global_batch": per_rank_batch * n,
+                     "rounds": len(times[n]), "step_s_median": median, "step_s_min": min(times[n]),
+                     "images_per_s": per_rank_batch * n / median})
+    base = rows[0]
+    for row in rows:
+        row["speedup"] = row["images_per_s"] / base["images_per_s"]
+        row["efficiency"] = row["speedup"] * base["ranks"] / row["ranks"]
+        row["speedup (fastest steps)"] = base["step_s_min"] * row["ranks"] / (row["step_s_min"] * base["ranks"])
+    return rows
+
+
+def measure_ddp_scaling(counts=(1, 2), width: int = 64, per_rank_batch: int = 32, rounds: int = 12, warmup: int = 2,
                         threads_per_rank: int | None = None, log: Callable[[str], None] = print) -> list[dict]:
     """DDP step throughput at each rank count, weak scaling, every rank with the same threads.
 
-    Returns one row per count: ranks, median step seconds, images/s, speedup and efficiency
-    against the first count (normally 1 rank).
+    The ranks of every count start first (one pool per count; idle pools wait on their queues and
+    take no CPU), then their steps are interleaved (`interleaved_step_times`). Returns the rows of
+    `scaling_rows`, with the threads per rank added.
     """
     threads_per_rank = threads_per_rank or max(1, cpu_cores() // max(counts))
-    rows = []
-    for n in counts:
-        bench = TrainBench("ddp", n, per_device_batch=per_rank_batch, width=width, threads_per_device=threads_per_rank)
-        with DDPRankPool(bench) as pool:
-            for _ in range(warmup):
-                pool.step()
-            times = []
-            for _ in range(rounds):
-                start = time.perf_counter()
-                loss = pool.step()
-                times.append(time.perf_counter() - start)
-                if loss != loss or abs(loss) == float("inf"):
-                    raise FloatingPointError(f"loss {loss} at {n} ranks")
-            if pool.weights_moved() <= 0:
-                raise AssertionError(f"weights did not change at {n} ranks")
-        median = statistics.median(times)
-        row = {"ranks": n, "threads_per_rank": pool.threads_per_rank, "per_rank_batch": per_rank_batch,
-               "global_batch": bench.global_batch, "step_s_median": median, "step_s_min": min(times),
-               "images_per_s": bench.global_batch / median}
-        base = rows[0] if rows else row
-        row["speedup"] = row["images_per_s"] / base["images_per_s"]
-        row["efficiency"] = row["speedup"] * base["ranks"] / n
-        rows.append(row)
-        log(f"{n} rank(s) x {row['threads_per_rank']} thread(s): step {median:.3f} s (min {min(times):.3f}), "
-            f"{row['images_per_s']:.1f} img/s, speedup {row['speedup']:.2f}, efficiency {row['efficiency']:.2f}")
+    with ExitStack() as stack:
+        pools = {n: stack.enter_context(DDPRankPool(TrainBench("ddp", n, per_device_batch=per_rank_batch, width=width,
+                                                               threads_per_device=threads_per_rank)))
+                 for n in counts}
+        rows = scaling_rows(interleaved_step_times(pools, rounds, warmup), per_rank_batch)
+        for row in rows:
+            row["threads_per_rank"] = pools[row["ranks"]].threads_per_rank
+    for row in rows:
+        log(f"{row['ranks']} rank(s) x {row['threads_per_rank']} thread(s): step {row['step_s_median']:.3f} s "
+            f"(fastest {row['step_s_min']:.3f}), {row['images_per_s']:.1f} img/s, speedup {row['speedup']:.2f}, "
+            f"efficiency {row['efficiency']:.2f}")
     return rows
 
 
@@ -400,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices", type=_counts, default=(1, 2), help="rank counts, e.g. 1,2 (default)")
     p.add_argument("--width", type=int, default=64, help="ResNet-18 width (64: the full network)")
     p.add_argument("--batch", type=int, default=32, help="per-rank batch")
-    p.add_argument("--rounds", type=int, default=8, help="timed steps per rank count")
+    p.add_argument("--rounds", type=int, default=12, help="timed steps per rank count (interleaved)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--threads", type=int, default=None, help="threads per rank (default: cores // most ranks)")
     p.add_argument("--min-speedup", type=float, default=None,

@@ -11,11 +11,16 @@ speed is the CPU's. Pass `require_gpus=True` to make a missing GPU an error inst
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import os
+
 import torch
 
 from mgpu.errors import ConfigError, DeviceError
 
-__all__ = ["DeviceList", "try_gpu", "try_all_gpus", "devices", "gpu_count", "synchronize", "describe"]
+__all__ = ["DeviceList", "try_gpu", "try_all_gpus", "devices", "gpu_count", "synchronize", "describe",
+           "usable_cores", "keep_freed_memory"]
 
 
 class DeviceList(list):
@@ -82,3 +87,34 @@ def describe(devs) -> str:
     if emulated or (len(devs) > 1 and all(d.type == "cpu" for d in devs)):
         return "[" + ", ".join(f"cpu (emulated {i})" for i in range(len(devs))) + "]"
     return "[" + ", ".join(repr(d) for d in devs) + "]"
+
+
+# -- CPU processes -------------------------------------------------------------------------------
+
+def usable_cores() -> list[int]:
+    """The cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux: no affinity, assume every core
+        return list(range(os.cpu_count() or 1))
+
+
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc's malloc to keep freed CPU memory for reuse rather than hand it back to the kernel.
+
+    A training step frees and allocates the same activation buffers (megabytes each) every step.
+    By default glibc maps each large one afresh, and the kernel must fault in and zero its pages
+    again: on a full ResNet-18 step that is ~20,000 page faults and ~10 % of the step, and processes
+    sharing a machine (DDP ranks on CPUs) contend for it. Blocks up to 32 MiB now come from the
+    reused heap. Returns False where the C library is not glibc (nothing changes then).
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))

@@ -28,6 +28,7 @@ import torch
 from tqdm import tqdm
 
 import mgpu
+from mgpu import devices as devmod
 from mgpu.config import TrainConfig
 from mgpu.data import BatchLoader, load_fashion_mnist, synthetic_fashion_mnist
 from mgpu.errors import CheckpointError, ConfigError, DeviceError, LaunchError, NonFiniteLossError, ShapeError
@@ -261,6 +262,7 @@ def _run_in_process(cfg: TrainConfig) -> RunResult | None:
         # tqdm's default lock is a multiprocessing semaphore; a rank stopped by SIGTERM would leave
         # it behind (and a "leaked semaphore" warning). A rank's bars never span processes.
         tqdm.set_lock(threading.RLock())
+    devmod.keep_freed_memory()  # activation buffers reused across steps, not faulted in anew
     strategy = get_strategy(cfg.strategy).create(cfg)
     try:
         log = print if strategy.is_main else (lambda _: None)

@@ -1,7 +1,7 @@
 """The scaling table printed at the end of a perf run, and its scaling.json / scaling.png.
 
 Rows come from the training benchmarks (perf/test_training.py): one per strategy, device count and
-measure (step or epoch). Speedup is images/s against the same strategy and measure on 1 device;
+measure (step, epoch, or interleaved: DDP steps at every rank count taken in turn). Speedup is images/s against the same strategy and measure on 1 device;
 efficiency is speedup / devices. Scaling is weak: the per-device batch is fixed.
 """
 
@@ -27,10 +27,10 @@ def format_table(rows: list[dict]) -> list[str]:
     def cell(v, digits=2):
         return "-" if v is None else f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
-    header = f"{'strategy':<13}{'measure':<8}{'devices':>7}  {'':<15}{'images/s':>9}{'speedup':>9}{'efficiency':>11}"
+    header = f"{'strategy':<13}{'measure':<12}{'devices':>7}  {'':<15}{'images/s':>9}{'speedup':>9}{'efficiency':>11}"
     lines = [header, "-" * len(header)]
     for r in rows:
-        lines.append(f"{r['strategy']:<13}{r['measure']:<8}{r['devices']:>7}  {r['label']:<15}"
+        lines.append(f"{r['strategy']:<13}{r['measure']:<12}{r['devices']:>7}  {r['label']:<15}"
                      f"{cell(r['images_per_s'], 1):>9}{cell(r['speedup']):>9}{cell(r['efficiency']):>11}")
     return lines
 

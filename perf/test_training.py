@@ -3,6 +3,7 @@ strategy at every device count, with images/s, speedup and scaling efficiency ag
 
     pytest perf/test_training.py                      # timings; the scaling table comes at the end
     pytest perf/test_training.py -k ddp               # DDP only: 1 rank against 2 ranks
+    pytest perf/test_training.py -k interleaved       # the DDP scaling figure alone
 
 Weak scaling: each device gets the same batch at every count, so the global batch grows with the
 devices. On a CPU each emulated device (a replica for manual, a process for ddp) gets the same
@@ -10,6 +11,9 @@ threads at every count (see perf/sweep.py), so manual's replicas take turns on t
 ddp's ranks run in parallel. DDP ranks start once per count (a process start costs seconds) and
 run each step when the benchmark asks, so pytest-benchmark times every DDP step itself: slowest
 rank, gradient allreduce and the loss allreduce included.
+
+The DDP speedup to quote is the `interleaved` row: the same DDP ranks, one step at each rank count in
+turn, so that a machine whose speed drifts between benchmarks (a shared VM) does not decide it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
+from mgpu import bench as mbench
 from mgpu.bench import DDPRankPool, TrainBench, TrainSession
 from perf.sweep import SWEEP_KEY, record_rate
 
@@ -31,13 +36,16 @@ class Settings:
     step_warmup: int
     epoch_rounds: int
     epoch_warmup: int
+    interleaved_rounds: int  # DDP scaling: steps at each rank count, taken in turn
 
 
 # CPU: a full-width ResNet-18 step takes about 0.65 s a core at batch 32, so few rounds fit the
 # 5-minute budget. Batch 32, not 16: DDP's gradient allreduce (45 MB over gloo, about 80 ms on two
 # cores) would otherwise cost a quarter of a step and hide the ranks' parallel speedup.
-CPU = Settings(per_device_batch=32, steps_per_epoch=2, step_rounds=8, step_warmup=2, epoch_rounds=2, epoch_warmup=1)
-GPU = Settings(per_device_batch=128, steps_per_epoch=20, step_rounds=30, step_warmup=5, epoch_rounds=5, epoch_warmup=1)
+CPU = Settings(per_device_batch=32, steps_per_epoch=2, step_rounds=8, step_warmup=2, epoch_rounds=2, epoch_warmup=1,
+               interleaved_rounds=10)
+GPU = Settings(per_device_batch=128, steps_per_epoch=20, step_rounds=30, step_warmup=5, epoch_rounds=5, epoch_warmup=1,
+               interleaved_rounds=30)
 
 
 @dataclass(frozen=True)
@@ -137,3 +145,30 @@ def test_train_epoch(benchmark, case, sessions, sweep, settings, scaling_rows, c
     benchmark.extra_info["train_only_images/s (trainer)"] = round(epochs[-1].images_per_sec, 3)
     _report(benchmark, case, sweep, settings, scaling_rows, "epoch",
             settings.per_device_batch * case.devices * settings.steps_per_epoch)
+
+
+@pytest.mark.multiprocess
+def test_ddp_scaling_interleaved(sessions, sweep, settings, scaling_rows, pytestconfig):
+    """DDP speedup over 1 rank with the steps of every rank count interleaved (the figure to quote).
+
+    The ddp rows of test_train_step come from benchmarks run one after another; on a machine
+    whose speed drifts, a slow minute during one of them moves the speedup by 10 % or more.
+    Here every round steps each count once, so drift slows all counts alike.
+    """
+    counts = list(sweep.counts)
+    if len(counts) < 2:
+        pytest.skip(f"needs at least 2 device counts to compare (sweep: {counts})")
+    disabled = pytestconfig.getoption("benchmark_disable")
+    pools = {n: sessions(Case("ddp", n)) for n in counts}
+    times = mbench.interleaved_step_times(pools, rounds=1 if disabled else settings.interleaved_rounds,
+                                          warmup=0 if disabled else 1)  # checks losses and weight updates
+    rows = mbench.scaling_rows(times, settings.per_device_batch)
+    assert [r["ranks"] for r in rows] == counts and all(r["images_per_s"] > 0 for r in rows), f"bad rows: {rows}"
+    if disabled:
+        return  # one untimed round: the machinery works, the figure means nothing
+    for row in rows:
+        n = row["ranks"]
+        scaling_rows.append({"strategy": "ddp", "measure": "interleaved", "devices": n,
+                             "label": sweep.label(n, unit="ranks"), "emulated": sweep.emulated(n),
+                             "images_per_s": row["images_per_s"], "per_device_batch": settings.per_device_batch,
+                             "median_s": row["step_s_median"], "min_s": row["step_s_min"]})
