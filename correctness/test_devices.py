@@ -1,5 +1,10 @@
 """Device discovery: fallback rules and errors (this machine has no GPU; GPU cases are gated)."""
 
+import os
+import platform
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -81,3 +86,45 @@ def test_synchronize_waits_for_gpu_work():
 
 def test_gpu_count_matches_torch():
     assert gpu_count() == torch.cuda.device_count()
+
+
+# How many bytes a fresh process's glibc malloc serves by mmap for one 31 MiB block: by default a
+# block that size gets a mapping of its own (faulted in and zeroed on every use, unmapped on free);
+# after keep_freed_memory it comes from the heap, which keeps freed memory for the next step.
+_MAPPED_BYTES_FOR_31_MIB = """
+import ctypes, sys
+from mgpu.devices import keep_freed_memory
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Mallinfo2
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+if sys.argv[1] == "keep":
+    assert keep_freed_memory(), "mallopt refused"
+before = libc.mallinfo2().hblkhd
+block = libc.malloc(31 << 20)
+print(libc.mallinfo2().hblkhd - before)
+"""
+
+
+def _glibc_with_mallinfo2() -> bool:
+    libc, version = platform.libc_ver()
+    return sys.platform.startswith("linux") and libc == "glibc" and tuple(map(int, version.split("."))) >= (2, 33)
+
+
+@pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="keep_freed_memory tunes glibc's malloc (glibc 2.33+ to check)")
+def test_keep_freed_memory_serves_activation_sized_blocks_from_the_heap():
+    def mapped(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", _MAPPED_BYTES_FOR_31_MIB, mode], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout.split()[-1])
+
+    assert mapped("default") >= 31 << 20, "glibc no longer maps a 31 MiB block: this check shows nothing"
+    assert mapped("keep") == 0, "keep_freed_memory did not raise malloc's mmap threshold"
+
+
+def test_usable_cores_lists_this_process_cores():
+    cores = devmod.usable_cores()
+    assert cores and all(isinstance(c, int) for c in cores) and len(cores) <= (os.cpu_count() or len(cores))
