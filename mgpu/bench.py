@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from mgpu import devices as devmod
 from mgpu.config import TrainConfig
-from mgpu.errors import ConfigError, LaunchError
+from mgpu.errors import ConfigError, LaunchError, MgpuError
 from mgpu.launch import free_port, spawn
 from mgpu.models import build_model
 from mgpu.strategies import DistributedDataParallel, Strategy, get_strategy
@@ -227,11 +227,17 @@ class DDPRankPool:
         self.close()
 
 
+def _check_rounds(rounds: int, warmup: int) -> None:
+    if not isinstance(rounds, int) or rounds < 1 or not isinstance(warmup, int) or warmup < 0:
+        raise ConfigError(f"rounds must be an integer >= 1 and warmup >= 0, got rounds={rounds!r}, warmup={warmup!r}")
+
+
 def interleaved_step_times(pools: dict[int, DDPRankPool], rounds: int, warmup: int = 0) -> dict[int, list[float]]:
     """Step times of each pool (keyed by rank count), taken in turn: one step at every count, then
     the next round. A machine whose speed drifts (a VM whose host is busy for a minute) then slows
     every count alike, rather than whichever count happened to run during the slow minute, so the
     ratios between counts hold even when the absolute times move."""
+    _check_rounds(rounds, warmup)
     for pool in pools.values():
         for _ in range(warmup):
             pool.step()
@@ -274,11 +280,16 @@ def measure_ddp_scaling(counts=(1, 2), width: int = 64, per_rank_batch: int = 32
     take no CPU), then their steps are interleaved (`interleaved_step_times`). Returns the rows of
     `scaling_rows`, with the threads per rank added.
     """
+    if not counts or any(not isinstance(n, int) or n < 1 for n in counts):
+        raise ConfigError(f"rank counts must be positive integers, got {counts!r}")
+    _check_rounds(rounds, warmup)
     threads_per_rank = threads_per_rank or max(1, cpu_cores() // max(counts))
+    benches = {n: TrainBench("ddp", n, per_device_batch=per_rank_batch, width=width, threads_per_device=threads_per_rank)
+               for n in counts}
+    for bench in benches.values():
+        bench.train_config()  # bad settings fail here, once, rather than in every rank
     with ExitStack() as stack:
-        pools = {n: stack.enter_context(DDPRankPool(TrainBench("ddp", n, per_device_batch=per_rank_batch, width=width,
-                                                               threads_per_device=threads_per_rank)))
-                 for n in counts}
+        pools = {n: stack.enter_context(DDPRankPool(bench)) for n, bench in benches.items()}
         rows = scaling_rows(interleaved_step_times(pools, rounds, warmup), per_rank_batch)
         for row in rows:
             row["threads_per_rank"] = pools[row["ranks"]].threads_per_rank
@@ -416,10 +427,36 @@ class CollectivePeers:
 # -- command line ------------------------------------------------------------------------------
 
 def _counts(text: str) -> tuple[int, ...]:
-    counts = tuple(sorted({int(c) for c in text.split(",") if c.strip()}))
+    try:
+        counts = tuple(sorted({int(c) for c in text.split(",") if c.strip()}))
+    except ValueError:
+        counts = ()
     if not counts or counts[0] < 1:
-        raise argparse.ArgumentTypeError(f"device counts must be positive integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"device counts must be positive integers like 1,2, got {text!r}")
     return counts
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        return value
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -427,16 +464,24 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("ddp-scaling", help="DDP step throughput at 1, 2, ... ranks (weak scaling)")
     p.add_argument("--devices", type=_counts, default=(1, 2), help="rank counts, e.g. 1,2 (default)")
-    p.add_argument("--width", type=int, default=64, help="ResNet-18 width (64: the full network)")
-    p.add_argument("--batch", type=int, default=32, help="per-rank batch")
-    p.add_argument("--rounds", type=int, default=12, help="timed steps per rank count (interleaved)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    p.add_argument("--threads", type=int, default=None, help="threads per rank (default: cores // most ranks)")
-    p.add_argument("--min-speedup", type=float, default=None,
+    p.add_argument("--width", type=_int_at_least(1), default=64, help="ResNet-18 width (64: the full network)")
+    p.add_argument("--batch", type=_int_at_least(1), default=32, help="per-rank batch")
+    p.add_argument("--rounds", type=_int_at_least(1), default=12, help="timed steps per rank count (interleaved)")
+    p.add_argument("--warmup", type=_int_at_least(0), default=2, help="untimed steps first")
+    p.add_argument("--threads", type=_int_at_least(1), default=None,
+                   help="threads per rank (default: cores // most ranks)")
+    p.add_argument("--min-speedup", type=_positive_float, default=None,
                    help="exit 1 unless the largest count's speedup over the first reaches this")
     args = parser.parse_args(argv)
-    rows = measure_ddp_scaling(args.devices, width=args.width, per_rank_batch=args.batch, rounds=args.rounds,
-                               warmup=args.warmup, threads_per_rank=args.threads)
+    try:
+        rows = measure_ddp_scaling(args.devices, width=args.width, per_rank_batch=args.batch, rounds=args.rounds,
+                                   warmup=args.warmup, threads_per_rank=args.threads)
+    except LaunchError as e:  # a rank failed while running: its error, not a traceback
+        print(f"python -m mgpu.bench: {e}", file=sys.stderr)
+        return 1
+    except MgpuError as e:
+        print(f"python -m mgpu.bench: error: {e}", file=sys.stderr)
+        return 2
     if args.min_speedup is not None and rows[-1]["speedup"] < args.min_speedup:
         print(f"FAIL: speedup {rows[-1]['speedup']:.2f} at {rows[-1]['ranks']} ranks is below {args.min_speedup}",
               file=sys.stderr)
