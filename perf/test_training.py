@@ -115,11 +115,16 @@ def _report(benchmark, case, sweep, settings, scaling_rows, measure: str, images
         benchmark.extra_info["efficiency"] = round(rate / base["images_per_s"] / n, 3)
         # From the fastest rounds: what the code can do when nothing else runs on the machine.
         benchmark.extra_info["speedup (fastest rounds)"] = round(base["min_s"] * n / benchmark.stats.stats.min, 3)
-    scaling_rows.append({"strategy": case.strategy, "measure": measure, "devices": n,
-                         "label": benchmark.extra_info["device_label"], "emulated": sweep.emulated(n),
-                         "images_per_s": rate, "per_device_batch": settings.per_device_batch,
-                         "median_s": benchmark.stats.stats.median if benchmark.stats else None,
-                         "min_s": benchmark.stats.stats.min if benchmark.stats else None})
+    stats = benchmark.stats.stats if benchmark.stats else None
+    scaling_rows.append(_scaling_row(case.strategy, measure, n, benchmark.extra_info["device_label"], sweep, settings,
+                                     rate, stats.median if stats else None, stats.min if stats else None))
+
+
+def _scaling_row(strategy, measure, n, label, sweep, settings, images_per_s, median_s, min_s) -> dict:
+    """One row of the scaling table (perf/scaling.py fills in speedup and efficiency)."""
+    return {"strategy": strategy, "measure": measure, "devices": n, "label": label, "emulated": sweep.emulated(n),
+            "images_per_s": images_per_s, "per_device_batch": settings.per_device_batch,
+            "median_s": median_s, "min_s": min_s}
 
 
 @pytest.mark.benchmark(group="train-step")
@@ -168,7 +173,5 @@ def test_ddp_scaling_interleaved(sessions, sweep, settings, scaling_rows, pytest
         return  # one untimed round: the machinery works, the figure means nothing
     for row in rows:
         n = row["ranks"]
-        scaling_rows.append({"strategy": "ddp", "measure": "interleaved", "devices": n,
-                             "label": sweep.label(n, unit="ranks"), "emulated": sweep.emulated(n),
-                             "images_per_s": row["images_per_s"], "per_device_batch": settings.per_device_batch,
-                             "median_s": row["step_s_median"], "min_s": row["step_s_min"]})
+        scaling_rows.append(_scaling_row("ddp", "interleaved", n, sweep.label(n, unit="ranks"), sweep, settings,
+                                         row["images_per_s"], row["step_s_median"], row["step_s_min"]))
