@@ -2,8 +2,9 @@
 that say where and by how much two results differ, and the few DDP runs the suite shares.
 
 Starting a DDP rank costs seconds (each imports torch), so every multi-process check of the
-suite rides on one spawned run per world size (`ddp_runs(2)`, `ddp_runs(3)`), started once per
-test session and shared by test_weights, test_determinism and test_evaluation.
+suite rides on one spawned run per world size (`spawn_ddp_runs`), started once per test session
+by the session fixture `ddp_runs` (correctness/conftest.py) and shared by test_weights,
+test_determinism and test_evaluation.
 
 This module is imported by the spawned ranks too: it must not import hypothesis or the root
 conftest.
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import os
 from dataclasses import dataclass, field
 from typing import Callable
@@ -122,8 +122,7 @@ def manual_gradients(model: nn.Module, X: torch.Tensor, y: torch.Tensor, n: int,
     """
     strategy = Manual(devmod.devices(n))
     strategy.setup(model, sgd())
-    strategy.forward_backward(X, y, X.shape[0] if reduction == "mean" else 1)
-    strategy.sync_gradients()
+    strategy.forward_backward(X, y, X.shape[0] if reduction == "mean" else 1)  # allreduces the gradients too
     return strategy, [{name: p.grad.detach().cpu() for name, p in r.named_parameters()} for r in strategy.replicas]
 
 
@@ -168,7 +167,7 @@ class EvalCase:
 
 def evaluate(strategy, model: nn.Module, loader: BatchLoader) -> float:
     """Accuracy as a training run measures it: the Trainer's evaluate over the strategy's devices."""
-    from mgpu.train import Trainer
+    from mgpu.trainer import Trainer
 
     strategy.setup(copy.deepcopy(model), sgd())
     return Trainer(strategy, loader, loader, epochs=0, progress=False, log=lambda _: None).evaluate(loader)
@@ -246,26 +245,16 @@ class DdpRuns:
     accuracies: list[float]      # evaluate() of eval_cases() under DDP
 
 
-@functools.lru_cache(maxsize=None)
-def _ddp_outcome(world_size: int):
+def spawn_ddp_runs(world_size: int) -> DdpRuns:
+    """The suite's DDP runs with `world_size` gloo ranks, in one spawn. Tests get them through the
+    session fixture `ddp_runs` (correctness/conftest.py), which spawns each world size once."""
     state_dict, cases = eval_cases()
     jobs = [TrainJob(weights_config("ddp", world_size))]
     if world_size == 2:
         jobs.append(TrainJob(weights_config("ddp", world_size)))
     jobs.append(EvalJob(state_dict, cases))
-    try:
-        results = spawn(run_jobs_in_rank, jobs, nprocs=world_size, deadline_s=DDP_DEADLINE_S)
-    except Exception as e:  # cached, so that every test that needs this run reports it, once run
-        return e
+    results = spawn(run_jobs_in_rank, jobs, nprocs=world_size, deadline_s=DDP_DEADLINE_S)
     return DdpRuns(world_size, results[0], results[1] if world_size == 2 else None, results[-1])
-
-
-def ddp_runs(world_size: int) -> DdpRuns:
-    """The suite's DDP runs with `world_size` gloo ranks, spawned once per session."""
-    outcome = _ddp_outcome(world_size)
-    if isinstance(outcome, Exception):
-        raise AssertionError(f"the DDP run with {world_size} ranks failed: {outcome}") from outcome
-    return outcome
 
 
 def syncbn_gradients_in_rank(args) -> dict:

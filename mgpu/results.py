@@ -1,15 +1,66 @@
-"""What a run leaves in its output folder: results.json, accuracy.png and model.pt."""
+"""What a run gives back (`EpochStats`, `RunResult`) and leaves in its output folder:
+results.json, accuracy.png and model.pt."""
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import tempfile
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+import mgpu
 from mgpu.errors import OutputDirError
+
+__all__ = ["EpochStats", "RunResult", "versions", "check_writable", "write_results"]
+
+
+@dataclass
+class EpochStats:
+    epoch: int              # 1-based
+    loss: float             # mean training loss over the epoch's examples
+    train_acc: float        # training accuracy, measured during the epoch (train mode)
+    test_acc: float         # accuracy over the whole test set after the epoch (eval mode)
+    seconds: float          # training time of the epoch: the slowest rank's, all devices synchronised
+    eval_seconds: float     # evaluation time, not part of `seconds`
+    images_per_sec: float   # training examples per second of `seconds`
+    skipped_steps: int = 0  # steps whose update was skipped for a non-finite loss
+
+
+@dataclass
+class RunResult:
+    config: dict
+    devices: str
+    notes: list[str]
+    epochs: list[EpochStats]
+    versions: dict
+    state_dict: dict = field(repr=False, default_factory=dict)  # final weights, CPU tensors
+
+    @property
+    def test_acc(self) -> float:
+        return self.epochs[-1].test_acc if self.epochs else float("nan")
+
+    @property
+    def sec_per_epoch(self) -> float:
+        return sum(e.seconds for e in self.epochs) / len(self.epochs) if self.epochs else float("nan")
+
+    def summary_line(self) -> str:
+        """The chapter's closing line."""
+        return f"test acc: {self.test_acc:.2f}, {self.sec_per_epoch:.1f} sec/epoch on {self.devices}"
+
+    def to_json(self) -> dict:
+        return {"summary": self.summary_line(), "test_acc": self.test_acc, "sec_per_epoch": self.sec_per_epoch,
+                "devices": self.devices, "notes": self.notes, "config": self.config,
+                "epochs": [asdict(e) for e in self.epochs], "versions": self.versions}
+
+
+def versions() -> dict:
+    return {"mgpu": mgpu.__version__, "python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+            "platform": platform.platform()}
 
 
 def check_writable(out: str | os.PathLike, what: str = "output folder") -> Path:

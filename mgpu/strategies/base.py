@@ -53,6 +53,10 @@ class Strategy(ABC):
 
     # -- lifecycle -----------------------------------------------------------------------------
     @classmethod
+    def preflight(cls, cfg) -> None:
+        """Checks only this strategy needs, run once by `train()` before `launch` (none here)."""
+
+    @classmethod
     def launch(cls, fn: Callable, cfg):
         """Run fn(cfg) where this strategy needs it run; in this process for all but DDP."""
         return fn(cfg)
@@ -91,12 +95,12 @@ class Strategy(ABC):
     @abstractmethod
     def forward_backward(self, X: torch.Tensor, y: torch.Tensor, global_batch_size: int) -> torch.Tensor:
         """Forward and backward of this process's part of a global batch; returns the local
-        [loss_sum, correct] as a CPU float tensor. Gradients end up as those of the global mean loss
-        once `optimizer_step` has synchronised them."""
+        [loss_sum, correct] as a CPU float tensor. When it returns, every replica's gradients are
+        those of the global mean loss (DDP averages them during backward, manual allreduces them)."""
 
     @abstractmethod
     def optimizer_step(self) -> None:
-        """Synchronise gradients where needed, apply the update on every replica, clear gradients."""
+        """Apply the update on every replica and clear the gradients."""
 
     def skip_step(self) -> None:
         """Throw away this step's gradients instead of applying them."""

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from mgpu import devices as devmod
 from mgpu import launch
 from mgpu.comm import all_max, all_sum, shard_bounds
-from mgpu.errors import ConfigError, DeviceError
+from mgpu.errors import ConfigError, DeviceError, LaunchError
 from mgpu.strategies.base import OptimizerFactory, Strategy, sum_loss_and_correct
 
 
@@ -49,6 +49,24 @@ class DistributedDataParallel(Strategy):
             return fn(cfg)  # torchrun (or our own spawn) already started this rank
         devmod.devices(cfg.devices, require_gpus=cfg.require_gpus)  # fail here, once, not in every rank
         return launch.spawn(fn, cfg, nprocs=cfg.devices, port=cfg.port)
+
+    @classmethod
+    def preflight(cls, cfg) -> None:
+        """Checked once before the ranks start, not in every rank (nothing to do inside torchrun's ranks)."""
+        if launch.under_launcher():
+            return
+        if cfg.data == "fashion-mnist":
+            from mgpu.train import make_loaders
+
+            make_loaders(cfg)  # missing, corrupt or too few files fail (or download) once, before the ranks
+        if cfg.sync_bn and devmod.gpu_count() < cfg.devices:
+            raise DeviceError(f"--sync-bn needs a CUDA device per rank: {cfg.devices} ranks, "
+                              f"{devmod.gpu_count()} CUDA device(s) found")
+        if cfg.port is not None:
+            try:
+                launch.check_port_free(cfg.port)
+            except LaunchError as e:
+                raise ConfigError(str(e)) from None
 
     @classmethod
     def create(cls, cfg) -> "DistributedDataParallel":

@@ -32,26 +32,25 @@ class Manual(Strategy):
             loss, shard_stats = sum_loss_and_correct(replica(X_shard), y_shard, 1.0)
             loss.backward()  # queued per device; on GPUs the replicas run concurrently
             stats += shard_stats.cpu()
-        self._global_batch_size = global_batch_size
+        self.sync_gradients(global_batch_size)
         return stats
 
     def optimizer_step(self) -> None:
-        self.sync_gradients()
         for opt in self.opts:
             opt.step()
             opt.zero_grad(set_to_none=True)
         self._broadcast_buffers()
 
-    def sync_gradients(self) -> None:
+    def sync_gradients(self, global_batch_size: int) -> None:
         """Allreduce every parameter's gradient over the replicas, then turn the sum of summed
-        losses into the gradient of the global mean loss."""
+        losses into the gradient of the global mean loss (as DDP's backward does, before the step)."""
         params = [list(r.parameters()) for r in self.replicas]
         with torch.no_grad():
             for same_param in zip(*params):
                 grads = [p.grad for p in same_param]
                 allreduce(grads)
                 for g in grads:
-                    g.div_(self._global_batch_size)  # summed loss -> mean over the global batch
+                    g.div_(global_batch_size)  # summed loss -> mean over the global batch
 
     def _broadcast_buffers(self) -> None:
         # BatchNorm running statistics see only their own shard; copy replica 0's to the others,

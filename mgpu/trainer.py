@@ -1,0 +1,136 @@
+"""The one training loop: a `Trainer` built from a strategy, two loaders and callbacks.
+
+    trainer = Trainer(strategy, train_loader, test_loader, epochs=2, callbacks=[CheckpointSaver(...)])
+    history = trainer.fit()                      # every epoch: train, evaluate, callbacks
+    result = trainer.step(indices)               # or one global batch at a time (benchmarks do)
+
+The Trainer never asks which strategy it runs: it hands global batches to the strategy's handful
+of methods (see mgpu/strategies/base.py). It reads no environment variables and writes no files;
+what happens around an epoch (checkpoints, the MGPU_FAULT test hook) comes in as callbacks.
+Epoch time covers training only, measured after synchronising every device and taken as the
+slowest rank's, as the chapter does; evaluation is timed separately.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from tqdm import tqdm
+
+from mgpu.data import BatchLoader
+from mgpu.errors import NonFiniteLossError
+from mgpu.results import EpochStats
+from mgpu.strategies import Strategy
+
+__all__ = ["Callback", "StepResult", "Trainer"]
+
+
+class Callback:
+    """Hooks a Trainer calls; override the ones you need (epoch and step are 0-based)."""
+
+    def before_step(self, trainer: "Trainer", epoch: int, step: int, X: torch.Tensor) -> torch.Tensor:
+        """Called with this process's part of the batch before each step; returns the input to use."""
+        return X
+
+    def on_epoch_end(self, trainer: "Trainer", epoch: int, stats: EpochStats) -> None:
+        """Called after each epoch's evaluation, on every rank."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss_sum: float   # summed loss over the global batch (0 when skipped)
+    correct: float    # correct predictions over the global batch (0 when skipped)
+    examples: int     # examples in the global batch
+    skipped: bool     # the update was skipped for a non-finite loss
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / self.examples
+
+
+class Trainer:
+    """Runs steps and epochs of a strategy over global batches; the strategy does all device work."""
+
+    def __init__(self, strategy: Strategy, train_loader: BatchLoader, test_loader: BatchLoader, epochs: int,
+                 on_nonfinite: str = "error", progress: bool = True, log: Callable[[str], None] = print,
+                 callbacks: Sequence[Callback] = ()):
+        self.strategy, self.train_loader, self.test_loader = strategy, train_loader, test_loader
+        self.epochs, self.on_nonfinite = epochs, on_nonfinite
+        self.progress = progress and strategy.is_main
+        self.log = log if strategy.is_main else (lambda _: None)
+        self.callbacks = list(callbacks)
+
+    def step(self, indices: torch.Tensor, epoch: int = 0, step: int = 0) -> StepResult:
+        """One training step on a global batch (indices into the training set)."""
+        s = self.strategy
+        X, y = self.train_loader.dataset.take(s.local_indices(indices))
+        for callback in self.callbacks:
+            X = callback.before_step(self, epoch, step, X)
+        loss_sum, correct = s.all_sum(s.forward_backward(X, y, len(indices))).tolist()
+        if not math.isfinite(loss_sum):
+            if self.on_nonfinite == "error":
+                raise NonFiniteLossError(f"loss is {loss_sum} at epoch {epoch + 1}, step {step + 1}: training stopped "
+                                         "(lower the learning rate, or pass --on-nonfinite skip to skip such steps)")
+            s.skip_step()
+            return StepResult(0.0, 0.0, len(indices), True)
+        s.optimizer_step()
+        return StepResult(loss_sum, correct, len(indices), False)
+
+    def run_epoch(self, epoch: int) -> EpochStats:
+        """Train one epoch (0-based number: it seeds the batch order), then evaluate."""
+        s = self.strategy
+        self.train_loader.set_epoch(epoch)
+        s.train_mode()
+        loss_sum = correct = seen = 0.0
+        skipped = 0
+        bar = tqdm(total=len(self.train_loader), desc=f"epoch {epoch + 1}/{self.epochs}", unit="batch",
+                   file=sys.stderr, leave=False, disable=not self.progress, dynamic_ncols=True)
+        s.synchronize()
+        start = time.perf_counter()
+        for step, indices in enumerate(self.train_loader.index_batches()):
+            result = self.step(indices, epoch, step)
+            skipped += result.skipped
+            if not result.skipped:
+                loss_sum, correct, seen = loss_sum + result.loss_sum, correct + result.correct, seen + result.examples
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_sum / max(seen, 1):.3f}", refresh=False)
+        s.synchronize()
+        # The slowest rank's wall time: the epoch is over when the last rank is done.
+        seconds = float(s.all_max(torch.tensor([time.perf_counter() - start], dtype=torch.float64)))
+        bar.close()
+        eval_start = time.perf_counter()
+        test_acc = self.evaluate()
+        return EpochStats(epoch=epoch + 1, loss=loss_sum / max(seen, 1), train_acc=correct / max(seen, 1),
+                          test_acc=test_acc, seconds=seconds, eval_seconds=time.perf_counter() - eval_start,
+                          images_per_sec=seen / seconds if seconds > 0 else float("nan"), skipped_steps=skipped)
+
+    def evaluate(self, loader: BatchLoader | None = None) -> float:
+        """Accuracy over every example of the loader (default: the test set), on all devices."""
+        loader = loader or self.test_loader
+        s = self.strategy
+        s.eval_mode()
+        correct = 0
+        for indices in loader.index_batches():
+            X, y = loader.dataset.take(s.local_indices(indices))
+            correct += s.count_correct(X, y)
+        s.train_mode()
+        total = s.all_sum(torch.tensor([correct], dtype=torch.float64))
+        return float(total) / len(loader.dataset)
+
+    def fit(self, start_epoch: int = 0) -> list[EpochStats]:
+        """Epochs start_epoch+1 .. epochs (1-based), each followed by the callbacks' on_epoch_end."""
+        history = []
+        for epoch in range(start_epoch, self.epochs):
+            stats = self.run_epoch(epoch)
+            history.append(stats)
+            skipped = f", {stats.skipped_steps} step(s) skipped (non-finite loss)" if stats.skipped_steps else ""
+            self.log(f"epoch {stats.epoch}/{self.epochs}: loss {stats.loss:.4f}, train acc {stats.train_acc:.3f}, "
+                     f"test acc {stats.test_acc:.3f}, {stats.seconds:.1f} s ({stats.images_per_sec:.0f} img/s){skipped}")
+            for callback in self.callbacks:
+                callback.on_epoch_end(self, epoch, stats)
+        return history
