@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mgpu.bench import cpu_cores
+from perf.workloads import cpu_cores
 from perf import scaling
 from perf.sweep import DEFAULT_OUT, ENV_OUT, ROWS_KEY, SWEEP_KEY, make_sweep
 

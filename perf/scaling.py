@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from perf.workloads import speedups
+
 COLUMNS = ("strategy", "measure", "devices", "label", "images_per_s", "speedup", "efficiency")
 
 
@@ -18,8 +20,7 @@ def add_speedups(rows: list[dict]) -> list[dict]:
     base = {(r["strategy"], r["measure"]): r["images_per_s"] for r in rows if r["devices"] == 1}
     for r in rows:
         one = base.get((r["strategy"], r["measure"]))
-        r["speedup"] = r["images_per_s"] / one if one else None
-        r["efficiency"] = r["speedup"] / r["devices"] if one else None
+        r["speedup"], r["efficiency"] = speedups(r["images_per_s"], one, r["devices"]) if one else (None, None)
     return rows
 
 

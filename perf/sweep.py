@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from mgpu.bench import cpu_cores
+from perf.workloads import cpu_cores
 
 ENV_DEVICES = "MGPU_PERF_DEVICES"
 ENV_OUT = "MGPU_PERF_OUT"

@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mgpu.bench import CollectivePeers, allreduce_pattern
+from perf.workloads import CollectivePeers, allreduce_pattern
 from mgpu.comm import allreduce, ring_allreduce, split_batch
 from mgpu.devices import devices as get_devices
 from mgpu.devices import synchronize

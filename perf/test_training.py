@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from mgpu import bench as mbench
-from mgpu.bench import DDPRankPool, TrainBench, TrainSession
+from perf import workloads
+from perf.workloads import DDPRankPool, TrainBench, TrainSession
 from perf.sweep import SWEEP_KEY, record_rate
 
 
@@ -111,10 +111,11 @@ def _report(benchmark, case, sweep, settings, scaling_rows, measure: str, images
     base = next((r for r in scaling_rows if r["devices"] == 1 and r["strategy"] == case.strategy
                  and r["measure"] == measure and r["images_per_s"]), None)
     if rate and base:
-        benchmark.extra_info["speedup"] = round(rate / base["images_per_s"], 3)
-        benchmark.extra_info["efficiency"] = round(rate / base["images_per_s"] / n, 3)
+        speedup, efficiency = workloads.speedups(rate, base["images_per_s"], n)
+        benchmark.extra_info["speedup"], benchmark.extra_info["efficiency"] = round(speedup, 3), round(efficiency, 3)
         # From the fastest rounds: what the code can do when nothing else runs on the machine.
-        benchmark.extra_info["speedup (fastest rounds)"] = round(base["min_s"] * n / benchmark.stats.stats.min, 3)
+        fastest, _ = workloads.speedups(n / benchmark.stats.stats.min, 1 / base["min_s"], n)
+        benchmark.extra_info["speedup (fastest rounds)"] = round(fastest, 3)
     stats = benchmark.stats.stats if benchmark.stats else None
     scaling_rows.append(_scaling_row(case.strategy, measure, n, benchmark.extra_info["device_label"], sweep, settings,
                                      rate, stats.median if stats else None, stats.min if stats else None))
@@ -144,7 +145,7 @@ def test_train_epoch(benchmark, case, sessions, sweep, settings, scaling_rows, c
     epochs = []
     benchmark.pedantic(lambda: epochs.append(session.epoch()), rounds=settings.epoch_rounds,
                        warmup_rounds=settings.epoch_warmup)
-    assert all(math.isfinite(e.loss) and 0 <= e.test_acc <= 1 for e in epochs), f"bad epoch: {epochs}"
+    assert all(math.isfinite(e.loss) for e in epochs), f"non-finite epoch loss: {epochs}"
     assert session.weights_moved() > 0, "the epoch did not change the weights"
     # The timed epoch is training plus evaluation of one test batch; the trainer's own figure is training only.
     benchmark.extra_info["train_only_images/s (trainer)"] = round(epochs[-1].images_per_sec, 3)
@@ -165,9 +166,9 @@ def test_ddp_scaling_interleaved(sessions, sweep, settings, scaling_rows, pytest
         pytest.skip(f"needs at least 2 device counts to compare (sweep: {counts})")
     disabled = pytestconfig.getoption("benchmark_disable")
     pools = {n: sessions(Case("ddp", n)) for n in counts}
-    times = mbench.interleaved_step_times(pools, rounds=1 if disabled else settings.interleaved_rounds,
+    times = workloads.interleaved_step_times(pools, rounds=1 if disabled else settings.interleaved_rounds,
                                           warmup=0 if disabled else 1)  # checks losses and weight updates
-    rows = mbench.scaling_rows(times, settings.per_device_batch)
+    rows = workloads.scaling_rows(times, settings.per_device_batch)
     assert [r["ranks"] for r in rows] == counts and all(r["images_per_s"] > 0 for r in rows), f"bad rows: {rows}"
     if disabled:
         return  # one untimed round: the machinery works, the figure means nothing
