@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from perf.workloads import cpu_cores
-from perf import scaling
+from perf import ab, scaling
 from perf.sweep import DEFAULT_OUT, ENV_OUT, ROWS_KEY, SWEEP_KEY, make_sweep
 
 
@@ -28,7 +28,8 @@ def pytest_addoption(parser):
                     help="device counts to sweep: N (1, 2, 4, ..., N) or a list like 1,3; "
                          "default: the CUDA devices, else one emulated device per CPU core (at most 4)")
     group.addoption("--perf-out", default=None, metavar="DIR",
-                    help=f"folder for scaling.json and scaling.png (default ${ENV_OUT} or {DEFAULT_OUT}/)")
+                    help=f"folder for scaling.json, scaling.png and ab.json (default ${ENV_OUT} or {DEFAULT_OUT}/)")
+    ab.add_options(group)
 
 
 def pytest_configure(config):
@@ -37,6 +38,8 @@ def pytest_configure(config):
     except ValueError as e:
         raise pytest.UsageError(str(e)) from None
     config.stash[ROWS_KEY] = []
+    if config.getoption("--ab-baseline") or config.getoption("--ab-baseline-python"):
+        config.pluginmanager.register(ab.ABGate(config), "mgpu-ab-gate")  # bad input: a UsageError, nothing timed
 
 
 def pytest_report_header(config):

@@ -56,8 +56,17 @@ def _info(benchmark, devs, size, count, timing):
     record_rate(benchmark, 2 * size**3 * count * len(devs) / 1e9, "GFLOP/s", per_device=len(devs))
 
 
+def _gate(sweep_gpus: int):
+    """The A/B gate's kernel workload: the synchronised products on the first device."""
+    size, count = (GPU_SIZE, GPU_PRODUCTS) if sweep_gpus else (CPU_SIZE, CPU_PRODUCTS)
+    return pytest.mark.gate(dict(kind="matmul", size=size, products=count, threads=1 if not sweep_gpus else None,
+                                 device="cuda:0" if sweep_gpus else "cpu"))
+
+
 @pytest.mark.benchmark(group="kernels-one-device")
-@pytest.mark.parametrize("synchronised", [False, True], ids=["launch-only-unsynchronised", "synchronised"])
+@pytest.mark.parametrize("synchronised", [
+    pytest.param(False, id="launch-only-unsynchronised"),
+    pytest.param(True, id="synchronised", marks=_gate(torch.cuda.device_count()))])
 def test_matmul_one_device(benchmark, shape, synchronised, cpu_threads):
     size, count, rounds = shape
     devs = get_devices(1)

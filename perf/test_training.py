@@ -54,24 +54,48 @@ class Case:
     devices: int
 
 
-def _cases(sweep) -> list:
-    params = [pytest.param(Case("single", 1), id=f"single-{sweep.label(1)}")]
+# The A/B gate's workloads (perf/ab.py): the same steps at a size whose A/B pairs fit the gate's
+# 5-minute budget on a 2-core CPU (width 16: about 1/16 of the full network's work); on GPUs the
+# full network at the GPU batch.
+GATE_CPU = dict(width=16, batch=32)
+GATE_GPU = dict(width=64, batch=128)
+
+
+def gate_spec(kind: str, case: Case, sweep) -> dict:
+    size = GATE_GPU if sweep.gpus else GATE_CPU
+    return dict(kind=kind, strategy=case.strategy, devices=case.devices, threads_per_device=sweep.threads_per_device,
+                steps_per_epoch=3, **size)
+
+
+def _gated(kind: str, case: Case, sweep) -> list:
+    """The gated set: single, manual at the most devices, ddp at 1 and the most ranks (steps); single (epoch)."""
+    top = sweep.max_count
+    gated_steps = {("single", 1), ("manual", top), ("ddp", 1), ("ddp", top)}
+    gated = (case.strategy, case.devices) in gated_steps if kind == "train-step" else case == Case("single", 1)
+    return [pytest.mark.gate(gate_spec(kind, case, sweep))] if gated else []
+
+
+def _cases(sweep, kind: str) -> list:
+    def param(case: Case, label: str, marks=()):
+        return pytest.param(case, id=f"{case.strategy}-{label}", marks=[*marks, *_gated(kind, case, sweep)])
+
+    params = [param(Case("single", 1), sweep.label(1))]
     for n in sweep.counts:
-        params.append(pytest.param(Case("manual", n), id=f"manual-{sweep.label(n)}"))
+        params.append(param(Case("manual", n), sweep.label(n)))
     for n in sweep.counts:
         # Without CUDA, nn.DataParallel is a pass-through on one device: more would claim what it is not.
         skip = pytest.mark.skipif(n > 1 and not sweep.on_gpu(n),
                                   reason=f"dataparallel on {n} devices needs {n} CUDA devices (found {sweep.gpus})")
-        params.append(pytest.param(Case("dataparallel", n), id=f"dataparallel-{sweep.label(n)}", marks=skip))
+        params.append(param(Case("dataparallel", n), sweep.label(n), marks=[skip]))
     for n in sweep.counts:
-        params.append(pytest.param(Case("ddp", n), id=f"ddp-{sweep.label(n, unit='ranks')}",
-                                   marks=pytest.mark.multiprocess))
+        params.append(param(Case("ddp", n), sweep.label(n, unit="ranks"), marks=[pytest.mark.multiprocess]))
     return params
 
 
 def pytest_generate_tests(metafunc):
     if "case" in metafunc.fixturenames:
-        metafunc.parametrize("case", _cases(metafunc.config.stash[SWEEP_KEY]))
+        kind = "train-epoch" if metafunc.function.__name__ == "test_train_epoch" else "train-step"
+        metafunc.parametrize("case", _cases(metafunc.config.stash[SWEEP_KEY], kind))
 
 
 @pytest.fixture(scope="module")
