@@ -459,10 +459,8 @@ def _benchmark_json(results: list[Comparison], arm: str, versions: dict | None) 
         stats = Stats()
         for t in r.samples[arm]:
             stats.update(t)
-        fields = ("min", "max", "mean", "stddev", "rounds", "median", "iqr", "q1", "q3", "iqr_outliers",
-                  "stddev_outliers", "outliers", "ld15iqr", "hd15iqr", "ops", "total")
-        as_dict = {f: getattr(stats, f) for f in fields}
-        as_dict["data"] = list(r.samples[arm])
+        as_dict = stats.as_dict()
+        as_dict.update(data=list(r.samples[arm]), iterations=1)  # as Metadata.as_dict writes it
         name = r.name.split("::")[-1]
         benchmarks.append({"group": "ab-gate", "name": name, "fullname": r.name, "params": None, "param": None,
                            "extra_info": {"arm": arm, "ops_per_sample": r.ops_per_sample, "spec": r.spec},

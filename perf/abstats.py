@@ -97,6 +97,8 @@ def holm_levels(p_values: list[float], alpha: float) -> list[float]:
     the i-th smallest (from 0) gets alpha / (k - i) while every smaller one was rejected; after the
     first that is not, the rest keep alpha / k' of that step (none of them can be rejected)."""
     k = len(p_values)
+    if k == 0:
+        return []
     order = sorted(range(k), key=lambda i: p_values[i])
     levels = [alpha / k] * k
     for step, i in enumerate(order):

@@ -1,0 +1,303 @@
+"""The A/B gate (perf/ab.py, perf/abstats.py): its statistics on synthetic samples, the order of
+the arms, worker failures, bad input, and a smoke run of the whole gate against HEAD.
+
+    pytest perf/test_ab.py
+
+The smoke run is what CI runs of the gate (`pytest perf --benchmark-disable` includes it): every
+gated workload set up in both arms, three rounds, the reports written, so a broken gate fails CI.
+The gate's rates on real timings are measured by `python -m perf.validate_gate` (docs/perf.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perf import ab, abstats
+
+ROOT = ab.PROJECT_ROOT
+LEVEL = 0.05 / 6  # the strictest Holm level of a six-benchmark gated set
+
+
+def paired(ratio: float, rounds: int, noise: float, drift: float = 0.0, bias: float = 0.0, seed: int = 0):
+    """Synthetic per-round samples (seconds): both arms of a round share the round's machine speed
+    (a drift up to `drift`, e.g. 1.0 = twice as slow), each sample has its own lognormal noise."""
+    rng = np.random.default_rng(seed)
+    speed = np.exp(rng.uniform(0, math.log1p(drift), rounds)) if drift else np.ones(rounds)
+    base = 0.1 * speed * np.exp(rng.normal(0, noise, rounds))
+    cand = 0.1 * speed * ratio * math.exp(bias) * np.exp(rng.normal(0, noise, rounds))
+    return base.tolist(), cand.tolist()
+
+
+# -- statistics ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ratio, expected", [(1.0, "unchanged"), (1.10, "slower"), (1 / 1.10, "faster"),
+                                             (1.25, "slower")])
+def test_verdict_of_a_known_ratio_under_drift_that_hits_both_arms(ratio, expected):
+    # The machine's speed halves and recovers from round to round; within a round it hits both arms.
+    base, cand = paired(ratio, rounds=30, noise=0.04, drift=1.0, seed=3)
+    assert max(base) / min(base) > 1.5, "the synthetic drift should be larger than any effect tested"
+    est = abstats.estimate(base, cand, threshold=0.10)
+    assert est.ratio == pytest.approx(ratio, rel=0.03), f"estimated {est.ratio:.4f} for a true {ratio}"
+    low, high = est.interval(LEVEL)
+    assert low < ratio < high, f"interval [{low:.3f}, {high:.3f}] misses the true ratio {ratio}"
+    assert abstats.verdict(est, 0.10, LEVEL) == expected, f"ratio {ratio}: interval [{low:.3f}, {high:.3f}]"
+
+
+def test_unpaired_drift_would_fool_a_median_comparison_but_not_the_paired_ratio():
+    # Drift that slows the candidate's rounds more only if they were taken at other times: paired
+    # rounds share it, so the ratio stays 1 even though the arms' medians differ by chance.
+    base, cand = paired(1.0, rounds=20, noise=0.02, drift=1.0, seed=11)
+    est = abstats.estimate(base, cand, threshold=0.10)
+    assert abstats.verdict(est, 0.10, LEVEL) == "unchanged", est
+    shuffled = sorted(cand)  # the same times, no longer paired with their rounds
+    assert abs(math.log(np.median(shuffled) / np.median(base))) < 1.0  # (medians alone say little either way)
+
+
+def test_too_few_noisy_rounds_are_inconclusive():
+    base, cand = paired(1.10, rounds=4, noise=0.15, seed=5)
+    est = abstats.estimate(base, cand, threshold=0.10)
+    assert abstats.verdict(est, 0.10, LEVEL) == "inconclusive", est.interval(LEVEL)
+
+
+def test_a_slowdown_below_half_the_threshold_is_not_called_slower():
+    base, cand = paired(1.03, rounds=40, noise=0.01, seed=2)
+    est = abstats.estimate(base, cand, threshold=0.10)
+    assert est.interval(LEVEL)[0] > 1.0, "the 3 % is real and resolved"
+    assert abstats.verdict(est, 0.10, LEVEL) == "unchanged"
+
+
+def test_exact_ratio_without_noise():
+    est = abstats.estimate([0.2, 0.4, 0.1], [0.24, 0.48, 0.12], threshold=0.10)
+    assert est.ratio == pytest.approx(1.2) and est.se == pytest.approx(0, abs=1e-12)
+    assert abstats.verdict(est, 0.10, LEVEL) == "slower" and est.p_slower == 0.0
+
+
+@pytest.mark.parametrize("base, cand, message", [([0.1, 0.2], [0.1], "as many"), ([0.1, 0.0], [0.1, 0.1], "positive"),
+                                                 ([0.1, math.nan], [0.1, 0.1], "positive")])
+def test_estimate_rejects_unpaired_or_impossible_samples(base, cand, message):
+    with pytest.raises(ValueError, match=message):
+        abstats.estimate(base, cand, threshold=0.10)
+
+
+def test_holm_levels_step_down_and_stop_at_the_first_acceptance():
+    levels = abstats.holm_levels([0.04, 0.001, 0.5, 0.02], alpha=0.05)
+    # sorted: 0.001 <= 0.05/4 rejected; 0.02 > 0.05/3 accepted: it and every later one keep 0.05/3.
+    assert levels == pytest.approx([0.05 / 3, 0.05 / 4, 0.05 / 3, 0.05 / 3])
+    assert abstats.holm_levels([0.001, 0.002], alpha=0.05) == pytest.approx([0.025, 0.05])
+
+
+def test_whole_run_false_alarm_rate_and_power_under_the_measured_noise():
+    """Simulated whole runs of six benchmarks, per-round log-ratio noise 7.5 % (the probe of this
+    machine, docs/perf.md) and a bias of +2.6 % that identical workers showed: at most 5 % of
+    unchanged runs may flag anything `slower`; a 10 % slowdown is caught in 95 % of benchmarks."""
+    rng = np.random.default_rng(0)
+    runs, k, rounds, sigma = 400, 6, 40, 0.075
+    false_runs = caught = 0
+    for _ in range(runs):
+        aa = [abstats.estimate(*_samples(rng, 0.026, sigma, rounds), threshold=0.10) for _ in range(k)]
+        false_runs += any(v == "slower" for v, _ in abstats.decide(aa, 0.10, 0.05))
+        slow = [abstats.estimate(*_samples(rng, math.log(1.10), sigma, rounds), threshold=0.10) for _ in range(k)]
+        caught += sum(v == "slower" for v, _ in abstats.decide(slow, 0.10, 0.05))
+    assert false_runs / runs <= 0.05, f"{false_runs}/{runs} unchanged runs raised a false `slower`"
+    assert caught / (runs * k) >= 0.95, f"caught {caught}/{runs * k} benchmarks 10 % slower"
+
+
+def _samples(rng, mean_log, sigma, rounds):
+    base = 0.1 * np.exp(rng.normal(0, 0.1, rounds))
+    return base.tolist(), (base * np.exp(rng.normal(mean_log, sigma, rounds))).tolist()
+
+
+# -- the arms' order and the loop, with stand-in workers -------------------------------------------
+
+class FakeArm:
+    """Answers like a worker: each sample's time from `time_of(label, n)`; records every request."""
+
+    def __init__(self, label, log, time_of, setup_answer=None, fail_on=None):
+        self.label, self.log, self.time_of = label, log, time_of
+        self.setup_answer = setup_answer or {"ok": True}
+        self.fail_on, self.samples = fail_on, 0
+        self.proc = type("P", (), {"poll": staticmethod(lambda: None)})()
+
+    def request(self, command, **fields):
+        self.log.append((self.label, command))
+        if command == self.fail_on:
+            raise ab.ArmError(f"{self.label}: {command} failed: boom")
+        if command == "setup":
+            return self.setup_answer
+        if command == "sample":
+            self.samples += 1
+            return {"times": [self.time_of(self.label, self.samples)] * fields["ops"]}
+        return {"ok": True}
+
+
+def _arms(log, ratio=1.0, **candidate):
+    return {"baseline": FakeArm("baseline", log, lambda label, n: 0.1),
+            "candidate": FakeArm("candidate", log, lambda label, n: 0.1 * ratio * (1 + 0.01 * (n % 3)), **candidate)}
+
+
+def test_round_order_alternates_which_arm_goes_first():
+    order = [label for i in range(4) for label in ab.round_order(i)]
+    assert order == ["baseline", "candidate", "candidate", "baseline"] * 2, order
+
+
+def test_compare_interleaves_arms_excludes_warmup_and_checks_both():
+    log = []
+    settings = ab.Settings(min_rounds=6, max_rounds=6, warmup=2)
+    result = ab.compare("b", {"kind": "x"}, _arms(log, ratio=1.0), settings)
+    samples = [label for label, command in log if command == "sample"]
+    assert samples[:4] == ["baseline", "baseline", "candidate", "candidate"], "warm-up: each arm twice, first"
+    assert samples[4:] == ["baseline", "candidate", "candidate", "baseline"] * 3, samples
+    assert len(result.samples["baseline"]) == len(result.samples["candidate"]) == 6, "warm-up samples are excluded"
+    assert [a for a, c in log if c == "check"] == ["baseline", "candidate"]
+    assert [a for a, c in log if c == "close"] == ["baseline", "candidate"]
+
+
+def test_compare_stops_once_the_interval_decides():
+    log = []
+    settings = ab.Settings(min_rounds=5, max_rounds=40, look_every=5)
+    result = ab.compare("b", {"kind": "x"}, _arms(log, ratio=1.5), settings)
+    assert len(result.samples["baseline"]) == 5, "a 50 % slowdown with 1 % noise is decided at the first look"
+    assert abstats.verdict(result.estimate, 0.10, 0.05) == "slower"
+
+
+def test_a_workload_the_baseline_cannot_set_up_is_not_comparable():
+    log = []
+    arms = _arms(log)
+    arms["baseline"].setup_answer = {"not_comparable": "ImportError: No module named 'mgpu.trainer'"}
+    result = ab.compare("b", {"kind": "x"}, arms, ab.Settings())
+    assert result.status == "not comparable" and "mgpu.trainer" in result.reason
+    assert not any(c == "sample" for _, c in log), "nothing is timed for a workload one arm cannot run"
+    ab.judge([result], ab.Settings())
+    assert result.verdict == "not comparable"
+
+
+@pytest.mark.parametrize("fail_on", ["sample", "check"])
+def test_a_failing_workload_fails_the_comparison_never_unchanged(fail_on):
+    with pytest.raises(ab.ArmError, match="boom"):
+        ab.compare("b", {"kind": "x"}, _arms([], fail_on=fail_on), ab.Settings(min_rounds=3, max_rounds=3))
+
+
+def test_exit_status_of_the_gate():
+    def judged(verdict):
+        r = ab.Comparison("b", {})
+        r.verdict = verdict
+        return r
+    assert ab.gate_exit_status([judged("unchanged"), judged("slower")], ab.Settings()) == 1
+    assert ab.gate_exit_status([judged("unchanged"), judged("inconclusive"), judged("faster")], ab.Settings()) == 0
+    assert ab.gate_exit_status([judged("inconclusive")], ab.Settings(strict=True)) == 1
+    assert ab.gate_exit_status([judged("slower")], ab.Settings(smoke=True)) == 0
+
+
+# -- real workers ------------------------------------------------------------------------------------
+
+def test_a_workload_that_fails_in_a_real_worker_names_the_error(tmp_path):
+    arm = ab.Arm("candidate", ROOT, sys.executable, tmp_path)
+    try:
+        assert arm.versions["torch"], arm.versions
+        with pytest.raises(ab.ArmError, match="candidate: setup failed: .*width must be a positive integer"):
+            arm.request("setup", spec={"kind": "train-step", "strategy": "single", "devices": 1, "width": 0})
+    finally:
+        arm.close()
+
+
+def test_a_worker_that_dies_fails_with_its_exit_code(tmp_path):
+    arm = ab.Arm("baseline", ROOT, sys.executable, tmp_path)
+    arm.request("setup", spec={"kind": "matmul", "size": 8, "products": 1})
+    arm.proc.kill()
+    arm.proc.wait()
+    with pytest.raises(ab.ArmError, match="baseline worker exited with code -9"):
+        arm.request("sample", ops=1)
+    arm.close()
+
+
+# -- bad input and the smoke run (pytest in a subprocess, as a user runs it) --------------------------
+
+def _pytest(*args, cwd=ROOT, timeout=300):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    return subprocess.run([sys.executable, "-m", "pytest", "perf", "-p", "no:cacheprovider", "-q", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _worktrees() -> list[str]:
+    out = subprocess.run(["git", "-C", str(ROOT), "worktree", "list", "--porcelain"], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if line.startswith("worktree ")]
+
+
+def _is_git_checkout() -> bool:
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode == 0
+
+
+def _broken_checkout(tmp_path) -> Path:
+    tree = tmp_path / "broken"
+    (tree / "mgpu").mkdir(parents=True)
+    (tree / "pyproject.toml").write_text('[project]\nname = "mgpu"\n')
+    (tree / "mgpu" / "__init__.py").write_text("raise ImportError('this mgpu cannot be imported')\n")
+    return tree
+
+
+def _not_a_python(tmp_path) -> Path:
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'no torch here' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    return fake
+
+
+@pytest.mark.parametrize("case, message", [
+    ("unknown-revision", "neither a folder nor a git revision"),
+    ("not-a-checkout", "is not a checkout of mgpu"),
+    ("baseline-mgpu-broken", "the baseline's mgpu"),
+    ("python-without-torch", "is not a Python with torch"),
+    ("threshold-0", "--ab-threshold must be a percentage in (0, 100)"),
+    ("threshold-100", "--ab-threshold must be a percentage in (0, 100)"),
+    ("threshold-text", "--ab-threshold must be a percentage in (0, 100)"),
+    ("max-rounds-2", "--ab-max-rounds must be an integer >= 3"),
+])
+def test_bad_gate_input_is_a_one_line_usage_error_before_anything_is_timed(case, message, tmp_path):
+    args = {"unknown-revision": ["--ab-baseline", "no-such-revision-xyz"],
+            "not-a-checkout": ["--ab-baseline", str(tmp_path)],
+            "baseline-mgpu-broken": ["--ab-baseline", str(_broken_checkout(tmp_path))],
+            "python-without-torch": ["--ab-baseline-python", str(_not_a_python(tmp_path))],
+            "threshold-0": ["--ab-baseline", str(ROOT), "--ab-threshold", "0"],
+            "threshold-100": ["--ab-baseline", str(ROOT), "--ab-threshold", "100%"],
+            "threshold-text": ["--ab-baseline", str(ROOT), "--ab-threshold", "ten"],
+            "max-rounds-2": ["--ab-baseline", str(ROOT), "--ab-max-rounds", "2"]}[case]
+    before = _worktrees()
+    out = _pytest(*args, "--perf-out", str(tmp_path / "out"), timeout=120)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("ERROR:")]
+    assert out.returncode == 4, f"exit {out.returncode}, not pytest's usage error:\n{out.stdout[-2000:]}\n{out.stderr}"
+    assert len(errors) == 1 and message in errors[0], out.stderr
+    assert not (tmp_path / "out" / "ab.json").exists(), "nothing may be timed on bad input"
+    assert _worktrees() == before, "a temporary worktree was left behind"
+
+
+@pytest.mark.multiprocess
+def test_smoke_ab_run_against_head(tmp_path):
+    """Every gated workload set up and run in both arms (HEAD in a temporary worktree, or this
+    folder if it is not a git checkout), three rounds, reports written and readable."""
+    baseline = "HEAD" if _is_git_checkout() else str(ROOT)
+    before = _worktrees() if baseline == "HEAD" else None
+    out_dir = tmp_path / "out"
+    out = _pytest("--ab-baseline", baseline, "--benchmark-disable", "--perf-out", str(out_dir), timeout=600)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    report = json.loads((out_dir / "ab.json").read_text())
+    names = [b["name"].split("::")[-1] for b in report["benchmarks"]]
+    assert len(names) >= 6 and any("matmul" in n for n in names) and any("epoch" in n for n in names), names
+    for b in report["benchmarks"]:
+        assert b["status"] == "compared", b
+        assert b["rounds"] == 3 and len(b["samples"]["baseline"]) == len(b["samples"]["candidate"]) == 3, b
+        assert all(t > 0 for t in b["samples"]["baseline"] + b["samples"]["candidate"]), b
+    assert "mgpu A/B gate" in out.stdout and "SMOKE RUN" in out.stdout, out.stdout[-3000:]
+    compare = subprocess.run([str(Path(sys.executable).with_name("pytest-benchmark")), "compare",
+                              str(out_dir / "ab-baseline.json"), str(out_dir / "ab-candidate.json")],
+                             capture_output=True, text=True, timeout=60)
+    assert compare.returncode == 0 and "test_train_step" in compare.stdout, compare.stdout + compare.stderr
+    if before is not None:
+        assert _worktrees() == before, "the temporary worktree of HEAD was left behind"

@@ -1,0 +1,219 @@
+"""Proof that the A/B gate (perf/ab.py) tells a slowdown from noise on this machine, measured.
+
+    python -m perf.validate_gate                # the full validation (about 40-60 minutes on 2 cores)
+    python -m perf.validate_gate --quick        # a smaller version (about 10 minutes)
+
+Run it with nothing else on the machine; it is not part of CI. It copies this tree three times
+into a temporary folder: `same` (unchanged), and two candidates whose every training step and
+evaluation take 10 % and 5 % longer than their own time (a busy-wait appended to the copy's
+mgpu/trainer.py, so the slowdown scales with the machine's speed of the moment, as a real one
+would). Then:
+
+1. Rates on one gated benchmark, the `single` training step, each run a whole gate decision with
+   fresh worker processes: `--runs` runs each with both arms the same tree (a `slower` there is a
+   false alarm), with the 10 % candidate (must be `slower`) and with the 5 % candidate (reported).
+   The runs of the three kinds are interleaved, so the machine's drift hits them alike. Each is
+   judged at the level the benchmark gets in a whole run of the gated set (alpha / set size, the
+   strictest Holm step).
+2. The whole gated set, `pytest perf --ab-baseline <same>`: `--set-runs` runs from the unchanged
+   tree (no `slower` anywhere) and from the 10 % candidate (every training benchmark `slower`, the
+   kernel not), with the time per run.
+
+Writes gate-validation.json into --out and prints the rates; exits 1 if the targets (at most 1
+false `slower` in 20 and at least 19 detections in 20 at 10 %, scaled to --runs) are missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from perf import ab
+
+ROOT = ab.PROJECT_ROOT
+
+# Appended to the slowed copies' mgpu/trainer.py.
+PLANTED = '''
+
+# -- planted by perf/validate_gate.py: every step and evaluation takes (1 + {fraction}) times its own time
+def _planted_slowdown(method, fraction={fraction}):
+    import functools
+    import time as _time
+
+    @functools.wraps(method)
+    def slowed(*args, **kwargs):
+        start = _time.perf_counter()
+        out = method(*args, **kwargs)
+        end = start + (_time.perf_counter() - start) * (1 + fraction)
+        while _time.perf_counter() < end:  # busy, as real work would be
+            pass
+        return out
+    return slowed
+
+
+Trainer.step = _planted_slowdown(Trainer.step)
+Trainer.evaluate = _planted_slowdown(Trainer.evaluate)
+'''
+
+
+def project_files(root: Path) -> list[str]:
+    """Tracked and untracked-but-not-ignored files: the tree as a clean checkout of it would hold."""
+    out = subprocess.run(["git", "-C", str(root), "ls-files", "-co", "--exclude-standard"], capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    return [f for f in out if (root / f).is_file()]
+
+
+def copy_tree(root: Path, dest: Path, slowdown: float | None = None) -> Path:
+    for f in project_files(root):
+        target = dest / f
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / f, target)
+    if slowdown:
+        trainer = dest / "mgpu" / "trainer.py"
+        trainer.write_text(trainer.read_text() + PLANTED.format(fraction=slowdown))
+    return dest
+
+
+def single_step_spec() -> tuple[str, dict, int]:
+    """The `single` training step as the gate runs it, and the size of the gated set (for its level)."""
+    sys.path.insert(0, str(ROOT))
+    from perf.sweep import make_sweep
+    from perf.test_training import Case, gate_spec
+
+    sweep = make_sweep(None)
+    gated_set = 6  # single, manual (most devices), ddp 1 and most ranks, the epoch, the kernel
+    return "test_train_step[single]", gate_spec("train-step", Case("single", 1), sweep), gated_set
+
+
+def one_decision(baseline: Path, candidate: Path, name: str, spec: dict, family: int, workdir: Path) -> dict:
+    """A whole gate decision on one benchmark with fresh workers: baseline tree vs candidate tree."""
+    settings = ab.Settings()
+    run_dir = Path(tempfile.mkdtemp(dir=workdir))
+    start = time.perf_counter()
+    arms = {}
+    try:
+        arms["baseline"] = ab.Arm("baseline", baseline, sys.executable, run_dir)
+        arms["candidate"] = ab.Arm("candidate", candidate, sys.executable, run_dir)
+        result = ab.compare(name, spec, arms, settings, family_size=family)
+    finally:
+        for arm in arms.values():
+            arm.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    level = settings.alpha / family
+    result.level = level
+    from perf import abstats
+
+    result.verdict = abstats.verdict(result.estimate, settings.threshold, level)
+    low, high = result.interval()
+    return {"verdict": result.verdict, "ratio": result.estimate.ratio, "interval": [low, high],
+            "rounds": len(result.samples["baseline"]), "seconds": time.perf_counter() - start}
+
+
+def whole_set(candidate: Path, baseline: Path, out: Path) -> dict:
+    """`pytest perf --ab-baseline BASELINE` run from the candidate tree; verdicts from its ab.json."""
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "perf", "--ab-baseline", str(baseline), "-q",
+                           "-p", "no:cacheprovider", "--perf-out", str(out)], cwd=candidate, capture_output=True,
+                          text=True)
+    seconds = time.perf_counter() - start
+    try:
+        report = json.loads((out / "ab.json").read_text())
+    except (OSError, ValueError):
+        raise RuntimeError(f"the gate run wrote no ab.json (exit {proc.returncode}):\n{proc.stdout[-3000:]}"
+                           f"\n{proc.stderr[-2000:]}") from None
+    return {"exit": proc.returncode, "seconds": seconds,
+            "verdicts": {b["name"].split("::")[-1]: b["verdict"] for b in report["benchmarks"]},
+            "ratios": {b["name"].split("::")[-1]: b["ratio"] for b in report["benchmarks"]}}
+
+
+def rate(decisions: list[dict], verdict: str) -> str:
+    hits = sum(d["verdict"] == verdict for d in decisions)
+    return f"{hits}/{len(decisions)}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m perf.validate_gate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="5 runs per kind and 1 whole-set run each (~10 min)")
+    parser.add_argument("--runs", type=int, default=None, help="single-benchmark runs per kind (default 20)")
+    parser.add_argument("--set-runs", type=int, default=None, help="whole gated set runs per kind (default 3)")
+    parser.add_argument("--out", default="perf-results", help="folder for gate-validation.json")
+    args = parser.parse_args(argv)
+    runs = args.runs or (5 if args.quick else 20)
+    set_runs = args.set_runs if args.set_runs is not None else (1 if args.quick else 3)
+    if runs < 1 or set_runs < 0:
+        parser.error("--runs must be at least 1 and --set-runs at least 0")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name, spec, family = single_step_spec()
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="mgpu-validate-gate-") as tmp:
+        tmp = Path(tmp)
+        same = copy_tree(ROOT, tmp / "same")
+        slowed = {0.10: copy_tree(ROOT, tmp / "slowed10", 0.10), 0.05: copy_tree(ROOT, tmp / "slowed5", 0.05)}
+        kinds = {"same tree": ROOT, "10% slower": slowed[0.10], "5% slower": slowed[0.05]}
+        decisions: dict[str, list[dict]] = {k: [] for k in kinds}
+        print(f"1. {name} ({spec}), {runs} runs per kind, judged at alpha {ab.Settings.alpha}/{family}", flush=True)
+        for i in range(runs):
+            for kind, candidate in kinds.items():
+                d = one_decision(same, candidate, name, spec, family, tmp)
+                decisions[kind].append(d)
+                print(f"   run {i + 1:>2} {kind:<11} {d['verdict']:<13} ratio {d['ratio']:.3f} "
+                      f"[{d['interval'][0]:.3f}, {d['interval'][1]:.3f}] {d['rounds']:>2} rounds {d['seconds']:.0f} s",
+                      flush=True)
+        sets: dict[str, list[dict]] = {"same tree": [], "10% slower": []}
+        print(f"2. the whole gated set, {set_runs} runs per kind", flush=True)
+        for i in range(set_runs):
+            for kind, candidate in (("same tree", ROOT), ("10% slower", slowed[0.10])):
+                r = whole_set(candidate, same, tmp / f"set-{kind.split()[0]}-{i}")
+                sets[kind].append(r)
+                verdicts = ", ".join(f"{k}: {v}" for k, v in r["verdicts"].items())
+                print(f"   run {i + 1} {kind:<11} exit {r['exit']} in {r['seconds']:.0f} s: {verdicts}", flush=True)
+    total = time.perf_counter() - began
+
+    false_alarms = sum(d["verdict"] == "slower" for d in decisions["same tree"])
+    caught = sum(d["verdict"] == "slower" for d in decisions["10% slower"])
+    allowed_false, needed = math.floor(runs / 20), math.ceil(runs * 19 / 20)
+    def as_required(r: dict, slowed: bool) -> bool:
+        """Unchanged tree: exit 0, no `slower`. Slowed: exit 1, every training benchmark `slower`, the kernel `unchanged`."""
+        if not slowed:
+            return r["exit"] == 0 and "slower" not in r["verdicts"].values()
+        return r["exit"] == 1 and all(v == ("unchanged" if "matmul" in k else "slower") for k, v in r["verdicts"].items())
+
+    set_ok = all(as_required(r, False) for r in sets["same tree"]) and all(as_required(r, True) for r in sets["10% slower"])
+    summary = {
+        "benchmark": name, "spec": spec, "runs_per_kind": runs, "set_runs_per_kind": set_runs,
+        "rates": {kind: {v: rate(ds, v) for v in ("slower", "unchanged", "inconclusive", "faster")}
+                  for kind, ds in decisions.items()},
+        "seconds_per_decision": {kind: sum(d["seconds"] for d in ds) / len(ds) for kind, ds in decisions.items()},
+        "rounds_per_decision": {kind: sum(d["rounds"] for d in ds) / len(ds) for kind, ds in decisions.items()},
+        "whole_set": sets, "total_seconds": total, "decisions": decisions,
+        "targets": {"false_slower_at_most": allowed_false, "caught_at_least": needed},
+        "met": {"false_alarms": false_alarms <= allowed_false, "detections": caught >= needed, "whole_set": set_ok},
+    }
+    path = out / "gate-validation.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"\nsingle step, {runs} runs each (fresh workers per run):")
+    for kind, ds in decisions.items():
+        print(f"   {kind:<11} slower {rate(ds, 'slower')}, unchanged {rate(ds, 'unchanged')}, "
+              f"inconclusive {rate(ds, 'inconclusive')}, faster {rate(ds, 'faster')}; "
+              f"{summary['rounds_per_decision'][kind]:.1f} rounds, {summary['seconds_per_decision'][kind]:.0f} s a run")
+    if set_runs:
+        per_run = [r["seconds"] for rs in sets.values() for r in rs]
+        print(f"whole gated set: {'as required' if set_ok else 'NOT as required'}; "
+              f"{min(per_run):.0f}-{max(per_run):.0f} s a run")
+    print(f"false slower {false_alarms}/{runs} (target <= {allowed_false}), caught {caught}/{runs} (target >= {needed}); "
+          f"total {total / 60:.1f} min; wrote {path}")
+    return 0 if all(summary["met"].values()) else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    sys.exit(main())
