@@ -31,7 +31,7 @@ from mgpu.strategies import DistributedDataParallel, Manual
 
 # A DDP run of the suite gets this long before spawn() stops every rank and names the stragglers.
 DDP_DEADLINE_S = 120.0
-# A test of the suite's ResNet-18 uses this width: the same architecture, a few hundred times cheaper.
+# A test of the suite's ResNet-18 uses this width: the same architecture, (64/4)^2 = 256 times fewer multiply-adds.
 RESNET_WIDTH = 4
 
 
@@ -113,14 +113,14 @@ def reference_gradients(model: nn.Module, X: torch.Tensor, y: torch.Tensor, redu
 
 
 def manual_gradients(model: nn.Module, X: torch.Tensor, y: torch.Tensor, n: int,
-                     reduction: str) -> tuple[Manual, list[dict[str, torch.Tensor]]]:
-    """The manual strategy over n devices after one forward/backward and the gradient allreduce:
-    (strategy, gradients of every replica).
+                     reduction: str, devices: list | None = None) -> tuple[Manual, list[dict[str, torch.Tensor]]]:
+    """The manual strategy over n devices (default: devmod.devices(n), real GPUs where there are
+    enough) after one forward/backward and the gradient allreduce: (strategy, gradients of every replica).
 
     The strategy backpropagates summed losses and divides the allreduced sum by the divisor it is
     handed as the global batch size: B gives the gradient of the mean loss, 1 that of the sum.
     """
-    strategy = Manual(devmod.devices(n))
+    strategy = Manual(devices if devices is not None else devmod.devices(n))
     strategy.setup(model, sgd())
     strategy.forward_backward(X, y, X.shape[0] if reduction == "mean" else 1)  # allreduces the gradients too
     return strategy, [{name: p.grad.detach().cpu() for name, p in r.named_parameters()} for r in strategy.replicas]
@@ -274,3 +274,28 @@ def syncbn_gradients_in_rank(args) -> dict:
         return {name: p.grad.detach().cpu() for name, p in strategy.model.named_parameters()}
     finally:
         strategy.teardown()
+
+
+# ==============================================================================================
+# -- IDX files: Fashion-MNIST's format, for the data tests (test_data, test_reliability_bad_input)
+# ==============================================================================================
+def write_idx(path, array: torch.Tensor, compress: bool = False, magic: int | None = None):
+    """An IDX file as the official Fashion-MNIST ones are: a big-endian magic number (2051 for
+    (N, H, W) images, 2049 for (N,) labels; `magic` overrides it), the dimensions, then the
+    uint8 payload. compress=True writes PATH.gz instead of PATH. Returns the path written."""
+    import gzip
+    import struct
+    from pathlib import Path
+
+    if magic is None:
+        magic = 2051 if array.ndim == 3 else 2049
+    header = struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in array.shape)
+    payload = header + array.to(torch.uint8).numpy().tobytes()
+    path = Path(path)
+    if compress:
+        path = path.with_name(path.name + ".gz")
+        with gzip.open(path, "wb") as f:
+            f.write(payload)
+    else:
+        path.write_bytes(payload)
+    return path

@@ -1,30 +1,19 @@
 """Fashion-MNIST from real-format IDX files, the synthetic stand-in, and the shared batch order."""
 
 import gzip
-import struct
 
 import pytest
 import torch
 
+from correctness.helpers import write_idx
 from mgpu.data import BatchLoader, ImageDataset, load_fashion_mnist, synthetic_fashion_mnist
 from mgpu.errors import ConfigError, DataError, DataNotFoundError
 
 
-def write_idx(path, array: torch.Tensor, compress: bool = True) -> None:
-    """An IDX file as the official Fashion-MNIST ones are: big-endian header, uint8 payload."""
-    magic = 2051 if array.ndim == 3 else 2049
-    header = struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in array.shape)
-    payload = header + array.to(torch.uint8).numpy().tobytes()
-    if compress:
-        with gzip.open(str(path) + ".gz", "wb") as f:
-            f.write(payload)
-    else:
-        path.write_bytes(payload)
-
-
 @pytest.fixture
 def fashion_root(tmp_path):
-    """A torchvision-layout folder with 12 train and 5 test images of known content."""
+    """A torchvision-layout folder with 12 train and 5 test images of known content: the train
+    files gzipped only (as downloaded), the test files unpacked."""
     raw = tmp_path / "FashionMNIST" / "raw"
     raw.mkdir(parents=True)
     g = torch.Generator().manual_seed(0)
@@ -68,6 +57,94 @@ def test_truncated_file_is_a_data_error(fashion_root):
     path.write_bytes(path.read_bytes()[:-100])
     with pytest.raises(DataError, match="truncated or corrupt"):
         load_fashion_mnist(8, root=root)
+
+
+def test_gzipped_and_unpacked_files_load_alike_and_the_folder_is_left_as_it_is(fashion_root, tmp_path):
+    root, data = fashion_root
+    raw = root / "FashionMNIST" / "raw"
+    before = sorted(p.name for p in raw.iterdir())
+    train, test = load_fashion_mnist(4, root=root)
+    assert sorted(p.name for p in raw.iterdir()) == before, "loading must not unpack files into the data folder"
+    unpacked = tmp_path / "unpacked"
+    (unpacked / "FashionMNIST" / "raw").mkdir(parents=True)
+    for prefix, (images, labels) in data.items():
+        write_idx(unpacked / "FashionMNIST" / "raw" / f"{prefix}-images-idx3-ubyte", images)
+        write_idx(unpacked / "FashionMNIST" / "raw" / f"{prefix}-labels-idx1-ubyte", labels)
+    train2, test2 = load_fashion_mnist(4, root=unpacked)
+    for a, b in ((train, train2), (test, test2)):
+        assert torch.equal(a.dataset.images, b.dataset.images) and torch.equal(a.dataset.labels, b.dataset.labels)
+        assert a.dataset.images.dtype == torch.uint8 and a.dataset.labels.dtype == torch.int64
+    assert torch.equal(train.dataset.images, data["train"][0]), "gzipped train images changed on loading"
+    assert [i.tolist() for i in train.index_batches()] == [i.tolist() for i in train2.index_batches()]
+
+
+def _damage(raw, name, how):
+    """Spoil one file of a fashion_root folder; returns the path the error must name."""
+    path = raw / name if (raw / name).exists() else raw / f"{name}.gz"
+    if how == "truncate":
+        path.write_bytes(path.read_bytes()[:-100])
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "html":
+        path.write_bytes(b"<html>404 Not Found</html>")
+    elif how == "labels-as-images":
+        path.unlink()
+        path = write_idx(raw / name, torch.zeros(5, dtype=torch.uint8))
+    elif how == "fewer-labels":
+        path.unlink()
+        path = write_idx(raw / name, torch.zeros(3, dtype=torch.uint8))
+    elif how == "no-examples":
+        path.unlink()
+        path = write_idx(raw / name, torch.zeros(0, 28, 28, dtype=torch.uint8))
+    elif how == "label-11":
+        path.unlink()
+        path = write_idx(raw / name, torch.full((5,), 11, dtype=torch.uint8))
+    elif how == "gz-cut":
+        path.write_bytes(path.read_bytes()[:200])  # a download cut short
+    elif how == "gz-not-gzip":
+        path.write_bytes(b"IDX but not gzipped")
+    elif how == "gz-payload-cut":
+        path.unlink()
+        path = write_idx(raw / name, torch.zeros(12, 28, 28, dtype=torch.uint8), compress=True)
+        payload = gzip.decompress(path.read_bytes())
+        path.write_bytes(gzip.compress(payload[:-28]))
+    return path
+
+
+@pytest.mark.parametrize("name, how, match", [
+    ("t10k-images-idx3-ubyte", "truncate", r"is truncated or corrupt: header says \[5, 28, 28\], payload has 3820 bytes"),
+    ("t10k-images-idx3-ubyte", "empty", r"is an empty file \(0 bytes\)"),
+    ("t10k-labels-idx1-ubyte", "html", r"is not an IDX file of the expected kind \(magic number 2049\)"),
+    ("t10k-images-idx3-ubyte", "labels-as-images", r"is not an IDX file of the expected kind \(magic number 2051\)"),
+    ("t10k-labels-idx1-ubyte", "fewer-labels", r"t10k-images-idx3-ubyte holds 5 images but .*t10k-labels-idx1-ubyte holds 3 labels"),
+    ("t10k-images-idx3-ubyte", "no-examples", r"holds no examples: the dataset is empty"),
+    ("t10k-labels-idx1-ubyte", "label-11", r"labels go up to 11, Fashion-MNIST has 10 classes"),
+    ("train-images-idx3-ubyte", "gz-cut", r"\.gz is truncated or corrupt: it does not gunzip"),
+    ("train-labels-idx1-ubyte", "gz-not-gzip", r"\.gz is truncated or corrupt: it does not gunzip"),
+    ("train-images-idx3-ubyte", "gz-payload-cut", r"\.gz is truncated or corrupt: header says \[12, 28, 28\]"),
+    ("train-images-idx3-ubyte", "empty", r"\.gz is an empty file \(0 bytes\)"),
+])
+def test_bad_files_are_one_line_data_errors_naming_the_file(fashion_root, name, how, match):
+    root, _ = fashion_root
+    path = _damage(root / "FashionMNIST" / "raw", name, how)
+    with pytest.raises(DataError, match=match) as info:
+        load_fashion_mnist(4, root=root)
+    message = str(info.value)
+    assert str(path) in message and "\n" not in message, message
+
+
+def test_a_failed_download_is_one_line_naming_the_folder(tmp_path, monkeypatch):
+    from torchvision.datasets import FashionMNIST
+
+    def offline(self):
+        raise RuntimeError("Error downloading train-images-idx3-ubyte.gz:\nTried http://mirror/, got:\n"
+                           "<urlopen error [Errno -3] Temporary failure in name resolution>\n")
+
+    monkeypatch.setattr(FashionMNIST, "download", offline)
+    with pytest.raises(DataNotFoundError, match=r"downloading Fashion-MNIST into .*FashionMNIST/raw failed: "
+                                                r"Error downloading .*name resolution") as info:
+        load_fashion_mnist(8, root=tmp_path, download=True)
+    assert "\n" not in str(info.value)
 
 
 def test_synthetic_data_is_seeded_and_shaped_like_fashion_mnist():

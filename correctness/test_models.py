@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from mgpu.config import MODEL_NAMES
 from mgpu.errors import ConfigError
 from mgpu.models import build_model, lenet, resnet18
 
@@ -64,6 +65,11 @@ def test_resnet18_rejects_bad_arguments(kwargs, match):
         resnet18(**kwargs)
 
 
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_build_model_builds_every_model_a_config_may_name(name):
+    assert build_model(name, width=4, seed=0)(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+
+
 def test_build_model_rejects_unknown_names():
-    with pytest.raises(ConfigError, match="unknown model 'vgg'"):
+    with pytest.raises(ConfigError, match="unknown model 'vgg': choose one of resnet18, lenet"):
         build_model("vgg")

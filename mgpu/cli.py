@@ -15,11 +15,10 @@ Exit codes (docs/failures.md lists every case):
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
 from mgpu.config import DATA_NAMES, MODEL_NAMES, NONFINITE_POLICIES, STRATEGY_NAMES, TrainConfig
-from mgpu.errors import LaunchError, MgpuError, NonFiniteLossError
+from mgpu.errors import ConfigError, LaunchError, MgpuError, NonFiniteLossError
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -32,40 +31,40 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"mgpu: error: {message}\n")
 
 
-def _int_at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
-        return value
-    return parse
+# Options are parsed into numbers here and checked in TrainConfig.validate, which holds every
+# rule and message: text that is no number is handed on as it is, so that `--epochs 2.5`,
+# `--batch-size lots` and TrainConfig(epochs=2.5, batch_size="lots") get the same message.
+def _int(text: str) -> int | float | str:
+    """An integer when the text is one; else the number or the text itself, for validate() to reject."""
+    try:
+        return int(text)
+    except ValueError:
+        return _float(text)
 
 
-def _int_between(low: int, high: int):
-    at_least = _int_at_least(low)
-
-    def parse(text: str) -> int:
-        value = at_least(text)
-        if value > high:
-            raise argparse.ArgumentTypeError(f"must be at most {high}, got {value}")
-        return value
-    return parse
+def _float(text: str) -> float | str:
+    """A float when the text is a number ('nan' and 'inf' included); else the text itself."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
-def _float_range(low: float, inclusive: bool, high: float | None = None):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(value) or value < low or (value == low and not inclusive) or (high is not None and value >= high):
-            bound = f"{'>=' if inclusive else '>'} {low:g}" + (f" and < {high:g}" if high is not None else "")
-            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
-        return value
-    return parse
+def _one_of(names: tuple[str, ...]) -> str:
+    return "{" + ",".join(names) + "}"  # the metavar argparse shows for `choices`
+
+
+def config_or_exit(parser: argparse.ArgumentParser, **fields) -> TrainConfig:
+    """TrainConfig(**fields), validated; a bad setting ends the program through `parser.error`
+    with TrainConfig.validate's message (for OneLineParser: `mgpu: error: ...`, exit code 2).
+
+    Any command that builds a TrainConfig from its options uses this, so that its rules and
+    messages are the API's. Imports nothing heavy: call it before importing torch.
+    """
+    try:
+        return TrainConfig(**fields).validate()
+    except ConfigError as e:
+        parser.error(_one_line(e))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,31 +73,31 @@ def build_parser() -> argparse.ArgumentParser:
     t = commands.add_parser("train", allow_abbrev=False, help="train a model and print the chapter's line",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = TrainConfig()
-    t.add_argument("--strategy", choices=STRATEGY_NAMES, default=d.strategy, help="how to spread the work")
-    t.add_argument("--devices", type=_int_at_least(1), default=d.devices,
+    t.add_argument("--strategy", metavar=_one_of(STRATEGY_NAMES), default=d.strategy, help="how to spread the work")
+    t.add_argument("--devices", type=_int, default=d.devices,
                    help="devices (replicas, or ranks for ddp); emulated on the CPU when GPUs are short")
     t.add_argument("--require-gpus", action="store_true", help="fail instead of emulating missing GPUs")
-    t.add_argument("--epochs", type=_int_at_least(1), default=d.epochs)
-    t.add_argument("--batch-size", type=_int_at_least(1), default=d.batch_size, help="global batch size")
-    t.add_argument("--lr", type=_float_range(0.0, inclusive=False), default=d.lr, help="learning rate")
-    t.add_argument("--momentum", type=_float_range(0.0, inclusive=True, high=1.0), default=d.momentum)
-    t.add_argument("--weight-decay", type=_float_range(0.0, inclusive=True), default=d.weight_decay)
-    t.add_argument("--model", choices=MODEL_NAMES, default=d.model)
-    t.add_argument("--width", type=_int_at_least(1), default=d.width, help="ResNet-18 base width")
-    t.add_argument("--data", choices=DATA_NAMES, default=d.data)
+    t.add_argument("--epochs", type=_int, default=d.epochs)
+    t.add_argument("--batch-size", type=_int, default=d.batch_size, help="global batch size")
+    t.add_argument("--lr", type=_float, default=d.lr, help="learning rate")
+    t.add_argument("--momentum", type=_float, default=d.momentum)
+    t.add_argument("--weight-decay", type=_float, default=d.weight_decay)
+    t.add_argument("--model", metavar=_one_of(MODEL_NAMES), default=d.model)
+    t.add_argument("--width", type=_int, default=d.width, help="ResNet-18 base width")
+    t.add_argument("--data", metavar=_one_of(DATA_NAMES), default=d.data)
     t.add_argument("--data-dir", default=d.data_dir, help="folder with FashionMNIST/raw/ (torchvision layout)")
     t.add_argument("--download", action="store_true", help="download Fashion-MNIST if it is missing")
-    t.add_argument("--resize", type=_int_at_least(1), default=None, help="resize images to this side")
-    t.add_argument("--train-size", type=_int_at_least(1), default=None, help="use the first N training examples")
-    t.add_argument("--test-size", type=_int_at_least(1), default=None, help="use the first N test examples")
-    t.add_argument("--seed", type=_int_at_least(0), default=d.seed)
+    t.add_argument("--resize", type=_int, default=None, help="resize images to this side")
+    t.add_argument("--train-size", type=_int, default=None, help="use the first N training examples")
+    t.add_argument("--test-size", type=_int, default=None, help="use the first N test examples")
+    t.add_argument("--seed", type=_int, default=d.seed)
     t.add_argument("--out", default=d.out, help="folder for results.json, accuracy.png and model.pt")
     t.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
-    t.add_argument("--on-nonfinite", choices=NONFINITE_POLICIES, default=d.on_nonfinite,
+    t.add_argument("--on-nonfinite", metavar=_one_of(NONFINITE_POLICIES), default=d.on_nonfinite,
                    help="on a NaN/Inf loss: stop with an error, or skip that step's update")
-    t.add_argument("--port", type=_int_between(1, 65535), default=None,
+    t.add_argument("--port", type=_int, default=None,
                    help="ddp rendezvous port (default: a free one, chosen per run)")
-    t.add_argument("--timeout", type=_float_range(0.0, inclusive=False), default=d.timeout,
+    t.add_argument("--timeout", type=_float, default=d.timeout,
                    help="ddp: seconds a rank waits for the others")
     t.add_argument("--sync-bn", action="store_true", help="ddp: use SyncBatchNorm (CUDA only)")
     t.add_argument("--checkpoint-dir", default=None, metavar="DIR",
@@ -108,17 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    fields = {k: v for k, v in vars(args).items() if k != "command"}
-    return TrainConfig(**fields)
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from mgpu.train import train  # after parsing: `--help` and typos answer without importing torch's world
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    cfg = config_or_exit(parser, **{k: v for k, v in vars(args).items() if k != "command"})
+    from mgpu.train import train  # after checking: `--help`, typos and bad values answer without importing torch
 
     try:
-        train(config_from_args(args))
+        train(cfg)
     except LaunchError as e:
         # A rank failed: its error first, then what the others did (and a traceback, if it was a bug).
         print(f"mgpu: error: {e}", file=sys.stderr)

@@ -1,10 +1,14 @@
-"""Settings of one training run, shared by the CLI, the API and every strategy."""
+"""Settings of one training run, shared by the CLI, the API and every strategy.
+
+`TrainConfig.validate` holds every rule a setting must follow, and its messages: the CLI only
+turns text into numbers and reports `validate`'s ConfigError as its one-line error.
+"""
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from mgpu.errors import ConfigError
 
@@ -41,7 +45,6 @@ class TrainConfig:
     sync_bn: bool = False             # ddp: convert BatchNorm to SyncBatchNorm (needs CUDA)
     checkpoint_dir: str | None = None  # save a checkpoint here after every epoch (None or "": none)
     resume: bool = False              # continue from the last checkpoint in checkpoint_dir
-    extra: dict = field(default_factory=dict)  # free-form labels copied into results.json
 
     def validate(self) -> "TrainConfig":
         """Raise ConfigError naming the first bad setting; return self when all are fine."""

@@ -12,8 +12,12 @@ the same examples in the same steps, which `DistributedSampler` (interleaving ra
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import math
+import shutil
+import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -23,11 +27,9 @@ from torch.nn import functional as F
 
 from mgpu.errors import ConfigError, DataError, DataNotFoundError
 
-__all__ = ["ImageDataset", "BatchLoader", "load_fashion_mnist", "synthetic_fashion_mnist",
-           "FASHION_MNIST_CLASSES", "FASHION_MNIST_FILES"]
+__all__ = ["ImageDataset", "BatchLoader", "load_fashion_mnist", "synthetic_fashion_mnist", "FASHION_MNIST_FILES"]
 
-FASHION_MNIST_CLASSES = ("t-shirt", "trouser", "pullover", "dress", "coat",
-                         "sandal", "shirt", "sneaker", "bag", "ankle boot")
+# The files torchvision's FashionMNIST reads from ROOT/FashionMNIST/raw/ (each may also be there as NAME.gz only).
 FASHION_MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                        "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
@@ -105,71 +107,140 @@ class BatchLoader:
             yield self.dataset.take(idx)
 
 
-def _read_idx(path: Path, expected_magic: int) -> torch.Tensor:
-    """An IDX file (gzip or raw) as a uint8 tensor; DataError when it is not one."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rb") as f:
-            raw = f.read()
-    except (OSError, EOFError) as e:
-        raise DataError(f"cannot read {path}: {e}") from None
-    if len(raw) < 8 or int.from_bytes(raw[:4], "big") != expected_magic:
-        raise DataError(f"{path} is not an IDX file of the expected kind (magic number {expected_magic})")
-    ndim = raw[3]
-    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
-    offset = 4 + 4 * ndim
-    if len(raw) - offset != math.prod(dims):
-        raise DataError(f"{path} is truncated or corrupt: header says {dims}, "
-                        f"payload has {len(raw) - offset} bytes")
-    if math.prod(dims) == 0:
-        return torch.zeros(dims, dtype=torch.uint8)  # frombuffer refuses an empty buffer
-    return torch.frombuffer(bytearray(raw[offset:]), dtype=torch.uint8).reshape(dims)
-
-
-def _find_raw_file(raw_dir: Path, stem: str) -> Path | None:
-    for name in (stem, stem + ".gz"):
-        if (raw_dir / name).is_file():
-            return raw_dir / name
+def _raw_file(raw_dir: Path, name: str) -> Path | None:
+    """raw_dir/name, or else raw_dir/name.gz, whichever is a file; None if neither is."""
+    for path in (raw_dir / name, raw_dir / f"{name}.gz"):
+        if path.is_file():
+            return path
     return None
 
 
-def _load_split(raw_dir: Path, prefix: str) -> ImageDataset:
-    images = _read_idx(_find_raw_file(raw_dir, f"{prefix}-images-idx3-ubyte"), 2051)
-    labels = _read_idx(_find_raw_file(raw_dir, f"{prefix}-labels-idx1-ubyte"), 2049).long()
-    if images.ndim != 3 or labels.ndim != 1 or images.shape[0] != labels.shape[0]:
-        raise DataError(f"{raw_dir}: {prefix} images {tuple(images.shape)} and labels {tuple(labels.shape)} do not match")
+def _missing(raw_dir: Path) -> list[str]:
+    return [name for name in FASHION_MNIST_FILES if _raw_file(raw_dir, name) is None]
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+@contextlib.contextmanager
+def _torchvision_root(root: Path, raw_dir: Path) -> Iterator[tuple[Path, dict[str, Path]]]:
+    """(a root torchvision's FashionMNIST can read, the user's path of each file for messages).
+
+    torchvision reads the unpacked files only. When some are there as .gz only, they are unpacked
+    into a temporary root, the unpacked ones linked beside them: the user's folder stays as it is
+    (it may be read-only or shared), and a corrupt .gz is reported here, naming it.
+    """
+    sources = {name: _raw_file(raw_dir, name) for name in FASHION_MNIST_FILES}
+    if not any(path.name.endswith(".gz") for path in sources.values()):
+        yield root, sources
+        return
+    from torchvision.datasets.utils import extract_archive
+
+    with tempfile.TemporaryDirectory(prefix="mgpu-fashion-mnist-") as tmp:
+        unpacked = Path(tmp) / "FashionMNIST" / "raw"
+        unpacked.mkdir(parents=True)
+        for name, source in sources.items():
+            if not source.name.endswith(".gz"):
+                _link_or_copy(source, unpacked / name)
+                continue
+            try:
+                extract_archive(source, unpacked)  # gunzips NAME.gz into unpacked/NAME
+            except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+                raise DataError(f"{source} is truncated or corrupt: it does not gunzip ({_one_line(e)})") from None
+            except OSError as e:  # unreadable, or no room in the temporary folder
+                raise DataError(f"cannot unpack {source}: {_one_line(e)}") from None
+        yield Path(tmp), sources
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        target.symlink_to(source.resolve())
+    except OSError:  # no symlinks here (e.g. Windows without the privilege)
+        shutil.copyfile(source, target)
+
+
+def _idx_problem(path: Path, ndim: int) -> str | None:
+    """What is wrong with an IDX file of uint8 data and `ndim` dimensions that torchvision could
+    not read, in words; None when its header and size look right. Reads the header only."""
+    magic = 0x800 + ndim  # type code 8 (uint8), then the dimension count: 2051 images, 2049 labels
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(4 + 4 * ndim)
+    except OSError as e:
+        return f"cannot be read: {e.strerror or e}"
+    if size == 0:
+        return "is an empty file (0 bytes), not an IDX file"
+    if len(head) < 4 or int.from_bytes(head[:4], "big") != magic:
+        return f"is not an IDX file of the expected kind (magic number {magic})"
+    if len(head) < 4 + 4 * ndim:
+        return f"is truncated or corrupt: its header is cut short ({size} bytes)"
+    dims = [int.from_bytes(head[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    if dims[0] == 0:
+        return "holds no examples: the dataset is empty"
+    if size - len(head) != math.prod(dims):
+        return f"is truncated or corrupt: header says {dims}, payload has {size - len(head)} bytes"
+    return None
+
+
+def _load_split(tv_root: Path, sources: dict[str, Path], train: bool) -> ImageDataset:
+    """One split through torchvision.datasets.FashionMNIST; DataError naming the file if it fails."""
+    from torchvision.datasets import FashionMNIST
+
+    prefix = "train" if train else "t10k"
+    images_name, labels_name = f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte"
+    try:
+        split = FashionMNIST(str(tv_root), train=train)
+    except Exception as e:  # torchvision says little (an AssertionError, int() of b'', ...): find the file and why
+        unpacked = tv_root / "FashionMNIST" / "raw"
+        for name, ndim in ((images_name, 3), (labels_name, 1)):
+            problem = _idx_problem(unpacked / name, ndim)
+            if problem:
+                raise DataError(f"{sources[name]} {problem}") from None
+        raise DataError(f"cannot read {sources[images_name]} and {sources[labels_name]}: "
+                        f"{type(e).__name__}: {_one_line(e)}") from None
+    images, labels = split.data, split.targets  # (N, 28, 28) uint8, (N,) int64
+    if images.shape[0] != labels.shape[0]:
+        raise DataError(f"{sources[images_name]} holds {images.shape[0]} images but {sources[labels_name]} "
+                        f"holds {labels.shape[0]} labels")
     if labels.numel() and int(labels.max()) > 9:
-        raise DataError(f"{raw_dir}: {prefix} labels go up to {int(labels.max())}, Fashion-MNIST has 10 classes")
+        raise DataError(f"{sources[labels_name]}: labels go up to {int(labels.max())}, Fashion-MNIST has 10 classes")
     return ImageDataset(images, labels)
+
+
+def _download(root: Path, raw_dir: Path) -> None:
+    from torchvision.datasets import FashionMNIST
+
+    try:
+        FashionMNIST(str(root), train=True, download=True)  # fetches and unpacks all four files
+    except Exception as e:  # network errors come in many types; all mean the same here
+        if _missing(raw_dir):
+            raise DataNotFoundError(f"downloading Fashion-MNIST into {raw_dir} failed: {_one_line(e)}") from None
+        # The files came but do not read: loading them says which and why.
 
 
 def load_fashion_mnist(batch_size: int, root: str | Path = "data", download: bool = False,
                        resize: int | None = None, seed: int = 0) -> tuple[BatchLoader, BatchLoader]:
     """Train and test loaders for Fashion-MNIST in torchvision's layout: ROOT/FashionMNIST/raw/.
 
-    With download=False and the files missing, raises DataNotFoundError naming the folder.
-    The IDX files are read directly (gzip or not), so a corrupt or truncated file is a DataError
-    rather than a decoding traceback.
+    The files are read by torchvision.datasets.FashionMNIST; each may also be there gzipped only
+    (NAME.gz, as downloaded). With download=False and files missing, raises DataNotFoundError
+    naming the folder; a corrupt, truncated, empty or mismatched file is a DataError naming it.
     """
     root = Path(root)
     raw_dir = root / "FashionMNIST" / "raw"
-    missing = [s for s in FASHION_MNIST_FILES if _find_raw_file(raw_dir, s) is None]
-    if missing and download:
-        import torchvision  # imported here: only downloading needs it
-
-        for train in (True, False):
-            try:
-                torchvision.datasets.FashionMNIST(str(root), train=train, download=True)
-            except Exception as e:  # network errors come in many types; all mean the same here
-                raise DataNotFoundError(f"downloading Fashion-MNIST into {raw_dir} failed: {e}") from None
-        missing = [s for s in FASHION_MNIST_FILES if _find_raw_file(raw_dir, s) is None]
+    if download and _missing(raw_dir):
+        _download(root, raw_dir)
+    missing = _missing(raw_dir)
     if missing:
         raise DataNotFoundError(
             f"Fashion-MNIST not found in {raw_dir} (missing {', '.join(m + '[.gz]' for m in missing)}); "
             "pass --download (download=True) to fetch it, or use the synthetic data")
     if resize is not None and (not isinstance(resize, int) or resize < 1):
         raise ConfigError(f"resize must be a positive integer, got {resize!r}")
-    train, test = _load_split(raw_dir, "train"), _load_split(raw_dir, "t10k")
+    with _torchvision_root(root, raw_dir) as (tv_root, sources):
+        train, test = _load_split(tv_root, sources, train=True), _load_split(tv_root, sources, train=False)
     train.resize = test.resize = resize
     return (BatchLoader(train, batch_size, shuffle=True, seed=seed, drop_last=True),
             BatchLoader(test, batch_size, shuffle=False))

@@ -11,9 +11,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from mgpu.config import MODEL_NAMES
 from mgpu.errors import ConfigError
 
-__all__ = ["Residual", "resnet18", "lenet", "init_chapter_weights", "build_model", "MODELS"]
+__all__ = ["Residual", "resnet18", "lenet", "init_chapter_weights", "build_model"]
 
 
 class Residual(nn.Module):
@@ -83,9 +84,6 @@ def init_chapter_weights(model: nn.Module, std: float = 0.01) -> nn.Module:
     return model
 
 
-MODELS = ("resnet18", "lenet")
-
-
 def build_model(name: str, width: int = 64, num_classes: int = 10, seed: int | None = None) -> nn.Module:
     """A model by name, initialised as a training run does (seeded, on the CPU).
 
@@ -98,4 +96,4 @@ def build_model(name: str, width: int = 64, num_classes: int = 10, seed: int | N
         return init_chapter_weights(resnet18(num_classes=num_classes, width=width))
     if name == "lenet":
         return lenet(num_classes=num_classes)
-    raise ConfigError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}")
+    raise ConfigError(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)}")
