@@ -6,13 +6,17 @@ behind. Faults come from the MGPU_FAULT test hook (mgpu/train.py, `Fault`). Each
 unique environment variable that every process it starts inherits, so leftovers are found by
 scanning /proc. Every test has a hard timeout; every run is killed (its whole session) in the end.
 
-The launcher's own duties (SIGTERM, dying with its launcher, a port taken meanwhile) are tested
-with ranks that run a few lines of plain Python: `mgpu.launch` imports no torch, nor does this
-module at import time, so those ranks start in a fraction of a second.
+Every run starts with SIGINT at its default disposition, whatever the test process inherited (a
+background job of a script starts with SIGINT ignored, and Python then installs no
+KeyboardInterrupt handler): the tests that send SIGINT test what Ctrl-C does in a terminal.
+
+The launcher's own duties (signals, dying with its launcher, the rendezvous port) are tested
+with ranks that run a few lines of plain Python.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import socket
@@ -42,18 +46,26 @@ DDP_ARGS = ["--strategy", "ddp", "--devices", "2", "--model", "lenet", "--batch-
             "--momentum", "0.9", "--train-size", "256", "--test-size", "64", "--no-progress"]
 
 
-class Run:
-    """`python -m mgpu train ...` (or `python -c CODE`) in its own session, its output collected line
-    by line, with time stamps."""
+# Runs the rest of its command line with SIGINT's disposition set first (default, or ignored).
+SIGINT_SHIM = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_{}); "
+               "os.execv(sys.executable, [sys.executable] + sys.argv[1:])")
 
-    def __init__(self, args: list[str], fault: str | None = None, code: str | None = None):
+
+class Run:
+    """`python -m mgpu train ARGS...` (or `python -c CODE ARGS...`) in its own session, its output collected line
+    by line, with time stamps. It starts with SIGINT at its default disposition (`sigint_ignored`:
+    ignored, as in a background job of a script)."""
+
+    def __init__(self, args: list[str], fault: str | None = None, code: str | None = None,
+                 sigint_ignored: bool = False):
         self.tag = uuid.uuid4().hex
         env = {k: v for k, v in os.environ.items() if k not in ("MGPU_FAULT", "RANK", "WORLD_SIZE")}
         env[TAG] = self.tag
         if fault:
             env["MGPU_FAULT"] = fault
         self.started = time.monotonic()
-        command = [sys.executable, "-c", code] if code else [sys.executable, "-m", "mgpu", "train", *args]
+        command = ["-c", code, *args] if code else ["-m", "mgpu", "train", *args]
+        command = [sys.executable, "-c", SIGINT_SHIM.format("IGN" if sigint_ignored else "DFL"), *command]
         self.proc = subprocess.Popen(command, cwd=ROOT, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
@@ -70,6 +82,7 @@ class Run:
         self.problem: str | None = None  # what went wrong while driving the run, if anything
         self.leftover: list[str] = []
         self.signal_at: float | None = None
+        self.alive_before_last_signal: bool | None = None  # (STOPS) before its last signal came
 
     def _watch(self) -> None:
         self.proc.wait()
@@ -154,7 +167,8 @@ def runs(tmp_path_factory):
     shared; waiting overlaps): four with a fault in rank 1, and a reference run to resume against.
     The Ctrl-C run gets SIGINT once its rank 1 hangs; the run whose rank 1 was SIGKILLed is resumed
     as soon as it has ended. Each run's exit code, output, exit time and leftover processes are
-    kept for the tests below."""
+    kept for the tests below. Once the Ctrl-C run has got its signal, the launchers of the tests
+    of the launcher itself (`launchers`) start too, overlapping the end of these runs."""
     tmp = tmp_path_factory.mktemp("ddp")
     args = [*DDP_ARGS, "--epochs", "2"]
     hang = "rank=1,epoch=1,step=2,kind=hang"
@@ -183,6 +197,7 @@ def runs(tmp_path_factory):
             os.killpg(ctrl_c.proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
         except AssertionError as e:
             ctrl_c.problem = str(e)
+        _start_launchers()  # every run is past its rendezvous by now
         wait(started["killed"])
         started["resumed"] = Run([*args, *checkpointed, "--resume"])
         for run in started.values():
@@ -193,6 +208,7 @@ def runs(tmp_path_factory):
             run.leftover = run.leftovers()
             run.kill()
     yield tmp, args, started
+    _finish_launchers()  # when no test used them
 
 
 def _run(runs, name: str) -> Run:
@@ -205,7 +221,7 @@ def test_rank_that_raises_ends_the_run(runs):
     run = _run(runs, "raise")
     fault_at = run.wait_for_stderr("injecting raise at rank 1", 0)
     _assert_failed_fast(run, fault_at, "rank 1 failed: RuntimeError: injected fault (MGPU_FAULT) at epoch 1, step 2")
-    assert "rank 0: still running, stopped" in run.stderr or "rank 0: RuntimeError" in run.stderr, run.stderr
+    assert "Traceback" in run.stderr.split("mgpu: error:")[1], f"no traceback of rank 1's error:\n{run.stderr}"
 
 
 def test_sigkilled_rank_ends_the_run(runs):
@@ -218,7 +234,7 @@ def test_hung_rank_is_ended_by_the_process_group_timeout(runs):
     run = _run(runs, "hang")
     fault_at = run.wait_for_stderr("injecting hang at rank 1", 0)
     _assert_failed_fast(run, fault_at, "rank 0 failed:")
-    assert "Timed out" in run.stderr and "rank 1: still running, stopped" in run.stderr, run.stderr
+    assert "Timed out" in run.stderr.split("mgpu: error:")[1], run.stderr
     assert run.ended - fault_at >= HANG_TIMEOUT_S - 1, "stopped before the process-group timeout: by what?"
 
 
@@ -254,46 +270,135 @@ def test_ddp_resume_after_sigkill_is_bitwise_exact(runs):
     assert not differ, f"resumed DDP weights differ from the uninterrupted run's: {differ}"
 
 
-# -- the launcher itself, with ranks that import no torch ---------------------------------------------
+# -- the launcher itself, with ranks that run plain Python -------------------------------------------
 
-def _hang_forever(_):
-    """Runs in each rank: say so, then wait to be stopped."""
-    print(f"rank {os.environ['RANK']} up", file=sys.stderr, flush=True)
+def _hang_forever(rendezvous_port):
+    """Runs in each rank: say so, and which of its MASTER_PORT and the rendezvous port (if given)
+    something listens on; then wait to be stopped."""
+    held = {}
+    for port in (int(os.environ["MASTER_PORT"]), rendezvous_port):
+        if port is not None:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                held[port] = s.connect_ex(("127.0.0.1", port)) == 0
+    print(f"rank {os.environ['RANK']} up, ports held: {held}", file=sys.stderr, flush=True)
     while True:
         time.sleep(1)
 
 
 # A launcher as the CLI is one: KeyboardInterrupt (and launch.Terminated, for SIGTERM) ends it.
+# Its argument, if any, is the rendezvous port.
 LAUNCHER = """
 import sys
 from mgpu import launch
 from correctness.test_reliability_ranks import _hang_forever
+port = int(sys.argv[1]) if len(sys.argv) > 1 else None
 try:
-    launch.spawn(_hang_forever, None, nprocs=2)
+    launch.spawn(_hang_forever, port, nprocs=2, port=port)
 except KeyboardInterrupt as e:
     print(f"stopped by signal {getattr(e, 'signum', 2)}", file=sys.stderr)
     sys.exit(128 + getattr(e, "signum", 2))
 """
 
+# How each launcher is stopped once its ranks are up: (signal, to the whole process group?), 1 s apart.
+STOPS = {
+    # Started with SIGINT ignored (a background job of a script): Ctrl-C first, which it ignores.
+    "sigterm": [(signal.SIGINT, True), (signal.SIGTERM, False)],
+    # Started with a rendezvous port given (test_ranks_meet_on_ports_the_launcher_already_holds).
+    "sigint-to-launcher-only": [(signal.SIGINT, False)],
+    "sigkill": [(signal.SIGKILL, False)],
+}
+GIVEN_PORT = "sigint-to-launcher-only"
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGKILL, -9)],
-                         ids=["sigterm", "sigint-to-launcher-only", "sigkill"])
-def test_a_signal_to_the_launcher_alone_stops_every_rank(sig, code):
+
+def _stop(run: Run, steps) -> None:
+    try:
+        run.wait_for_stderr("rank 0 up", 60)
+        run.wait_for_stderr("rank 1 up", 60)
+        for i, (sig, to_group) in enumerate(steps):
+            if i:
+                time.sleep(1.0)
+                run.alive_before_last_signal = run.proc.poll() is None
+            run.signal_at = time.monotonic()
+            (os.killpg if to_group else os.kill)(run.proc.pid, sig)
+        run.code = run.wait(30)
+    except AssertionError as e:
+        run.problem = str(e)
+
+
+_LAUNCHERS: dict = {}  # the launchers of STOPS, while they run
+
+
+def _start_launchers() -> None:
+    """Start the launchers of STOPS, each driven by a thread of its own (once per module: `runs`
+    starts them together with its own runs, to overlap)."""
+    if not _LAUNCHERS:
+        started = {name: Run([str(launch.free_port())] if name == GIVEN_PORT else [], code=LAUNCHER,
+                             sigint_ignored=name == "sigterm") for name in STOPS}
+        threads = [threading.Thread(target=_stop, args=(started[name], STOPS[name])) for name in STOPS]
+        for t in threads:
+            t.start()
+        _LAUNCHERS.update(started=started, threads=threads, finished=False)
+
+
+def _finish_launchers() -> None:
+    if not _LAUNCHERS or _LAUNCHERS["finished"]:
+        return
+    try:
+        for t in _LAUNCHERS["threads"]:
+            t.join(120)
+    finally:
+        for run in _LAUNCHERS["started"].values():
+            run.leftover = run.leftovers()
+            run.kill()
+        _LAUNCHERS["finished"] = True
+
+
+@pytest.fixture(scope="module")
+def launchers():
+    """The launchers of STOPS, started at the same moment (each one starts Python and torch three
+    times: overlapping them saves time; `runs` starts them while its last runs finish), each
+    stopped as STOPS says once its ranks are up."""
+    _start_launchers()
+    _finish_launchers()
+    yield _LAUNCHERS["started"]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("name, code", [("sigterm", 143), ("sigint-to-launcher-only", 130), ("sigkill", -9)],
+                         ids=list(STOPS))
+def test_a_signal_to_the_launcher_alone_stops_every_rank(launchers, name, code):
     """SIGTERM (`timeout`, a CI runner) or SIGINT sent to the launcher only: it stops the ranks
     itself. SIGKILL: it can do nothing, and the kernel kills the ranks (PR_SET_PDEATHSIG)."""
-    run = Run([], code=LAUNCHER)
-    try:
-        run.wait_for_stderr("rank 0 up", 30)
-        run.wait_for_stderr("rank 1 up", 30)
-        sent = time.monotonic()
-        os.kill(run.proc.pid, sig)
-        assert run.wait(30) == code, run.stderr
-        assert run.ended - sent < EXIT_WITHIN_S
-    finally:
-        leftovers = run.leftovers()
-        run.kill()
-    assert not leftovers, "ranks outlived their launcher:\n" + "\n".join(leftovers)
+    run = launchers[name]
+    assert run.problem is None, run.problem
+    assert run.code == code, f"exit code {run.code}; stderr:\n{run.stderr}"
+    assert run.ended - run.signal_at < EXIT_WITHIN_S
+    assert not run.leftover, "ranks outlived their launcher:\n" + "\n".join(run.leftover)
+
+
+@pytest.mark.timeout(150)
+def test_a_launcher_started_with_sigint_ignored_ignores_ctrl_c_but_not_sigterm(launchers):
+    """A background job of a script starts with SIGINT ignored: the launcher and its ranks keep
+    ignoring it (Ctrl-C to the group stops nothing, and no rank fails), and SIGTERM still stops
+    every rank (exit 143, not 1)."""
+    run = launchers["sigterm"]
+    assert run.problem is None, run.problem
+    assert run.alive_before_last_signal, f"Ctrl-C stopped a launcher that ignores SIGINT; stderr:\n{run.stderr}"
+    assert run.code == 143, f"exit code {run.code}; stderr:\n{run.stderr}"
+    assert not run.leftover, "ranks outlived their launcher:\n" + "\n".join(run.leftover)
+
+
+@pytest.mark.timeout(150)
+def test_ranks_meet_on_ports_the_launcher_already_holds(launchers):
+    """No race for a port between concurrent runs: the launcher binds the rendezvous port (the
+    one given, or one the kernel picks) and the ranks' MASTER_PORT (one the kernel picks) before
+    any rank starts, so each rank finds both held. (The other runs here leave the choice to the kernel.)"""
+    run = launchers[GIVEN_PORT]
+    given = int(run.proc.args[-1])
+    for rank in (0, 1):
+        line = next((line for _, line in run.err if line.startswith(f"rank {rank} up")), "")
+        held = ast.literal_eval(line.partition("ports held: ")[2] or "{}")  # the dict the rank printed
+        assert len(held) == 2 and given in held and all(held.values()), f"rank {rank}: {line!r}\n{run.stderr}"
 
 
 def test_cli_reports_sigterm_with_exit_code_143(monkeypatch, capsys):
@@ -305,28 +410,3 @@ def test_cli_reports_sigterm_with_exit_code_143(monkeypatch, capsys):
     monkeypatch.setattr(train, "train", stopped)
     assert cli.main(["train", "--out", ""]) == 143
     assert capsys.readouterr().err == "mgpu: terminated: every rank stopped\n"
-
-
-def _bind_master_port(_):
-    """Runs in each rank: rank 0 binds MASTER_PORT as torch's TCPStore would (EADDRINUSE if taken)."""
-    if os.environ["RANK"] == "0":
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])))
-    return int(os.environ["MASTER_PORT"])
-
-
-@pytest.mark.timeout(60)
-def test_a_run_whose_free_port_was_taken_meanwhile_starts_again_on_another(monkeypatch):
-    """The race behind concurrent runs: a port is free when chosen and taken before rank 0 binds it."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        busy = taken.getsockname()[1]
-        choices = iter([busy])
-        real_free_port, real_spawn_once = launch.free_port, launch._spawn_once
-        tried = []
-        monkeypatch.setattr(launch, "free_port", lambda host="127.0.0.1": next(choices, None) or real_free_port(host))
-        monkeypatch.setattr(launch, "_spawn_once", lambda fn, cfg, n, port, *a: tried.append(port)
-                            or real_spawn_once(fn, cfg, n, port, *a))
-        port = launch.spawn(_bind_master_port, None, nprocs=2, deadline_s=50)
-    assert tried == [busy, port] and port != busy, tried

@@ -1,55 +1,69 @@
-"""Start one process per rank on this machine, watch them, and never hang.
+"""Start one process per rank on this machine with torch's elastic agent (what torchrun runs).
 
     >>> spawn(worker, cfg, nprocs=2)    # worker(cfg) runs in each rank with RANK, WORLD_SIZE, ... set
 
-The ranks see the same environment variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK,
-LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so the code they run is the code torchrun runs.
+`spawn` runs `torch.distributed.launcher.api.elastic_launch` in this process: one node, no
+restarts, a c10d rendezvous on 127.0.0.1 port 0 (the agent binds free ports itself, for the
+rendezvous and for the ranks' MASTER_PORT, so concurrent runs never race for one), ranks started
+with "spawn". The ranks see torchrun's environment variables, so the code they run is the code
+torchrun runs (MASTER_PORT is a store the agent hosts, TORCHELASTIC_USE_AGENT_STORE=True: a rank
+that starts a process group on a port of its own must set that to False). The agent watches the
+ranks, stops them all when one fails, and raises ChildFailedError; the rank entry carries
+`@record`, so a rank's exception reaches the launcher, which turns the first failure into a
+`LaunchError` whose one line names the rank and its error ("rank 1 failed: RuntimeError: ...",
+"rank 1 failed: killed by SIGKILL"), followed by the rank's traceback unless it raised an mgpu
+error. The agent's own log lines are kept off the terminal while it runs. (docs/failures.md,
+chapter 3.)
 
-Failure behaviour (docs/failures.md has the whole story):
+What the agent lacks, added here in a few lines each:
 
-* A rank that raises writes its error to a report file and exits 1; a rank that is killed or
-  exits non-zero says nothing. Either way the launcher notices within `poll_s`, waits
-  `REPORT_GRACE_S` for the cause to report (peers that lost the rank often fail a moment
-  later with connection errors), terminates the other ranks (SIGTERM, then SIGKILL after
-  `TERMINATE_GRACE_S`) and raises `LaunchError` naming the rank that failed first and why.
-* Ctrl-C (SIGINT) or SIGTERM to the launcher stops every rank, then raises KeyboardInterrupt
-  (`Terminated`, a KeyboardInterrupt carrying the signal number, for SIGTERM).
-* Ranks die with the launcher (Linux: PR_SET_PDEATHSIG), so even a SIGKILLed launcher leaves
-  no rank behind.
-* With no `port` given, each run picks its own free port, and a run that loses the race for it
-  to another process (EADDRINUSE) starts again on a new one: concurrent runs never collide.
+* Ranks die with the launcher however it dies (PR_SET_PDEATHSIG=SIGKILL in each rank; torch
+  sets SIGINT, which a rank inside a collective cannot act on).
+* `deadline_s`: a timer in each rank ends it (exit code DEADLINE_EXIT) at the deadline.
+* Signals: the agent turns SIGTERM into SignalException; `spawn` raises `Terminated` (a
+  KeyboardInterrupt carrying the signal number) instead. SIGINT is left to Python: Ctrl-C is a
+  KeyboardInterrupt, and the agent stops the ranks (SIGTERM, then SIGKILL after
+  TERMINATE_GRACE_S) as it unwinds; torch's own SIGINT handling would send the ranks SIGINT,
+  which a rank waiting in a collective ignores until the agent's grace runs out. A launcher
+  started with SIGINT ignored (a background job of a script) keeps ignoring it, and so do its
+  ranks: only SIGTERM stops it then.
+* A rank interrupted by SIGINT exits 130; torch's worker wrapper would have it exit 0 without a
+  result, and the agent would then wait for that result for ever.
+* The agent names the first rank it sees exit. A rank that only lost a peer (connection reset,
+  closed, timed out) waits REPORT_GRACE_S before exiting, so that the cause is named. Measured
+  here without it, the cause still came first in 9 of 9 runs (a peer must notice, unwind and
+  tear torch down, ~1 s); the grace keeps that so on a machine busier than this one.
 """
 
 from __future__ import annotations
 
-import json
-import multiprocessing as mp
+import contextlib
+import logging
 import os
-import pickle
 import signal
 import socket
-import sys
 import tempfile
 import threading
 import time
-import traceback
-from pathlib import Path
+import uuid
 from typing import Any, Callable
 
-from mgpu.errors import LaunchError, MgpuError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+
+from mgpu import errors
+from mgpu.errors import LaunchError
 
 __all__ = ["free_port", "check_port_free", "spawn", "under_launcher", "Terminated"]
 
-# After one rank fails, the others get this long to stop on SIGTERM before SIGKILL.
-TERMINATE_GRACE_S = 3.0
-# After the first sign of a failure, wait this long for the failing rank's own report.
+# After the ranks are told to stop (SIGTERM), they get this long before SIGKILL.
+TERMINATE_GRACE_S = 3
+# A rank that only lost a peer waits this long before exiting, so that the cause is named.
 REPORT_GRACE_S = 0.5
-# Once one rank has finished cleanly, the others must finish within this many seconds.
-FINISH_GRACE_S = 60.0
-# Attempts to start a run whose automatically chosen port was taken by someone else meanwhile.
-PORT_ATTEMPTS = 3
+# Exit code of a rank ended by spawn's deadline_s.
+DEADLINE_EXIT = 124
 
 _SECONDARY_WORDS = ("connection", "peer", "closed", "timed out", "timeout", "broken pipe", "reset by")
+_AGENT_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 
 
 class Terminated(KeyboardInterrupt):
@@ -66,7 +80,7 @@ def under_launcher() -> bool:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago; each run asks for its own."""
+    """A TCP port that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -86,206 +100,120 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
 
 def _die_with_parent(parent_pid: int) -> None:
     """Have the kernel SIGKILL this rank when the launcher dies, however it dies."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
+    try:
+        import ctypes
 
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-        except Exception:  # no libc prctl: the launcher's own clean-up still applies
-            pass
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:  # no prctl (not Linux): the agent's own clean-up still applies
+        pass
     if os.getppid() != parent_pid:  # the launcher died before prctl took effect
         os._exit(1)
 
 
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
-def _report(run_dir: str, rank: int, kind: str, message: str, detail: str) -> None:
-    try:
-        _write_json(Path(run_dir) / f"error-{rank}.json",
-                    {"rank": rank, "kind": kind, "message": message, "detail": detail})
-    except OSError:  # the launcher still sees the exit code
-        pass
-
-
-def _rank_main(fn: Callable, cfg: Any, rank: int, nprocs: int, port: int, run_dir: str, parent_pid: int) -> None:
+@record
+def _rank_main(fn: Callable, cfg: Any, parent_pid: int, end_time: float | None) -> Any:
     _die_with_parent(parent_pid)
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nprocs),
-                      LOCAL_WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if end_time is not None:
+        timer = threading.Timer(max(0.0, end_time - time.time()), os._exit, args=(DEADLINE_EXIT,))
+        timer.daemon = True
+        timer.start()
     try:
-        result = fn(cfg)
-        if rank == 0:  # pickle, not torch.save: this module never imports torch (cheap ranks for cheap work)
-            tmp = Path(run_dir) / "result.pkl.tmp"
-            with open(tmp, "wb") as f:
-                pickle.dump(result, f, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, Path(run_dir) / "result.pkl")
+        return fn(cfg)
     except KeyboardInterrupt:
-        _report(run_dir, rank, "KeyboardInterrupt", "interrupted", "")
-        raise SystemExit(130)
-    except BaseException as e:  # report anything, then exit non-zero
-        detail = "" if isinstance(e, MgpuError) else traceback.format_exc()
-        message = str(e).strip() or repr(e)
-        _report(run_dir, rank, type(e).__name__, message, detail)
-        raise SystemExit(1)
+        raise SystemExit(130) from None
+    except Exception as e:
+        if any(w in str(e).lower() for w in _SECONDARY_WORDS):
+            time.sleep(REPORT_GRACE_S)  # let the rank that caused this exit first
+        raise
 
 
 # -- in the launcher -------------------------------------------------------------------------------
-
-def _stop(procs) -> None:
-    """Terminate every rank still running, then kill the ones that ignore it; signals can't interrupt this."""
-    in_main = threading.current_thread() is threading.main_thread()
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
-    try:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        deadline = time.monotonic() + TERMINATE_GRACE_S
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-    finally:
-        for signum, handler in old.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-
 
 def _raise_terminated(signum, frame):
     raise Terminated(signum)
 
 
+@contextlib.contextmanager
+def _quiet_agent():
+    """Keep the agent's log lines (torch.distributed.elastic, ...) off stderr while it runs."""
+    null, loggers = logging.NullHandler(), [logging.getLogger(name) for name in _AGENT_LOGGERS]
+    saved = [lg.propagate for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(null)
+        lg.propagate = False
+    try:
+        yield
+    finally:
+        for lg, propagate in zip(loggers, saved):
+            lg.removeHandler(null)
+            lg.propagate = propagate
+
+
 def spawn(fn: Callable, cfg: Any, nprocs: int, port: int | None = None, deadline_s: float | None = None,
-          poll_s: float = 0.05) -> Any:
+          poll_s: float = 0.1) -> Any:
     """Run fn(cfg) in nprocs fresh processes (ranks 0..nprocs-1); return rank 0's result.
 
     Raises LaunchError naming the first rank that failed, or saying the run outlived
     `deadline_s` seconds (None: no limit); KeyboardInterrupt (Ctrl-C) or `Terminated` (SIGTERM)
-    after stopping all ranks. An explicit `port` already in use is a LaunchError up front.
+    after stopping all ranks. An explicit `port` (the rendezvous port; default: one the agent
+    picks) already in use is a LaunchError up front. `poll_s`: how often the agent looks at the ranks.
     """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
     if port is not None:
         check_port_free(port)
+    end_time = None if deadline_s is None else time.time() + deadline_s
     in_main = threading.current_thread() is threading.main_thread()
     old_term = signal.signal(signal.SIGTERM, _raise_terminated) if in_main else None
+    old_env = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")  # launch_agent sets it
     try:
-        for attempt in range(1, PORT_ATTEMPTS + 1):
-            try:
-                return _spawn_once(fn, cfg, nprocs, port if port is not None else free_port(), deadline_s, poll_s)
-            except _PortTaken as e:
-                if port is not None or attempt == PORT_ATTEMPTS:
-                    raise e.error from None
+        with tempfile.TemporaryDirectory(prefix="mgpu-ranks-") as logs, _quiet_agent():
+            config = LaunchConfig(
+                min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"mgpu-{uuid.uuid4().hex}",
+                rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{port or 0}", rdzv_configs={"is_host": True},
+                max_restarts=0, monitor_interval=poll_s, start_method="spawn", signals_to_handle="SIGTERM",
+                logs_specs=DefaultLogsSpecs(log_dir=logs), shutdown_timeout=TERMINATE_GRACE_S)
+            return elastic_launch(config, _rank_main)(fn, cfg, os.getpid(), end_time)[0]
+    except ChildFailedError as e:
+        raise _launch_error(e, deadline_s) from None
+    except SignalException as e:
+        raise Terminated(e.sigval) from None
     finally:
+        if old_env is None:
+            os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
+        else:
+            os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = old_env
         if in_main:
             signal.signal(signal.SIGTERM, old_term if old_term is not None else signal.SIG_DFL)
 
 
-class _PortTaken(Exception):
-    def __init__(self, error: LaunchError):
-        super().__init__(str(error))
-        self.error = error
+def _mgpu_error_names(cls=errors.MgpuError) -> set[str]:
+    return {cls.__name__}.union(*(_mgpu_error_names(sub) for sub in cls.__subclasses__()))
 
 
-def _spawn_once(fn, cfg, nprocs, port, deadline_s, poll_s):
-    ctx = mp.get_context("spawn")  # fork would copy CUDA and thread-pool state into the ranks
-    with tempfile.TemporaryDirectory(prefix="mgpu-ranks-") as run_dir:
-        procs = [ctx.Process(target=_rank_main, args=(fn, cfg, r, nprocs, port, run_dir, os.getpid()),
-                             name=f"mgpu-rank-{r}") for r in range(nprocs)]
-        try:
-            for p in procs:
-                p.start()
-            failed = _watch(procs, run_dir, poll_s, deadline_s)
-        except BaseException:  # Ctrl-C, SIGTERM, or a bug here: no rank may outlive the launcher
-            _stop(procs)
-            raise
-        if failed is not None:
-            _stop(procs)
-            if "EADDRINUSE" in str(failed) or "address already in use" in str(failed).lower():
-                raise _PortTaken(failed)
-            raise failed
-        result_file = Path(run_dir) / "result.pkl"
-        if not result_file.exists():
-            raise LaunchError("rank 0 finished without a result")
-        with open(result_file, "rb") as f:
-            return pickle.load(f)
+def _launch_error(e: ChildFailedError, deadline_s: float | None) -> LaunchError:
+    """'rank R failed: Type: message' (and the rank's traceback unless it raised an mgpu error)."""
+    rank, failure = e.get_first_failure()
+    if isinstance(failure.message, dict):  # the rank raised: @record wrote its error file
+        message = failure.message.get("message", "").strip()
+        lines = [line for line in message.splitlines() if line.strip()] or ["<no message>"]
+        text = f"rank {rank} failed: {lines[0].strip()}"
+        if message.split(":")[0] not in _mgpu_error_names():
+            text += "\n" + _rank_traceback(failure.message.get("extraInfo", {}).get("py_callstack", ""))
+        return LaunchError(text)
+    if failure.exitcode == DEADLINE_EXIT and deadline_s is not None:
+        return LaunchError(f"run exceeded its deadline of {deadline_s:g} s: every rank stopped")
+    if failure.exitcode < 0:
+        return LaunchError(f"rank {rank} failed: killed by {failure.signal_name()}")
+    return LaunchError(f"rank {rank} failed: exited with code {failure.exitcode}")
 
 
-def _read_reports(run_dir: str) -> dict[int, dict]:
-    reports = {}
-    for path in Path(run_dir).glob("error-*.json"):
-        try:
-            report = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        reports[int(report["rank"])] = report
-    return reports
-
-
-def _watch(procs, run_dir: str, poll_s: float, deadline_s: float | None) -> LaunchError | None:
-    """Wait until every rank exits 0 (None) or one fails (its LaunchError)."""
-    end = None if deadline_s is None else time.monotonic() + deadline_s
-    first_done = None
-    while True:
-        now = time.monotonic()
-        codes = [p.exitcode for p in procs]
-        if any(c not in (None, 0) for c in codes) or any(Path(run_dir).glob("error-*.json")):
-            time.sleep(REPORT_GRACE_S)  # the cause may still be writing its report
-            return _blame([p.exitcode for p in procs], _read_reports(run_dir))
-        if all(c == 0 for c in codes):
-            return None
-        if first_done is None and any(c == 0 for c in codes):
-            first_done = now
-        if end is not None and now > end:
-            running = [r for r, c in enumerate(codes) if c is None]
-            return LaunchError(f"run exceeded its deadline of {deadline_s:g} s; ranks still running: {running}")
-        if first_done is not None and now - first_done > FINISH_GRACE_S:
-            running = [r for r, c in enumerate(codes) if c is None]
-            return LaunchError(f"ranks {running} did not finish within {FINISH_GRACE_S:g} s "
-                               f"of the others: stopped them")
-        time.sleep(poll_s)
-
-
-def _first_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[0].strip() if lines else ""
-
-
-def _is_secondary(report: dict) -> bool:
-    # A rank that raised its own error is the cause; ranks that lost a peer report
-    # connection errors or timeouts afterwards.
-    return any(w in report["message"].lower() for w in _SECONDARY_WORDS)
-
-
-def _blame(codes: list, reports: dict[int, dict]) -> LaunchError:
-    """The rank to blame first: its own error > died without a word > lost a peer (or timed out)."""
-    silent = {r: c for r, c in enumerate(codes) if c not in (None, 0) and r not in reports}
-    candidates = ([(0, r) for r, rep in reports.items() if not _is_secondary(rep)]
-                  + [(1, r) for r in silent]
-                  + [(2, r) for r, rep in reports.items() if _is_secondary(rep)])
-    _, rank = min(candidates)
-    if rank in reports:
-        rep = reports[rank]
-        text = f"rank {rank} failed: {rep['kind']}: {_first_line(rep['message'])}"
-    else:
-        code = silent[rank]
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-        text = f"rank {rank} failed: {how}"
-    others = []
-    for r, code in enumerate(codes):
-        if r == rank:
-            continue
-        if r in reports:
-            others.append(f"rank {r}: {reports[r]['kind']}: {_first_line(reports[r]['message'])[:200]}")
-        elif code is None:
-            others.append(f"rank {r}: still running, stopped")
-        elif code != 0:
-            others.append(f"rank {r}: exit code {code}")
-    if others:
-        text += "\nthen " + "; ".join(others)
-    detail = reports.get(rank, {}).get("detail", "")
-    if detail:
-        text += "\n" + detail.rstrip()
-    return LaunchError(text)
+def _rank_traceback(callstack: str) -> str:
+    """The rank's traceback from its own function on (without the frames of @record and _rank_main)."""
+    lines = callstack.rstrip().splitlines()
+    at = next((i for i, line in enumerate(lines) if line.endswith(", in _rank_main")), None)
+    if at is None:
+        return "\n".join(lines)
+    rest = next((i for i in range(at + 1, len(lines)) if lines[i].startswith("  File ")), len(lines))
+    return "\n".join([lines[0], *lines[rest:]])

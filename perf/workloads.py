@@ -167,7 +167,7 @@ class RankPool:
         self.port = port or _free_port()
         self.ranks = list(range(first_rank, world_size))
         env = dict(WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(self.port))
+                   MASTER_PORT=str(self.port), TORCHELASTIC_USE_AGENT_STORE="False")  # rank 0 hosts the store
         self._outbox = ctx.Queue()
         self._inboxes = {r: ctx.Queue() for r in self.ranks}
         self._procs = {r: ctx.Process(target=_rank_main, daemon=True, name=f"perf-rank-{r}",
