@@ -1,4 +1,5 @@
-"""Root conftest: device facts, the GPU gate, hypothesis profiles, benchmark machine info.
+"""Root conftest: device facts, the GPU gates (`requires_gpus(n)`, `requires_no_cuda(why)`), hypothesis
+profiles, benchmark machine info.
 
 Nothing here initialises CUDA: `torch.cuda.device_count()` asks the driver (NVML) only, so
 test collection stays cheap and forked test helpers stay safe.
@@ -21,8 +22,9 @@ settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
-@functools.lru_cache(maxsize=None)
 def gpu_count() -> int:
+    """CUDA devices visible to this process. A plain function, no cache of its own: torch keeps
+    the driver's answer, so asking again costs nothing."""
     return torch.cuda.device_count()
 
 
@@ -32,6 +34,14 @@ def requires_gpus(n: int = 1):
     marks = [pytest.mark.gpu] + ([pytest.mark.multigpu] if n >= 2 else [])
     skip = pytest.mark.skipif(found < n, reason=f"needs {n} CUDA device{'s' if n > 1 else ''} (found {found})")
     return lambda f: functools.reduce(lambda g, m: m(g), [*marks, skip], f)
+
+
+def requires_no_cuda(why: str):
+    """Skip when any CUDA device is present: for behaviour that exists only without CUDA (e.g.
+    DataParallel's pass-through on the CPU). `why` says what the test checks instead on GPUs."""
+    found = gpu_count()
+    return pytest.mark.skipif(found > 0, reason=f"needs a machine without CUDA (found {found} CUDA device"
+                                                f"{'s' if found != 1 else ''}): {why}")
 
 
 @pytest.fixture(autouse=True)

@@ -208,8 +208,11 @@ def run_jobs_in_rank(jobs: list) -> list:
     """What each rank runs: the jobs in order, each in its own process group (its own port)."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # ranks don't get the fixture
     results = []
+    # Each job's group gets its own store, hosted by rank 0 on the job's port: under torch's elastic
+    # agent (mgpu.launch) ranks would otherwise look for the agent's store on that port.
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
     for job in jobs:
-        os.environ["MASTER_PORT"] = str(job.port)
+        os.environ.update(MASTER_PORT=str(job.port), TORCHELASTIC_USE_AGENT_STORE="False")  # rank 0 hosts this store
         results.append(job.run())
     return results
 

@@ -17,10 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import requires_gpus
+from correctness.draws import batch_sizes_for, multi_batch_and_devices, seeds
 from correctness.helpers import (DDP_DEADLINE_S, assert_tensors_close, make_model, manual_gradients,
                                  max_abs_diff, random_batch, reference_gradients,
                                  syncbn_gradients_in_rank)
-from correctness.strategies import batch_sizes_for, multi_batch_and_devices, seeds
 from mgpu.launch import spawn
 
 # torch.testing.assert_close's float32 defaults: the tolerance the matching tests use.

@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given
 
-from correctness.strategies import batch_and_devices, device_counts, float_dtypes, seeds, tensor_shapes
+from correctness.draws import batch_and_devices, device_counts, float_dtypes, seeds, tensor_shapes
 from mgpu.comm import allreduce, ring_allreduce, shard_sizes, split_batch
 from mgpu.devices import devices
 from mgpu.errors import ConfigError, ShapeError
@@ -36,9 +36,15 @@ def test_shard_sizes_put_the_larger_shards_first(bn):
 
 
 def test_split_batch_puts_each_shard_on_its_device():
-    devs = [torch.device("cpu"), torch.device("cpu", 0)]
-    Xs, ys = split_batch(torch.zeros(3, 2), torch.zeros(3), devs)
-    assert [x.device for x in Xs] == [torch.device("cpu")] * 2 and [s.shape[0] for s in Xs] == [2, 1]
+    # A device list that mixes `meta` and the CPU, so that a shard left on the input's device, or
+    # every shard sent to the first device, shows on a machine without GPUs too.
+    devs = [torch.device("meta"), torch.device("cpu"), torch.device("meta")]
+    X, y = torch.arange(10.0).reshape(5, 2), torch.arange(5)
+    Xs, ys = split_batch(X, y, devs)
+    assert [x.device for x in Xs] == devs, f"X shards on {[x.device for x in Xs]}, devices {devs}"
+    assert [t.device for t in ys] == devs, f"y shards on {[t.device for t in ys]}, devices {devs}"
+    assert [s.shape[0] for s in Xs] == [2, 2, 1] and [s.shape[0] for s in ys] == [2, 2, 1]
+    assert torch.equal(Xs[1], X[2:4]) and torch.equal(ys[1], y[2:4]), "the CPU shard is not the batch's middle part"
 
 
 def test_split_batch_rejects_mismatched_lengths():

@@ -11,14 +11,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
+from conftest import requires_no_cuda
 from correctness.helpers import assert_tensors_close, weights_config
 from mgpu.train import train
 
 
-@pytest.mark.skipif(torch.cuda.is_available(),
-                    reason="CUDA is present: dataparallel really scatters over GPUs there (test_weights checks it)")
+@requires_no_cuda("with CUDA, dataparallel really scatters over GPUs (test_weights checks it)")
 @pytest.mark.parametrize("n", [2, 3])
 def test_dataparallel_without_cuda_is_exactly_the_single_device_run(n):
     cfg = weights_config("single")

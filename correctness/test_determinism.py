@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from correctness.helpers import assert_tensors_close, ddp_runs, weights_config
+from correctness.helpers import assert_tensors_close, weights_config
 from mgpu.train import train
 
 
@@ -31,7 +31,7 @@ def test_same_seed_twice_gives_bitwise_equal_weights(strategy, n):
 
 
 @pytest.mark.multiprocess
-def test_ddp_same_seed_twice_gives_bitwise_equal_weights():
+def test_ddp_same_seed_twice_gives_bitwise_equal_weights(ddp_runs):
     # Both runs happen in the same two rank processes, each in a fresh process group.
     runs = ddp_runs(2)
     assert_tensors_close(runs.weights_again.state_dict, runs.weights.state_dict, exact=True,

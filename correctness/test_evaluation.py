@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from correctness.helpers import (EvalCase, EvalJob, ddp_runs, eval_cases, evaluate, labelled_by,
+from correctness.draws import eval_splits, seeds
+from correctness.helpers import (EvalCase, EvalJob, eval_cases, evaluate, labelled_by,
                                  make_model, random_batch, run_job_in_this_process)
-from correctness.strategies import eval_splits, seeds
 from mgpu.devices import devices
 from mgpu.models import lenet
 from mgpu.strategies import Manual, SingleDevice
@@ -42,7 +42,7 @@ def test_manual_accuracy_equals_single_device_accuracy_exactly(split, seed):
                                          pytest.param("ddp", 1, marks=pytest.mark.multiprocess),
                                          pytest.param("ddp", 2, marks=pytest.mark.multiprocess),
                                          pytest.param("ddp", 3, marks=pytest.mark.multiprocess)])
-def test_accuracy_over_1_2_3_devices_equals_single_device_exactly(strategy, n):
+def test_accuracy_over_1_2_3_devices_equals_single_device_exactly(strategy, n, ddp_runs):
     state_dict, cases = eval_cases()
     model = lenet()
     model.load_state_dict(state_dict)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
+from correctness.draws import multi_batch_and_devices, seeds, training_steps
 from correctness.helpers import (assert_every_parameter_changed, assert_tensors_close, make_model,
                                  random_batch, sgd)
-from correctness.strategies import multi_batch_and_devices, seeds, training_steps
 from mgpu.devices import devices
 from mgpu.strategies import Manual
 

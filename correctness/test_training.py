@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from conftest import requires_no_cuda
 from mgpu.cli import main
 from mgpu.config import TrainConfig
 from mgpu.models import build_model
@@ -19,18 +20,21 @@ SUMMARY = re.compile(r"^test acc: \d\.\d\d, \d+\.\d sec/epoch on \[.+\]$")
 TINY = dict(model="lenet", epochs=2, batch_size=32, lr=0.3, train_size=512, test_size=200, out=None, progress=False)
 
 
-@pytest.mark.parametrize("strategy, n", [
-    ("single", 1), ("manual", 2), ("manual", 3), ("dataparallel", 2),
-    pytest.param("ddp", 2, marks=[pytest.mark.multiprocess, pytest.mark.timeout(120)]),
-])
+def _assert_trained(losses: list[float], test_acc: float, state_dict: dict, summary: str, what: str) -> None:
+    """The loss fell from the first epoch to the last, the model beats chance, the weights moved."""
+    assert losses[-1] < losses[0], f"{what}: loss went {losses[0]:.4f} -> {losses[-1]:.4f}"
+    assert test_acc > 0.3, f"{what}: test acc {test_acc:.3f} after {len(losses)} epochs (chance: 0.1)"
+    initial = build_model("lenet", seed=0).state_dict()
+    assert any(not torch.equal(initial[k], v) for k, v in state_dict.items()), f"{what}: weights never changed"
+    assert SUMMARY.match(summary), summary
+
+
+# DDP is checked by test_python_dash_m_mgpu_runs_ddp_end_to_end, on the same settings: one spawn less.
+@pytest.mark.parametrize("strategy, n", [("single", 1), ("manual", 2), ("manual", 3), ("dataparallel", 2)])
 def test_each_strategy_reduces_the_loss(strategy, n):
     result = train(TrainConfig(strategy=strategy, devices=n, **TINY))
-    first, last = result.epochs[0], result.epochs[-1]
-    assert last.loss < first.loss, f"{strategy} on {n} devices: loss went {first.loss:.4f} -> {last.loss:.4f}"
-    assert last.test_acc > 0.3, f"{strategy} on {n} devices: test acc {last.test_acc:.3f} after 2 epochs (chance: 0.1)"
-    initial = build_model("lenet", seed=0).state_dict()
-    assert any(not torch.equal(initial[k], v) for k, v in result.state_dict.items()), "weights never changed"
-    assert SUMMARY.match(result.summary_line()), result.summary_line()
+    _assert_trained([e.loss for e in result.epochs], result.test_acc, result.state_dict, result.summary_line(),
+                    f"{strategy} on {n} devices")
 
 
 def test_a_batch_that_does_not_divide_evenly_still_trains():
@@ -39,9 +43,8 @@ def test_a_batch_that_does_not_divide_evenly_still_trains():
     assert result.epochs[-1].loss < result.epochs[0].loss
 
 
+@requires_no_cuda("the pass-through note applies to machines without CUDA")
 def test_dataparallel_without_cuda_says_it_is_a_pass_through(capsys):
-    if torch.cuda.is_available():
-        pytest.skip("the pass-through note applies to machines without CUDA")
     result = train(TrainConfig(strategy="dataparallel", devices=2, **{**TINY, "epochs": 1}))
     out = capsys.readouterr().out
     assert "pass-through" in out and "not on 2 devices" in out, out
@@ -74,13 +77,18 @@ def test_cli_writes_the_line_the_json_and_the_plot(tmp_path, capsys, strategy, n
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_python_dash_m_mgpu_runs_ddp_end_to_end(tmp_path):
+    """The whole job as users start it, and DDP's case of test_each_strategy_reduces_the_loss (the
+    same settings, TINY), read from what the run wrote."""
     out = tmp_path / "ddp"
     proc = subprocess.run(
-        [sys.executable, "-m", "mgpu", "train", "--strategy", "ddp", "--devices", "2", "--model", "resnet18",
-         "--width", "4", "--epochs", "1", "--batch-size", "32", "--train-size", "128", "--test-size", "50",
-         "--out", str(out)], capture_output=True, text=True, timeout=100)
+        [sys.executable, "-m", "mgpu", "train", "--strategy", "ddp", "--devices", "2", "--model", TINY["model"],
+         "--epochs", str(TINY["epochs"]), "--batch-size", str(TINY["batch_size"]), "--lr", str(TINY["lr"]),
+         "--train-size", str(TINY["train_size"]), "--test-size", str(TINY["test_size"]), "--out", str(out)],
+        capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    data = _check_outputs(out, proc.stdout, "ddp", epochs=1)
+    data = _check_outputs(out, proc.stdout, "ddp", epochs=TINY["epochs"])
+    _assert_trained([e["loss"] for e in data["epochs"]], data["test_acc"], torch.load(out / "model.pt"),
+                    data["summary"], "ddp on 2 ranks")
     assert data["devices"] == "[cpu (rank 0), cpu (rank 1)]"
-    assert "epoch 1/1" in proc.stderr, "the progress bar goes to stderr"
+    assert f"epoch 1/{TINY['epochs']}" in proc.stderr, "the progress bar goes to stderr"
     assert proc.stdout.count("test acc:") == 1, "only rank 0 prints"

@@ -11,21 +11,18 @@ LeNet, not ResNet-18: with BatchNorm in training mode multi-device weights legit
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import requires_gpus
-from correctness.helpers import (assert_every_parameter_changed, assert_tensors_close, ddp_runs,
-                                 run_config, weights_config)
-from correctness.strategies import batch_sizes_for, seeds, training_steps
+from correctness.draws import batch_sizes_for, seeds, training_steps
+from correctness.helpers import assert_every_parameter_changed, assert_tensors_close, run_config, weights_config
 from mgpu.models import build_model
 from mgpu.train import train
 
 
-@functools.lru_cache(maxsize=None)
+@pytest.fixture(scope="module")
 def single_device_weights() -> dict:
     return train(weights_config("single")).state_dict
 
@@ -34,29 +31,31 @@ def initial_weights(cfg) -> dict:
     return build_model(cfg.model, width=cfg.width, seed=cfg.seed).state_dict()
 
 
-def check_against_single(state_dict: dict, what: str) -> None:
+def check_against_single(state_dict: dict, single: dict, what: str) -> None:
     cfg = weights_config("single")
     where = f"{what} vs single device after {cfg.epochs} steps (batch {cfg.batch_size}, seed {cfg.seed})"
-    assert_tensors_close(state_dict, single_device_weights(), where=where)
+    assert_tensors_close(state_dict, single, where=where)
     assert_every_parameter_changed(state_dict, initial_weights(cfg), where=what)
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_manual_weights_match_single_device_after_k_steps(n):
-    check_against_single(train(weights_config("manual", n)).state_dict, f"manual over {n} emulated devices")
+def test_manual_weights_match_single_device_after_k_steps(n, single_device_weights):
+    check_against_single(train(weights_config("manual", n)).state_dict, single_device_weights,
+                         f"manual over {n} emulated devices")
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_ddp_weights_match_single_device_after_k_steps(world_size):
-    check_against_single(ddp_runs(world_size).weights.state_dict, f"ddp rank 0 of {world_size} gloo processes")
+def test_ddp_weights_match_single_device_after_k_steps(world_size, ddp_runs, single_device_weights):
+    check_against_single(ddp_runs(world_size).weights.state_dict, single_device_weights,
+                         f"ddp rank 0 of {world_size} gloo processes")
 
 
 @requires_gpus(2)
-def test_dataparallel_weights_match_single_device_on_gpus():
+def test_dataparallel_weights_match_single_device_on_gpus(single_device_weights):
     cfg = weights_config("dataparallel", 2)
     cfg.require_gpus = True
-    check_against_single(train(cfg).state_dict, "dataparallel over 2 GPUs")
+    check_against_single(train(cfg).state_dict, single_device_weights, "dataparallel over 2 GPUs")
 
 
 @settings(max_examples=10)

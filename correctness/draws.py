@@ -1,4 +1,8 @@
-"""Hypothesis strategies shared by the correctness suite: device counts, batch sizes, shapes."""
+"""Hypothesis draws shared by the correctness suite: device counts, batch sizes, shapes, seeds.
+
+(Named draws, not strategies: in this project a strategy is a way of spreading training over
+devices, mgpu.strategies.)
+"""
 
 from __future__ import annotations
 

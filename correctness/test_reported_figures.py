@@ -1,0 +1,128 @@
+"""The figures a run reports are the figures of what it trained.
+
+1. With BatchNorm (ResNet-18), the test accuracy a run reports (RunResult.test_acc and
+   results.json) is the accuracy of the model it saves (model.pt) evaluated on one device, for
+   every strategy and device count. Multi-device evaluation uses every replica's or rank's
+   BatchNorm running statistics, model.pt holds the first one's: if they differ (buffers not kept
+   in sync), or the evaluation ran in training mode, or skipped test examples, the two disagree.
+2. The epoch time a DDP run reports (EpochStats.seconds) is the slowest rank's wall time: with
+   rank 1 made slower by the MGPU_FAULT test hook (kind=delay), the figure covers the delay, stays
+   within the wall time of the whole run, and is not the sum over the ranks. (Every step ends in
+   collectives, so each rank's own time includes waiting for the slow one: this cannot tell the
+   slowest rank's time from rank 0's own; it pins that the figure covers the slow rank's delay
+   and is no sum.)
+
+The runs are tiny (1 epoch of 32 steps on 10x10 images, 61 test examples) and shared: each
+strategy runs once per module (fixture), the DDP one with the delay, so that both properties ride
+on it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import time
+
+import pytest
+import torch
+
+from correctness.helpers import run_config
+from mgpu.data import synthetic_fashion_mnist
+from mgpu.models import build_model
+from mgpu.train import train
+
+FAULT_ENV = "MGPU_FAULT"  # the test hook (mgpu Fault); kind=delay sleeps `ms` ms at one rank and step
+DELAY_MS = 2000
+
+# 1024 training examples in global batches of 32 (shards of 11, 11, 10 over 3 devices), images
+# resized to 10x10 to keep it cheap, momentum so that one epoch leaves the chapter's tiny initial
+# weights (after fewer steps the model predicts one class for everything, whatever its BatchNorm
+# statistics); 61 test examples in batches of 32, so that the last one (29) splits unevenly too.
+RUN = dict(model="resnet18", width=4, resize=10, epochs=1, batch_size=32, lr=0.1, momentum=0.9, train_size=1024,
+           test_size=61, seed=3)
+CASES = [("single", 1), ("manual", 2), ("manual", 3), ("dataparallel", 2),
+         pytest.param("ddp", 2, marks=[pytest.mark.multiprocess, pytest.mark.timeout(180)])]
+
+
+@dataclasses.dataclass
+class Run:
+    result: object   # RunResult
+    out: object      # the run's output folder
+    wall_s: float    # wall time around train(cfg)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One run per (strategy, devices), on first use."""
+    done = {}
+
+    def get(strategy: str, n: int) -> Run:
+        if (strategy, n) not in done:
+            out = tmp_path_factory.mktemp(f"{strategy}{n}")
+            cfg = run_config(strategy, n, out=str(out), **RUN)
+            saved = os.environ.get(FAULT_ENV)
+            if strategy == "ddp":  # rank 1 sleeps at the start of the epoch's first step
+                os.environ[FAULT_ENV] = f"kind=delay,rank=1,epoch=1,step=1,ms={DELAY_MS}"
+            try:
+                start = time.perf_counter()
+                result = train(cfg)
+                done[strategy, n] = Run(result, out, time.perf_counter() - start)
+            finally:
+                os.environ.pop(FAULT_ENV, None)
+                if saved is not None:
+                    os.environ[FAULT_ENV] = saved
+        return done[strategy, n]
+
+    return get
+
+
+def one_device_accuracy(state_dict: dict) -> tuple[int, int, int]:
+    """(correct, total, near ties) of the saved weights over the run's test set: plain PyTorch, one
+    device, eval mode, the whole test set in one batch. Near ties (top two logits within 1e-4) are
+    examples whose prediction float rounding of another batch split may flip: the only slack."""
+    _, test_loader = synthetic_fashion_mnist(RUN["batch_size"], train_size=RUN["train_size"],
+                                             test_size=RUN["test_size"], seed=RUN["seed"], resize=RUN["resize"])
+    X, y = test_loader.dataset.take(torch.arange(len(test_loader.dataset)))
+    model = build_model(RUN["model"], width=RUN["width"])
+    model.load_state_dict(state_dict)
+    with torch.no_grad():
+        logits = model.eval()(X)
+        with_batch_stats = copy.deepcopy(model).train()(X).argmax(1)  # a copy: this updates running stats
+    top2 = logits.topk(2, dim=1).values
+    near_ties = int((top2[:, 0] - top2[:, 1] < 1e-4).sum())
+    # Negative controls: the comparison must be able to see other BatchNorm statistics.
+    assert len(logits.argmax(1).unique()) > 1, "the model predicts one class only: the comparison would show nothing"
+    assert not torch.equal(with_batch_stats, logits.argmax(1)), \
+        "the BatchNorm statistics change no prediction here: the comparison would show nothing"
+    return int((logits.argmax(1) == y).sum()), len(y), near_ties
+
+
+@pytest.mark.parametrize("strategy, n", CASES)
+def test_reported_accuracy_is_that_of_the_saved_model(strategy, n, runs):
+    run = runs(strategy, n)
+    saved = torch.load(run.out / "model.pt")
+    reported = json.loads((run.out / "results.json").read_text())["test_acc"]
+    assert reported == run.result.test_acc, f"{strategy} over {n}: results.json says {reported}, RunResult {run.result.test_acc}"
+    correct, total, near_ties = one_device_accuracy(saved)
+    reported_correct = round(reported * total)
+    assert abs(reported_correct - correct) <= near_ties, (
+        f"{strategy} over {n} device(s): the run reports test accuracy {reported:.4f} ({reported_correct}/{total}) but "
+        f"its model.pt scores {correct}/{total} on one device ({near_ties} near ties): the evaluation did not use "
+        "the weights and BatchNorm statistics it saved")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_ddp_epoch_time_is_the_slowest_ranks(runs):
+    run = runs("ddp", 2)
+    (epoch,) = run.result.epochs
+    delay = DELAY_MS / 1000
+    what = (f"DDP over 2 ranks, rank 1 delayed {delay:.1f} s in its first step: reported epoch time "
+            f"{epoch.seconds:.2f} s, wall time of the whole run {run.wall_s:.2f} s")
+    assert epoch.seconds >= delay, f"{what}: shorter than the delay, so not the slow rank's time"
+    assert epoch.seconds <= run.wall_s, f"{what}: longer than the run itself"
+    # Every rank waits for the slow one at the step's collectives, so each rank's own time covers
+    # the delay: a sum over the 2 ranks would be at least twice the delay.
+    assert epoch.seconds < 2 * delay, f"{what}: twice the delay or more, as a sum over the ranks would be"
