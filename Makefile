@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: train test test-correctness perf clean
+.PHONY: train test test-correctness perf gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,18 @@ test-correctness: $(VENV)/.installed
 # Real timings (a few minutes), with a scaling table at the end.
 perf: $(VENV)/.installed
 	$(PY) -m pytest perf
+
+# GPU acceptance (docs/gpu.md), on a machine with >= 1 CUDA device and torch, pytest, pytest-benchmark,
+# hypothesis (and scipy, for the A/B gate's tests) already installed: no .venv, no install.
+GPU_PY ?= python3
+GPU_OUT ?= perf-results/gpu
+gpu-check:
+	PYTHONPATH=. $(GPU_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make gpu-check: no CUDA device visible to torch')"
+	PYTHONPATH=. $(GPU_PY) -m pytest correctness -m gpu -p no:cacheprovider -q -rs
+	PYTHONPATH=. $(GPU_PY) -m pytest correctness/test_sync_budget.py -p no:cacheprovider -q -rs
+	PYTHONPATH=. $(GPU_PY) -m pytest perf -p no:cacheprovider -q --perf-out $(GPU_OUT) --benchmark-json $(GPU_OUT)/benchmark.json
+	PYTHONPATH=. $(GPU_PY) -m mgpu train --model resnet18 --width 64 --epochs 1 --batch-size 256 --lr 0.1 \
+		--data-on-device --amp bf16 --channels-last --no-progress --out runs/gpu-check
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis .benchmarks perf-results

@@ -44,15 +44,6 @@ def requires_no_cuda(why: str):
                                                 f"{'s' if found != 1 else ''}): {why}")
 
 
-@pytest.fixture(autouse=True)
-def _no_tf32():
-    """Correctness means bit-for-bit fp32 math on GPUs too: TF32 off, tolerances untouched."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
 def pytest_report_header(config):
     n = gpu_count()
     names = ", ".join(torch.cuda.get_device_name(i) for i in range(n)) if n else "none: CPU only, devices emulated"
@@ -68,3 +59,9 @@ def pytest_benchmark_update_machine_info(config, machine_info):
     machine_info["gpu_count"] = n
     machine_info["gpus"] = [torch.cuda.get_device_name(i) for i in range(n)]
     machine_info["cpu_threads"] = torch.get_num_threads()
+    # Benchmarks run PyTorch's defaults (the TF32-off fixture is correctness/'s only): record them.
+    machine_info["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
+    machine_info["tf32_cudnn"] = torch.backends.cudnn.allow_tf32
+    machine_info["float32_matmul_precision"] = torch.get_float32_matmul_precision()
+    machine_info["cudnn_benchmark"] = torch.backends.cudnn.benchmark
+    machine_info["cudnn_deterministic"] = torch.backends.cudnn.deterministic

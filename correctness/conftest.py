@@ -55,3 +55,13 @@ def ddp_runs():
         return outcome
 
     return get
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    """Correctness means bit-for-bit fp32 math on GPUs too: TF32 off, tolerances untouched.
+    This folder only: perf/ runs PyTorch's defaults, as users do (and records them in machine_info)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

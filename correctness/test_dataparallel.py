@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 
-from conftest import requires_no_cuda
+from conftest import requires_gpus, requires_no_cuda
 from correctness.helpers import assert_tensors_close, weights_config
 from mgpu.train import train
 
@@ -31,3 +31,18 @@ def test_dataparallel_without_cuda_is_exactly_the_single_device_run(n):
             f"vs {ref.loss, ref.train_acc, ref.test_acc}"
     assert any("pass-through" in note for note in passthrough.notes), \
         f"{where}: the notes must say it ran as a pass-through on one CPU device, got {passthrough.notes}"
+
+
+@requires_gpus(1)
+def test_dataparallel_on_exactly_one_gpu_equals_the_single_gpu_run():
+    """`nn.DataParallel(device_ids=[0])` calls the module directly (nothing to scatter): with TF32 off
+    (the autouse fixture) the weights, losses and accuracies equal the single-GPU run's."""
+    cfg = dataclasses.replace(weights_config("single"), require_gpus=True)
+    single = train(cfg)
+    one_gpu = train(dataclasses.replace(cfg, strategy="dataparallel", devices=1))
+    assert "cuda" in one_gpu.devices and "cuda" in single.devices, (one_gpu.devices, single.devices)
+    where = "dataparallel on one GPU vs single on that GPU"
+    assert_tensors_close(one_gpu.state_dict, single.state_dict, where=where)
+    for mine, ref in zip(one_gpu.epochs, single.epochs, strict=True):
+        assert mine.test_acc == pytest.approx(ref.test_acc, abs=1 / 30), f"{where}: epoch {mine.epoch}"
+    assert not any("pass-through" in note for note in one_gpu.notes), one_gpu.notes

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mgpu.config import DATA_NAMES, MODEL_NAMES, NONFINITE_POLICIES, STRATEGY_NAMES, TrainConfig
+from mgpu.config import AMP_MODES, DATA_NAMES, MODEL_NAMES, NONFINITE_POLICIES, STRATEGY_NAMES, TrainConfig
 from mgpu.errors import ConfigError, LaunchError, MgpuError, NonFiniteLossError
 
 EXIT_FAILED = 1
@@ -102,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--sync-bn", action="store_true", help="ddp: use SyncBatchNorm (CUDA only)")
     t.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                    help="save model, optimizer, RNG states and epoch to DIR/checkpoint.pt after every epoch")
+    t.add_argument("--amp", metavar=_one_of(AMP_MODES), default=d.amp,
+                   help="bf16: autocast forward and loss to bfloat16 (weights and SGD stay fp32)")
+    t.add_argument("--channels-last", action="store_true", help="channels-last memory layout for images and convolutions")
+    t.add_argument("--data-on-device", action="store_true",
+                   help="CUDA: hold the whole dataset on the first device, shuffle and gather there (no-op on the CPU)")
     t.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in --checkpoint-dir (starts afresh, saying so, if there is none)")
     return parser

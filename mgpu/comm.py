@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from mgpu.devices import to_device
 from mgpu.errors import ConfigError, ShapeError
 
 __all__ = ["shard_sizes", "shard_bounds", "split_batch", "allreduce", "ring_allreduce", "all_sum", "all_max"]
@@ -52,8 +53,9 @@ def split_batch(X: torch.Tensor, y: torch.Tensor, devices: Sequence) -> tuple[li
     if X.shape[0] < len(devs):
         raise ConfigError(f"batch of {X.shape[0]} examples is smaller than the {len(devs)} devices to split it over")
     sizes = shard_sizes(X.shape[0], len(devs))
-    return ([s.to(d) for s, d in zip(X.split(sizes), devs)],
-            [s.to(d) for s, d in zip(y.split(sizes), devs)])
+    # to_device: queued copies (pinned memory, non_blocking), so the host never waits between devices.
+    return ([to_device(s, d) for s, d in zip(X.split(sizes), devs)],
+            [to_device(s, d) for s, d in zip(y.split(sizes), devs)])
 
 
 def _check_same_kind(tensors: Sequence[torch.Tensor]) -> None:

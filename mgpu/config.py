@@ -16,6 +16,7 @@ STRATEGY_NAMES = ("single", "manual", "dataparallel", "ddp")
 MODEL_NAMES = ("resnet18", "lenet")
 DATA_NAMES = ("synthetic", "fashion-mnist")
 NONFINITE_POLICIES = ("error", "skip")
+AMP_MODES = ("off", "bf16")
 
 
 @dataclass
@@ -45,6 +46,9 @@ class TrainConfig:
     sync_bn: bool = False             # ddp: convert BatchNorm to SyncBatchNorm (needs CUDA)
     checkpoint_dir: str | None = None  # save a checkpoint here after every epoch (None or "": none)
     resume: bool = False              # continue from the last checkpoint in checkpoint_dir
+    amp: str = "off"                  # off | bf16: autocast forward and loss to bfloat16 (fp32 weights, same SGD)
+    channels_last: bool = False       # images and convolution weights in channels-last memory layout
+    data_on_device: bool = False      # CUDA: the whole dataset on the first device once (no-op on the CPU)
 
     def validate(self) -> "TrainConfig":
         """Raise ConfigError naming the first bad setting; return self when all are fine."""
@@ -52,6 +56,7 @@ class TrainConfig:
         _choice("model", self.model, MODEL_NAMES)
         _choice("data", self.data, DATA_NAMES)
         _choice("on_nonfinite", self.on_nonfinite, NONFINITE_POLICIES)
+        _choice("amp", self.amp, AMP_MODES)
         for name in ("devices", "epochs", "batch_size", "width"):
             _positive_int(name, getattr(self, name))
         for name in ("resize", "train_size", "test_size"):

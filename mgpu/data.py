@@ -25,6 +25,7 @@ from typing import Iterator
 import torch
 from torch.nn import functional as F
 
+from mgpu.devices import to_device
 from mgpu.errors import ConfigError, DataError, DataNotFoundError
 
 __all__ = ["ImageDataset", "BatchLoader", "load_fashion_mnist", "synthetic_fashion_mnist", "FASHION_MNIST_FILES"]
@@ -51,6 +52,8 @@ class ImageDataset:
 
     def take(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(X, y) for these indices: X is (B, C, H, W) float32 in [0, 1], y is (B,) int64."""
+        if indices.device != self.images.device:  # the batch order is drawn on the host, the data may be on a GPU
+            indices = to_device(indices, self.images.device)
         x = self.images[indices]
         if x.dtype == torch.uint8:
             x = x.unsqueeze(1).float().div_(255)  # (B, 1, H, W)
@@ -58,6 +61,14 @@ class ImageDataset:
             x = F.interpolate(x, size=(self.resize, self.resize), mode="bilinear", antialias=True,
                               align_corners=False).clamp_(0, 1)
         return x, self.labels[indices]
+
+    @property
+    def nbytes(self) -> int:
+        return self.images.element_size() * self.images.numel() + self.labels.element_size() * self.labels.numel()
+
+    def to(self, device) -> "ImageDataset":
+        """The dataset held on `device` (--data-on-device): `take` then gathers batches there."""
+        return ImageDataset(self.images.to(device), self.labels.to(device), self.resize)
 
     def head(self, n: int | None) -> "ImageDataset":
         """The first n examples (all of them when n is None)."""

@@ -20,7 +20,7 @@ import torch
 from mgpu.errors import ConfigError, DeviceError
 
 __all__ = ["DeviceList", "try_gpu", "try_all_gpus", "devices", "gpu_count", "synchronize", "describe",
-           "usable_cores", "keep_freed_memory"]
+           "usable_cores", "keep_freed_memory", "to_device", "supports_bf16", "check_fits"]
 
 
 class DeviceList(list):
@@ -71,6 +71,44 @@ def devices(n: int, require_gpus: bool = False) -> DeviceList:
         raise DeviceError(f"{n} GPU(s) demanded but {available} CUDA device(s) found")
     # One CPU device needs no emulation; two or more are replicas sharing the CPU.
     return DeviceList([torch.device("cpu")] * n, emulated=n > 1)
+
+
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """`t` on `device` without making the host wait for the device.
+
+    Host to GPU: through pinned (page-locked) memory with non_blocking=True, so the copy is queued
+    on the device's stream like a kernel; an ordinary copy from pageable memory would block the
+    host until the device has caught up. GPU to GPU copies are queued anyway. On the CPU: `t` itself.
+    """
+    device = torch.device(device)
+    if device.type != "cuda" or t.device == device:
+        return t.to(device)
+    if t.device.type == "cpu":
+        t = t if t.is_pinned() else t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
+def supports_bf16(device) -> bool:
+    """Whether autocast to bfloat16 runs on this device (CPUs: always; GPUs: compute capability 8.0+)."""
+    device = torch.device(device)
+    return device.type != "cuda" or torch.cuda.is_bf16_supported(including_emulation=False)
+
+
+def free_memory(device) -> int:
+    """Bytes free on a CUDA device (the driver's figure)."""
+    return torch.cuda.mem_get_info(torch.device(device))[0]
+
+
+def check_fits(nbytes: int, device, what: str = "the dataset") -> None:
+    """DeviceError when `nbytes` would not fit in the device's free memory (CUDA only; the CPU always
+    holds what is already in memory)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return
+    free = free_memory(device)
+    if nbytes > free:
+        raise DeviceError(f"{what} ({nbytes / 2**20:.0f} MiB) does not fit in {device}'s free memory "
+                          f"({free / 2**20:.0f} MiB): leave out --data-on-device")
 
 
 def synchronize(devs) -> None:

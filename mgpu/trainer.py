@@ -71,6 +71,8 @@ class Trainer:
         X, y = self.train_loader.dataset.take(s.local_indices(indices))
         for callback in self.callbacks:
             X = callback.before_step(self, epoch, step, X)
+        # The step's one host read, after every replica's backward has been launched (see
+        # mgpu/strategies/base.py: the sync budget); the NaN/Inf check rides on it.
         loss_sum, correct = s.all_sum(s.forward_backward(X, y, len(indices))).tolist()
         if not math.isfinite(loss_sum):
             if self.on_nonfinite == "error":
@@ -114,12 +116,15 @@ class Trainer:
         loader = loader or self.test_loader
         s = self.strategy
         s.eval_mode()
-        correct = 0
+        correct = None  # counts stay on the main device; one host read for the whole evaluation
         for indices in loader.index_batches():
             X, y = loader.dataset.take(s.local_indices(indices))
-            correct += s.count_correct(X, y)
+            batch_correct = s.count_correct(X, y)
+            correct = batch_correct if correct is None else correct + batch_correct
         s.train_mode()
-        total = s.all_sum(torch.tensor([correct], dtype=torch.float64))
+        if correct is None:  # no batch at all
+            correct = torch.zeros((), dtype=torch.int64, device=s.devices[0])
+        total = s.all_sum(correct.to(torch.float64).reshape(1))
         return float(total) / len(loader.dataset)
 
     def fit(self, start_epoch: int = 0) -> list[EpochStats]:

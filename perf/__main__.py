@@ -1,7 +1,8 @@
-"""`python -m perf ddp-scaling`: DDP step throughput at 1, 2, ... ranks, interleaved, as a command.
+"""`python -m perf ddp-scaling` and `python -m perf hot-path`: throughput figures, interleaved, as commands.
 
     python -m perf ddp-scaling                     # full-width ResNet-18, 1 vs 2 ranks, one thread each
     python -m perf ddp-scaling --devices 1,2,4 --batch 32 --rounds 10 --min-speedup 1.8
+    python -m perf hot-path                        # mgpu's step against bare PyTorch, DDP against no communication
 
 Exit codes: 0 done, 1 a rank failed or the speedup is below --min-speedup, 2 bad input (one line).
 The ranks of every count start first (one pool per count; idle pools wait on their queues and
@@ -16,7 +17,8 @@ import sys
 from contextlib import ExitStack
 from typing import Callable
 
-from perf.workloads import DDPRankPool, RankPoolError, TrainBench, cpu_cores, interleaved_step_times, scaling_rows
+from perf.workloads import (BareStep, DDPRankPool, IndependentPool, RankPoolError, TrainBench, TrainSession, cpu_cores,
+                            interleaved_ratio, interleaved_step_times, scaling_rows)
 
 PROG = "python -m perf"
 
@@ -38,6 +40,42 @@ def measure_ddp_scaling(counts=(1, 2), width: int = 64, per_rank_batch: int = 32
             f"(fastest {row['step_s_min']:.3f}), {row['images_per_s']:.1f} img/s, speedup {row['speedup']:.2f}, "
             f"efficiency {row['efficiency']:.2f}")
     return rows
+
+
+def measure_hot_path(width: int = 64, batch: int = 32, rounds: int = 12, warmup: int = 2, ranks: int = 2,
+                     log: Callable[[str], None] = print) -> dict:
+    """The hot path's two CPU figures, each interleaved round by round:
+    - `single`: mgpu's single-device step (Trainer.step) against a bare PyTorch loop on the same
+      model, batches and SGD, both in this process, one thread: throughput of mgpu / bare;
+    - `ddp`: DDP with `ranks` ranks against as many independent processes doing the same per-rank
+      steps with no communication at all (the physical limit here): throughput of DDP / independent."""
+    threads = max(1, cpu_cores() // ranks)
+    bench = TrainBench("single", 1, per_device_batch=batch, width=width, threads_per_device=threads, steps_per_epoch=4)
+    import torch
+
+    saved = torch.get_num_threads()
+    try:
+        mgpu_step, bare = TrainSession(bench), BareStep(bench)
+        single = interleaved_ratio(mgpu_step.step, bare.step, rounds, warmup)
+        mgpu_step.close()
+    finally:
+        torch.set_num_threads(saved)
+    ddp_bench = TrainBench("ddp", ranks, per_device_batch=batch, width=width, threads_per_device=threads,
+                           steps_per_epoch=4)
+    with DDPRankPool(ddp_bench) as ddp:
+        independent = IndependentPool(ddp_bench)
+        try:
+            ddp_vs = interleaved_ratio(ddp.step, independent.step, rounds, warmup)
+        finally:
+            independent.close()
+    log(f"single: mgpu's step at {single['ratio_median']:.3f} of a bare PyTorch loop's throughput (median of "
+        f"{rounds} interleaved rounds, range {single['ratio_min']:.3f}-{single['ratio_max']:.3f}; "
+        f"{single['a_median_s'] * 1e3:.0f} ms vs {single['b_median_s'] * 1e3:.0f} ms a step)")
+    log(f"ddp: {ranks} DDP ranks at {ddp_vs['ratio_median']:.3f} of {ranks} processes with no communication "
+        f"(range {ddp_vs['ratio_min']:.3f}-{ddp_vs['ratio_max']:.3f}; {ddp_vs['a_median_s'] * 1e3:.0f} ms vs "
+        f"{ddp_vs['b_median_s'] * 1e3:.0f} ms a step; width {width}, {batch} images a rank, {threads} thread(s) each)")
+    return {"single_vs_bare": single, "ddp_vs_independent": ddp_vs, "width": width, "batch": batch, "ranks": ranks,
+            "threads": threads}
 
 
 def _counts(text: str) -> tuple[int, ...]:
@@ -88,16 +126,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="threads per rank (default: cores // most ranks)")
     p.add_argument("--min-speedup", type=float, default=None,
                    help="exit 1 unless the largest count's speedup over the first reaches this")
+    h = sub.add_parser("hot-path", help="mgpu's step against bare PyTorch; DDP against no communication")
+    h.add_argument("--width", type=int, default=64, help="ResNet-18 width (64: the full network)")
+    h.add_argument("--batch", type=int, default=32, help="per-rank batch")
+    h.add_argument("--rounds", type=int, default=12, help="interleaved rounds")
+    h.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    h.add_argument("--ranks", type=int, default=2, help="DDP ranks")
     return parser
+
+
+def check_hot_path_args(args: argparse.Namespace) -> None:
+    from mgpu.errors import ConfigError
+
+    if args.rounds < 1 or args.warmup < 0:
+        raise ValueError(f"--rounds must be at least 1 and --warmup at least 0, got {args.rounds}, {args.warmup}")
+    try:
+        TrainBench("ddp", args.ranks, per_device_batch=args.batch, width=args.width).train_config()
+    except ConfigError as e:
+        raise ValueError(f"{e} (--ranks {args.ranks}, --batch {args.batch}, --width {args.width})") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        check_args(args)
+        (check_hot_path_args if args.command == "hot-path" else check_args)(args)
     except ValueError as e:
         parser.error(str(e))
+    if args.command == "hot-path":
+        try:
+            measure_hot_path(args.width, args.batch, args.rounds, args.warmup, args.ranks)
+        except RankPoolError as e:
+            print(f"{PROG}: {e}", file=sys.stderr)
+            return 1
+        return 0
     try:
         rows = measure_ddp_scaling(args.devices, width=args.width, per_rank_batch=args.batch, rounds=args.rounds,
                                    warmup=args.warmup, threads_per_rank=args.threads)

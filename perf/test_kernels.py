@@ -42,8 +42,8 @@ def products(x: torch.Tensor, count: int) -> list[torch.Tensor]:
 
 
 def check_products(results: list[torch.Tensor], x: torch.Tensor) -> None:
-    """The first and last products equal x @ x in float64, computed on x's device (TF32 is off in
-    every test, so float32 products agree to about 1e-6)."""
+    """The first and last products equal x @ x in float64, computed on x's device (PyTorch's
+    default keeps matmul TF32 off, so float32 products agree to about 1e-6)."""
     assert len(results) > 0
     reference = x.double() @ x.double()
     for y in (results[0], results[-1]):

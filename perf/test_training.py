@@ -200,3 +200,24 @@ def test_ddp_scaling_interleaved(sessions, sweep, settings, scaling_rows, pytest
         n = row["ranks"]
         scaling_rows.append(_scaling_row("ddp", "interleaved", n, sweep.label(n, unit="ranks"), sweep, settings,
                                          row["images_per_s"], row["step_s_median"], row["step_s_min"]))
+
+
+@pytest.mark.benchmark(group="train-step-options")
+@pytest.mark.parametrize("option", ["amp-bf16", "channels-last"])
+def test_train_step_option(benchmark, option, sweep, settings, cpu_threads):
+    """The single-device step with a speed option GPU users turn on (--amp bf16, --channels-last);
+    compare with test_train_step[single-...]. On a CPU both are slower than fp32 contiguous."""
+    bench = TrainBench("single", 1, per_device_batch=settings.per_device_batch,
+                       steps_per_epoch=settings.steps_per_epoch, threads_per_device=sweep.threads_per_device,
+                       amp="bf16" if option == "amp-bf16" else "off", channels_last=option == "channels-last")
+    session = TrainSession(bench)
+    try:
+        losses = []
+        benchmark.pedantic(lambda: losses.append(session.step()), rounds=settings.step_rounds,
+                           warmup_rounds=settings.step_warmup)
+        assert losses and all(math.isfinite(v) for v in losses), f"non-finite loss with {option}: {losses}"
+        assert session.weights_moved() > 0, f"the steps with {option} did not change the weights"
+    finally:
+        session.close()
+    benchmark.extra_info.update(option=option, model="resnet18 width 64", per_device_batch=settings.per_device_batch)
+    record_rate(benchmark, settings.per_device_batch, "images/s", per_device=1)

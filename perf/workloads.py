@@ -34,7 +34,8 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["cpu_cores", "TrainBench", "TrainSession", "RankPool", "RankPoolError", "DDPRankPool", "CollectivePeers",
-           "allreduce_pattern", "interleaved_step_times", "speedups", "scaling_rows", "GATE_KINDS", "make_gated"]
+           "allreduce_pattern", "interleaved_step_times", "speedups", "scaling_rows", "GATE_KINDS", "make_gated",
+           "BareStep", "IndependentPool", "interleaved_ratio"]
 
 
 def cpu_cores() -> int:
@@ -62,6 +63,8 @@ class TrainBench:
     threads_per_device: int | None = None  # CPU: torch threads per replica/rank (None: torch's default)
     seed: int = 0
     lr: float = 0.05
+    amp: str = "off"                 # --amp: off | bf16
+    channels_last: bool = False      # --channels-last
 
     @property
     def global_batch(self) -> int:
@@ -71,10 +74,12 @@ class TrainBench:
         """The TrainConfig of this benchmark, validated (mgpu's own rules and messages)."""
         from mgpu.config import TrainConfig
 
+        options = {} if (self.amp, self.channels_last) == ("off", False) else \
+            dict(amp=self.amp, channels_last=self.channels_last)  # only then: older mgpu lacks the fields
         return TrainConfig(strategy=self.strategy, devices=self.devices, batch_size=self.global_batch, lr=self.lr,
                            model="resnet18", width=self.width, train_size=self.global_batch * self.steps_per_epoch,
                            test_size=self.global_batch, seed=self.seed, epochs=1, out=None,
-                           progress=False).validate()
+                           progress=False, **options).validate()
 
 
 class TrainSession:
@@ -95,6 +100,8 @@ class TrainSession:
         devmod.keep_freed_memory()  # as `python -m mgpu train` does
         self.bench = bench
         self.strategy = strategy or get_strategy(cfg.strategy).create(cfg)
+        if (bench.amp, bench.channels_last) != ("off", False):
+            self.strategy.use_speed_options(bench.amp, bench.channels_last)
         train_loader, test_loader = make_loaders(cfg)
         model = build_model(cfg.model, width=cfg.width, seed=cfg.seed)
         self.initial = [p.detach().clone() for p in model.parameters()]  # CPU copies, before any update
@@ -314,6 +321,90 @@ class DDPRankPool:
         self.close()
 
 
+# -- bare PyTorch: the same steps with no mgpu code in the loop ----------------------------------
+
+class BareStep:
+    """The `single` strategy's step written as a plain PyTorch loop: the same model, batches (the
+    same global batches, as tensors) and SGD, mean loss, one `.item()` a step. With `rank` set it
+    takes that rank's contiguous part of each batch, as a DDP rank would, but talks to nobody."""
+
+    def __init__(self, bench: TrainBench, rank: int | None = None, world_size: int = 1):
+        from mgpu.models import build_model
+        from mgpu.train import make_loaders
+
+        if bench.threads_per_device:
+            torch.set_num_threads(bench.threads_per_device)
+        cfg = bench.train_config()
+        train_loader, _ = make_loaders(cfg)
+        self.batches = []
+        for indices in train_loader.index_batches():
+            if rank is not None:
+                per = len(indices) // world_size
+                indices = indices[rank * per:(rank + 1) * per]
+            self.batches.append(train_loader.dataset.take(indices))
+        self.model = build_model(cfg.model, width=cfg.width, seed=cfg.seed)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=cfg.lr)
+        self.steps = 0
+
+    def ready_info(self) -> int:
+        return torch.get_num_threads()
+
+    def step(self) -> float:
+        X, y = self.batches[self.steps % len(self.batches)]
+        loss = torch.nn.functional.cross_entropy(self.model(X), y)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.steps += 1
+        return loss.item()
+
+
+class _IndependentRank:
+    def __init__(self, bench: TrainBench):
+        self.bare = BareStep(bench, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+
+    def ready_info(self) -> int:
+        return self.bare.ready_info()
+
+    def step(self) -> float:
+        return self.bare.step()
+
+
+class IndependentPool:
+    """`bench.devices` processes doing DDP's per-rank steps with no communication at all: the
+    physical limit of DDP on this machine. `step()` returns when the slowest is done."""
+
+    def __init__(self, bench: TrainBench):
+        self.pool = RankPool(_Factory(_IndependentRank, bench), bench.devices)
+        self.threads_per_rank = self.pool.wait_ready()[0]
+
+    def step(self) -> float:
+        return self.pool.run("step")[0]
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def interleaved_ratio(a: Callable[[], float], b: Callable[[], float], rounds: int, warmup: int = 2) -> dict:
+    """Time a() and b() in turn (a b, b a, ...) for `rounds` rounds after warm-up; the throughput of
+    a relative to b per round (time_b / time_a), its median and spread, and each side's median time."""
+    for _ in range(warmup):
+        a(), b()
+    times: dict[str, list[float]] = {"a": [], "b": []}
+    for i in range(rounds):
+        for name in (("a", "b") if i % 2 == 0 else ("b", "a")):
+            fn = a if name == "a" else b
+            start = time.perf_counter()
+            loss = fn()
+            times[name].append(time.perf_counter() - start)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss {loss} in round {i}")
+    ratios = [tb / ta for ta, tb in zip(times["a"], times["b"])]
+    return {"ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+            "a_median_s": statistics.median(times["a"]), "b_median_s": statistics.median(times["b"]),
+            "rounds": rounds, "ratio_of_medians": statistics.median(times["b"]) / statistics.median(times["a"])}
+
+
 # -- collectives -------------------------------------------------------------------------------
 
 def allreduce_pattern(numel: int, rank: int, device, dtype=torch.float32) -> torch.Tensor:
@@ -521,7 +612,7 @@ class _MatmulKernel:
             torch.cuda.synchronize(self.device)
 
     def check(self) -> None:
-        # Benchmarks run PyTorch's defaults: on GPUs TF32 products (10-bit mantissa) are allowed.
+        # Benchmarks run PyTorch's defaults; a machine set to TF32 products (10-bit mantissa) still passes.
         rtol, atol = (2e-2, 1e-1) if self.device.type == "cuda" else (1e-4, 1e-3)
         torch.testing.assert_close(self.last.double(), self.x.double() @ self.x.double(), rtol=rtol, atol=atol)
 

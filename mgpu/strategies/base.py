@@ -4,13 +4,19 @@ A strategy owns the model replica(s) and optimizer(s) and knows where the data g
 hands it global batches and never asks which strategy it is:
 
     X, y = dataset.take(strategy.local_indices(global_batch_indices))
-    stats = strategy.forward_backward(X, y, global_batch_size)   # local [loss_sum, correct]
-    loss_sum, correct = strategy.all_sum(stats)                  # over ranks (DDP) or identity
+    stats = strategy.forward_backward(X, y, global_batch_size)   # local [loss_sum, correct], on the main device
+    loss_sum, correct = strategy.all_sum(stats).tolist()         # over ranks (DDP) or identity; the one host read
     strategy.optimizer_step()
+
+The sync budget (correctness/test_sync_budget.py): a training step reads the devices from the host
+once, for the step's [loss_sum, correct]; between the first replica's forward and the last
+replica's backward it reads nothing, so on GPUs every replica's work is queued before the host
+waits for any of it. Statistics stay on the devices until that read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from abc import ABC, abstractmethod
 from typing import Callable, ClassVar
@@ -21,6 +27,8 @@ from torch.nn import functional as F
 
 from mgpu import devices as devmod
 from mgpu.comm import shard_bounds
+from mgpu.errors import DeviceError
+from mgpu.devices import to_device
 
 OptimizerFactory = Callable[[list], torch.optim.Optimizer]
 
@@ -50,6 +58,33 @@ class Strategy(ABC):
     def __init__(self, devices: devmod.DeviceList):
         self.devices = devices
         self.rank, self.world_size = 0, 1  # processes, not devices: only DDP has more than one
+        self.autocast_dtype: torch.dtype | None = None             # --amp bf16: torch.bfloat16
+        self.memory_format: torch.memory_format = torch.contiguous_format  # --channels-last
+
+    # -- speed options -------------------------------------------------------------------------
+    def use_speed_options(self, amp: str = "off", channels_last: bool = False) -> None:
+        """--amp and --channels-last; call before `setup`. The weights and the SGD step stay fp32."""
+        if amp == "bf16":
+            for device in dict.fromkeys(self.devices):
+                if not devmod.supports_bf16(device):
+                    raise DeviceError(f"--amp bf16 needs bfloat16 support, which {device} lacks: use --amp off")
+        self.autocast_dtype = torch.bfloat16 if amp == "bf16" else None
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+
+    def place(self, model: nn.Module, device: torch.device) -> nn.Module:
+        """The model on a device, in the run's memory layout."""
+        return model.to(device=device, memory_format=self.memory_format)
+
+    def inputs(self, X: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """A batch of images on a device, in the run's memory layout, without the host waiting."""
+        X = to_device(X, device)
+        return X.contiguous(memory_format=self.memory_format) if X.dim() == 4 else X
+
+    def autocast(self, device: torch.device):
+        """The forward's (and loss's) autocast context: bfloat16 under --amp bf16, else nothing."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
 
     # -- lifecycle -----------------------------------------------------------------------------
     @classmethod
@@ -95,7 +130,7 @@ class Strategy(ABC):
     @abstractmethod
     def forward_backward(self, X: torch.Tensor, y: torch.Tensor, global_batch_size: int) -> torch.Tensor:
         """Forward and backward of this process's part of a global batch; returns the local
-        [loss_sum, correct] as a CPU float tensor. When it returns, every replica's gradients are
+        [loss_sum, correct] as a float tensor on the main device (no host read). When it returns, every replica's gradients are
         those of the global mean loss (DDP averages them during backward, manual allreduces them)."""
 
     @abstractmethod
@@ -125,18 +160,22 @@ class Strategy(ABC):
         for m in self.modules():
             m.eval()
 
-    def count_correct(self, X: torch.Tensor, y: torch.Tensor) -> int:
-        """Correct predictions over a batch, each device predicting its contiguous shard.
+    def count_correct(self, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Correct predictions over a batch, each device predicting its contiguous shard, as an
+        int64 tensor on the main device: the devices' counts meet there without a host read.
 
         Shards may be empty (a last test batch smaller than the device count): those are skipped.
         """
-        modules, correct = self.modules(), 0
+        modules, main = self.modules(), self.devices[0]
+        correct = torch.zeros((), dtype=torch.int64, device=main)
         with torch.no_grad():
             for i, (module, device) in enumerate(zip(modules, self.devices)):
                 start, stop = shard_bounds(X.shape[0], len(modules), i)
                 if stop > start:
-                    logits = module(X[start:stop].to(device))
-                    correct += int((logits.argmax(dim=1).cpu() == y[start:stop]).sum())
+                    with self.autocast(device):
+                        logits = module(self.inputs(X[start:stop], device))
+                    hits = (logits.argmax(dim=1) == to_device(y[start:stop], device)).sum()
+                    correct += hits.to(main, non_blocking=True)
         return correct
 
     # -- state ---------------------------------------------------------------------------------

@@ -22,16 +22,18 @@ class Manual(Strategy):
     name = "manual"
 
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:
-        self.replicas = [copy.deepcopy(model).to(d) for d in self.devices]
+        self.replicas = [self.place(copy.deepcopy(model), d) for d in self.devices]
         self.opts = [make_optimizer(list(r.parameters())) for r in self.replicas]
 
     def forward_backward(self, X: torch.Tensor, y: torch.Tensor, global_batch_size: int) -> torch.Tensor:
         Xs, ys = split_batch(X, y, self.devices)
-        stats = torch.zeros(2)
-        for replica, X_shard, y_shard in zip(self.replicas, Xs, ys):
-            loss, shard_stats = sum_loss_and_correct(replica(X_shard), y_shard, 1.0)
-            loss.backward()  # queued per device; on GPUs the replicas run concurrently
-            stats += shard_stats.cpu()
+        main = self.devices[0]
+        stats = torch.zeros(2, device=main)
+        for replica, device, X_shard, y_shard in zip(self.replicas, self.devices, Xs, ys):
+            with self.autocast(device):
+                loss, shard_stats = sum_loss_and_correct(replica(self.inputs(X_shard, device)), y_shard, 1.0)
+            loss.backward()  # queued per device: the host never waits here, so on GPUs the replicas overlap
+            stats += shard_stats.to(main, non_blocking=True)  # device to device: no host read
         self.sync_gradients(global_batch_size)
         return stats
 

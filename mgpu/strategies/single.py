@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from mgpu import devices as devmod
+from mgpu.devices import to_device
 from mgpu.strategies.base import OptimizerFactory, Strategy, sum_loss_and_correct
 
 
@@ -18,7 +19,7 @@ class SingleDevice(Strategy):
         return cls(devmod.devices(1, require_gpus=cfg.require_gpus))
 
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:
-        self.model = model.to(self.devices[0])
+        self.model = self.place(model, self.devices[0])
         self.net = self.wrap(self.model)  # what forward runs through
         self.optimizer = make_optimizer(list(self.model.parameters()))
 
@@ -27,20 +28,23 @@ class SingleDevice(Strategy):
 
     def forward_backward(self, X: torch.Tensor, y: torch.Tensor, global_batch_size: int) -> torch.Tensor:
         device = self.devices[0]
-        loss, stats = sum_loss_and_correct(self.net(X.to(device)), y.to(device), 1.0 / global_batch_size)
+        with self.autocast(device):
+            loss, stats = sum_loss_and_correct(self.net(self.inputs(X, device)), to_device(y, device),
+                                               1.0 / global_batch_size)
         loss.backward()
-        return stats.cpu()
+        return stats
 
     def optimizer_step(self) -> None:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def count_correct(self, X: torch.Tensor, y: torch.Tensor) -> int:
+    def count_correct(self, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        device = self.devices[0]
         if X.shape[0] == 0:
-            return 0
-        with torch.no_grad():
-            logits = self.net(X.to(self.devices[0]))
-        return int((logits.argmax(dim=1).cpu() == y).sum())
+            return torch.zeros((), dtype=torch.int64, device=device)
+        with torch.no_grad(), self.autocast(device):
+            logits = self.net(self.inputs(X, device))
+        return (logits.argmax(dim=1) == to_device(y, device)).sum()
 
     def modules(self) -> list[nn.Module]:
         return [self.model]

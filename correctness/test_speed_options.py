@@ -1,0 +1,94 @@
+"""--amp bf16, --channels-last and --data-on-device: what each changes, and what it must not.
+
+Correctness elsewhere stays in fp32 and contiguous memory; these tests pin the options themselves:
+bf16 autocast really runs (the forward's matmuls in bfloat16) while weights and the SGD step stay
+fp32; channels-last computes the same training within float32 rounding; --data-on-device changes
+nothing on the CPU and, on a GPU, nothing but where the data lives (bitwise, same batch order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from conftest import requires_gpus
+from correctness.helpers import assert_tensors_close
+from mgpu import devices as devmod
+from mgpu.cli import main
+from mgpu.config import TrainConfig
+from mgpu.errors import ConfigError, DeviceError
+from mgpu.train import train
+
+BASE = TrainConfig(strategy="single", model="resnet18", width=4, epochs=1, batch_size=16, train_size=64,
+                   test_size=40, lr=0.05, out=None, progress=False, seed=3)
+
+
+@pytest.fixture(scope="module")
+def fp32_run():
+    return train(BASE)
+
+
+def test_amp_bf16_autocasts_the_forward_but_keeps_fp32_weights(fp32_run, monkeypatch):
+    seen = []
+    original = torch.nn.functional.linear
+
+    def spy(x, weight, bias=None):
+        out = original(x, weight, bias)
+        seen.append(out.dtype)
+        return out
+    monkeypatch.setattr(torch.nn.functional, "linear", spy)
+    amp = train(dataclasses.replace(BASE, amp="bf16"))
+    assert torch.bfloat16 in seen, f"the classifier ran in {set(seen)}: autocast did not engage"
+    assert all(v.dtype in (torch.float32, torch.int64) for v in amp.state_dict.values()), \
+        {k: v.dtype for k, v in amp.state_dict.items() if v.dtype not in (torch.float32, torch.int64)}
+    assert all(torch.isfinite(v).all() for v in amp.state_dict.values() if v.is_floating_point())
+    differs = any(not torch.equal(amp.state_dict[k], v) for k, v in fp32_run.state_dict.items())
+    assert differs, "bf16 training gave bitwise the fp32 weights: the option changed nothing"
+
+
+@pytest.mark.parametrize("strategy, n", [("single", 1), ("manual", 2)])
+def test_channels_last_trains_the_same_within_float32_rounding(fp32_run, strategy, n):
+    cfg = dataclasses.replace(BASE, strategy=strategy, devices=n)
+    reference = fp32_run if strategy == "single" else train(cfg)
+    result = train(dataclasses.replace(cfg, channels_last=True))
+    assert_tensors_close(result.state_dict, reference.state_dict, where=f"{strategy} channels-last vs contiguous")
+
+
+@pytest.mark.parametrize("strategy, n", [("single", 1), ("manual", 2)])
+def test_data_on_device_changes_nothing_on_the_cpu(strategy, n):
+    cfg = dataclasses.replace(BASE, strategy=strategy, devices=n, model="lenet")
+    plain, on_device = train(cfg), train(dataclasses.replace(cfg, data_on_device=True))
+    assert_tensors_close(on_device.state_dict, plain.state_dict, exact=True, where=f"{strategy} --data-on-device on CPU")
+
+
+def test_unknown_amp_mode_is_a_config_error_and_one_cli_line(capsys):
+    with pytest.raises(ConfigError, match="unknown amp 'fp16': choose one of off, bf16"):
+        dataclasses.replace(BASE, amp="fp16").validate()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--amp", "fp16"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and err == ["mgpu: error: unknown amp 'fp16': choose one of off, bf16"], err
+
+
+def test_amp_bf16_on_a_device_without_bf16_is_a_device_error(monkeypatch):
+    monkeypatch.setattr(devmod, "supports_bf16", lambda device: False)
+    with pytest.raises(DeviceError, match="--amp bf16 needs bfloat16 support, which cpu lacks"):
+        train(dataclasses.replace(BASE, amp="bf16"))
+
+
+def test_a_dataset_larger_than_free_device_memory_is_refused_from_its_size(monkeypatch):
+    monkeypatch.setattr(devmod, "free_memory", lambda device: 10 * 2**20)
+    with pytest.raises(DeviceError, match=r"the dataset \(47 MiB\) does not fit in cuda:0's free memory \(10 MiB\)"):
+        devmod.check_fits(47 * 2**20, "cuda:0")
+    devmod.check_fits(10**12, "cpu")  # the CPU holds what is already in memory
+
+
+@requires_gpus(1)
+@pytest.mark.parametrize("strategy", ["single", "manual"])
+def test_data_on_device_on_a_gpu_gives_bitwise_the_same_training(strategy):
+    n = torch.cuda.device_count() if strategy == "manual" else 1
+    cfg = dataclasses.replace(BASE, strategy=strategy, devices=n, require_gpus=True)
+    plain, on_device = train(cfg), train(dataclasses.replace(cfg, data_on_device=True))
+    assert_tensors_close(on_device.state_dict, plain.state_dict, exact=True, where=f"{strategy} --data-on-device on GPU")
