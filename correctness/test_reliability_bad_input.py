@@ -113,6 +113,7 @@ CASES = [
          dict(model="vgg16")),
     Case("unknown-data", ["--data", "cifar10"], r"unknown data 'cifar10': choose one of synthetic, fashion-mnist",
          dict(data="cifar10")),
+    Case("unknown-amp", ["--amp", "fp16"], r"unknown amp 'fp16': choose one of off, bf16$", dict(amp="fp16")),
     Case("unknown-option", ["--epoks", "3"], r"unrecognized arguments: --epoks 3"),
     Case("missing-command", [], r"the following arguments are required: command"),
     # numbers: wrong type or range of every numeric option

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(cfg)
     except LaunchError as e:
-        # A rank failed: its error first, then what the others did (and a traceback, if it was a bug).
+        # A rank failed: "rank R failed: ...", then its traceback if it was a bug (not an mgpu error).
         print(f"mgpu: error: {e}", file=sys.stderr)
         return EXIT_FAILED
     except NonFiniteLossError as e:

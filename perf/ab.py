@@ -318,7 +318,8 @@ class ABGate:
             if config.getoption("--ab-baseline-python") and not (os.path.isfile(base_python)
                                                                  and os.access(base_python, os.X_OK)):
                 raise ValueError(f"--ab-baseline-python {base_python}: not an executable file")
-            self.baseline_desc = ref or "this tree"
+            self.baseline_desc = (ref or "this tree") + (f" with {base_python}" if config.getoption(
+                "--ab-baseline-python") else "")
             try:
                 self.arms["baseline"] = Arm("baseline", base_tree, base_python, self.workdir)
             except ArmError as e:
