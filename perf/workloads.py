@@ -560,10 +560,28 @@ def scaling_rows(times: dict[int, list[float]], per_rank_batch: int) -> list[dic
 
 # -- gated workloads: what the A/B gate times in each arm ----------------------------------------
 
+def require_training_api() -> None:
+    """Import every name of mgpu's public API the training workloads use, here in the calling
+    process: an mgpu without one (older or newer than this harness) raises ImportError or
+    AttributeError now, which the A/B gate reports as `not comparable`, rather than inside DDP ranks."""
+    from mgpu import devices
+    from mgpu.config import TrainConfig  # noqa: F401
+    from mgpu.models import build_model  # noqa: F401
+    from mgpu.results import EpochStats  # noqa: F401
+    from mgpu.strategies import get_strategy  # noqa: F401
+    from mgpu.train import make_loaders, make_optimizer_factory  # noqa: F401
+    from mgpu.trainer import Trainer
+
+    for name in ("step", "run_epoch"):
+        getattr(Trainer, name)
+    getattr(devices, "keep_freed_memory")
+
+
 class _TrainStep:
     """One training step of a strategy (a DDP rank pool for ddp); check: finite losses, weights moved."""
 
     def __init__(self, spec: dict):
+        require_training_api()
         bench = TrainBench(spec["strategy"], spec["devices"], per_device_batch=spec.get("batch", 32),
                            width=spec.get("width", 16), steps_per_epoch=spec.get("steps_per_epoch", 3),
                            threads_per_device=spec.get("threads_per_device"))
