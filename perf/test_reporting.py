@@ -111,3 +111,27 @@ def test_ddp_scaling_command_rejects_bad_input(args, message, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.multiprocess
+def test_hot_path_command_prints_both_ratios():
+    out = subprocess.run([sys.executable, "-m", "perf", "hot-path", "--width", "4", "--batch", "4", "--rounds", "2",
+                          "--warmup", "1"], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    single = [line for line in out.stdout.splitlines() if line.startswith("single: mgpu's step at ")]
+    ddp = [line for line in out.stdout.splitlines() if line.startswith("ddp: 2 DDP ranks at ")]
+    assert single and ddp, out.stdout
+    ratio = float(single[0].split(" at ")[1].split()[0])
+    assert 0.2 < ratio < 5, f"a ratio of two timings of the same work should be near 1: {single[0]}"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rounds", "0"], "--rounds must be at least 1"),
+    (["--ranks", "0"], "devices must be a positive integer, got 0"),
+    (["--width", "-1"], "width must be a positive integer, got -1"),
+])
+def test_hot_path_command_rejects_bad_input(args, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        command.main(["hot-path", *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
