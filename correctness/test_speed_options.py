@@ -109,3 +109,19 @@ def test_data_on_device_on_a_gpu_gives_bitwise_the_same_training(strategy):
     cfg = dataclasses.replace(BASE, strategy=strategy, devices=n, require_gpus=True)
     plain, on_device = train(cfg), train(dataclasses.replace(cfg, data_on_device=True))
     assert_tensors_close(on_device.state_dict, plain.state_dict, exact=True, where=f"{strategy} --data-on-device on GPU")
+
+
+@pytest.mark.parametrize("fault", ["no-bf16", "no-room"])
+def test_ddp_refuses_gpu_options_before_any_rank_starts(fault, monkeypatch):
+    """Under ddp the checks run in the launcher (exit 2 from the CLI), not in every rank: here
+    with two pretend GPUs, one lacking bf16 or with 1 KiB free; a rank started would fail on them."""
+    monkeypatch.setattr(devmod, "gpu_count", lambda: 2)
+    monkeypatch.setattr(devmod, "supports_bf16", lambda device: torch.device(device).index != 1)
+    monkeypatch.setattr(devmod, "free_memory", lambda device: 1024)
+    from mgpu import launch
+    monkeypatch.setattr(launch, "spawn", lambda *a, **k: pytest.fail("a rank was started"))
+    cfg = dataclasses.replace(BASE, strategy="ddp", devices=2, **({"amp": "bf16"} if fault == "no-bf16"
+                                                                    else {"data_on_device": True}))
+    message = "which cuda:1 lacks" if fault == "no-bf16" else r"the dataset \(\d+ MiB\) does not fit in cuda:0's free memory"
+    with pytest.raises(DeviceError, match=message):
+        train(cfg)

@@ -33,6 +33,14 @@ from mgpu.devices import to_device
 OptimizerFactory = Callable[[list], torch.optim.Optimizer]
 
 
+def check_amp(amp: str, devices) -> None:
+    """DeviceError when --amp bf16 is asked for on a device without bfloat16 support."""
+    if amp == "bf16":
+        for device in dict.fromkeys(devices):
+            if not devmod.supports_bf16(device):
+                raise DeviceError(f"--amp bf16 needs bfloat16 support, which {device} lacks: use --amp off")
+
+
 def cpu_state_dict(module: nn.Module) -> dict:
     """A detached CPU copy of a module's state_dict, so callers can keep it after training goes on."""
     return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
@@ -64,10 +72,7 @@ class Strategy(ABC):
     # -- speed options -------------------------------------------------------------------------
     def use_speed_options(self, amp: str = "off", channels_last: bool = False) -> None:
         """--amp and --channels-last; call before `setup`. The weights and the SGD step stay fp32."""
-        if amp == "bf16":
-            for device in dict.fromkeys(self.devices):
-                if not devmod.supports_bf16(device):
-                    raise DeviceError(f"--amp bf16 needs bfloat16 support, which {device} lacks: use --amp off")
+        check_amp(amp, self.devices)
         self.autocast_dtype = torch.bfloat16 if amp == "bf16" else None
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
 
