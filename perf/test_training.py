@@ -206,7 +206,7 @@ def test_ddp_scaling_interleaved(sessions, sweep, settings, scaling_rows, pytest
 @pytest.mark.parametrize("option", ["amp-bf16", "channels-last"])
 def test_train_step_option(benchmark, option, sweep, settings, cpu_threads):
     """The single-device step with a speed option GPU users turn on (--amp bf16, --channels-last);
-    compare with test_train_step[single-...]. On a CPU both are slower than fp32 contiguous."""
+    compare with test_train_step[single-...] (figures: docs/perf.md)."""
     bench = TrainBench("single", 1, per_device_batch=settings.per_device_batch,
                        steps_per_epoch=settings.steps_per_epoch, threads_per_device=sweep.threads_per_device,
                        amp="bf16" if option == "amp-bf16" else "off", channels_last=option == "channels-last")
