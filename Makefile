@@ -35,6 +35,7 @@ gpu-check:
 	PYTHONPATH=. $(GPU_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make gpu-check: no CUDA device visible to torch')"
 	PYTHONPATH=. $(GPU_PY) -m pytest correctness -m gpu -p no:cacheprovider -q -rs
 	PYTHONPATH=. $(GPU_PY) -m pytest correctness/test_sync_budget.py -p no:cacheprovider -q -rs
+	mkdir -p $(GPU_OUT)  # --benchmark-json does not create its folder
 	PYTHONPATH=. $(GPU_PY) -m pytest perf -p no:cacheprovider -q --perf-out $(GPU_OUT) --benchmark-json $(GPU_OUT)/benchmark.json
 	PYTHONPATH=. $(GPU_PY) -m mgpu train --model resnet18 --width 64 --epochs 1 --batch-size 256 --lr 0.1 \
 		--data-on-device --amp bf16 --channels-last --no-progress --out runs/gpu-check
