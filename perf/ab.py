@@ -330,6 +330,7 @@ class ABGate:
                 self.arms["candidate"] = Arm("candidate", PROJECT_ROOT, sys.executable, self.workdir)
             except ArmError as e:
                 raise ValueError(f"the candidate's worker cannot start: {e}") from None
+            self.versions_seen = {label: arm.versions for label, arm in self.arms.items()}  # kept if an arm dies
         except ValueError as e:
             self.cleanup()
             raise pytest.UsageError(str(e)) from None
@@ -377,9 +378,6 @@ class ABGate:
             session.exitstatus = gate_exit_status(self.results, self.settings)
         self._write_outputs()
 
-    def _versions(self) -> dict:
-        return {label: arm.versions for label, arm in self.arms.items()}
-
     def _out_dir(self) -> Path:
         from perf.sweep import DEFAULT_OUT, ENV_OUT
 
@@ -414,12 +412,6 @@ class ABGate:
 
     def pytest_unconfigure(self, config):
         self.cleanup()
-
-    @property
-    def versions_seen(self) -> dict:
-        if not hasattr(self, "_versions_cache"):
-            self._versions_cache = self._versions()
-        return self._versions_cache
 
 
 def gate_exit_status(results: list[Comparison], settings: Settings) -> int:

@@ -301,3 +301,24 @@ def test_smoke_ab_run_against_head(tmp_path):
     assert compare.returncode == 0 and "test_train_step" in compare.stdout, compare.stdout + compare.stderr
     if before is not None:
         assert _worktrees() == before, "the temporary worktree of HEAD was left behind"
+
+
+@pytest.mark.parametrize("planted, message", [
+    ("raise RuntimeError('planted failure in the baseline')", "planted failure in the baseline"),
+    ("import os; os._exit(3)", "baseline worker exited with code 3"),
+])
+def test_a_baseline_that_fails_or_crashes_fails_the_gate_run(planted, message, tmp_path):
+    """A whole `pytest perf --ab-baseline` run whose baseline raises in (or dies during) every
+    training step: the gated test fails and pytest exits 1, never `unchanged`."""
+    from perf.validate_gate import copy_tree
+
+    baseline = copy_tree(ROOT, tmp_path / "baseline")
+    trainer = baseline / "mgpu" / "trainer.py"
+    trainer.write_text(trainer.read_text() + f"\n\ndef _broken(self, *args, **kwargs):\n    {planted}\n\n\n"
+                       "Trainer.step = _broken\n")
+    out = _pytest("--ab-baseline", str(baseline), "--ab-max-rounds", "3", "-k", "test_train_step and single",
+                  "--perf-out", str(tmp_path / "out"), timeout=300)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-2000:]
+    assert message in out.stdout and "1 failed" in out.stdout, out.stdout[-3000:]
+    report = json.loads((tmp_path / "out" / "ab.json").read_text()) if (tmp_path / "out" / "ab.json").exists() else None
+    assert report is None or all(b["verdict"] != "unchanged" for b in report["benchmarks"]), report

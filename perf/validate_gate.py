@@ -64,11 +64,19 @@ Trainer.evaluate = _planted_slowdown(Trainer.evaluate)
 '''
 
 
+SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", ".benchmarks", "perf-results", "runs",
+             "data"}
+
+
 def project_files(root: Path) -> list[str]:
-    """Tracked and untracked-but-not-ignored files: the tree as a clean checkout of it would hold."""
+    """Tracked and untracked-but-not-ignored files: the tree as a clean checkout of it would hold
+    (outside a git checkout: every file but the virtualenv, caches and outputs)."""
     out = subprocess.run(["git", "-C", str(root), "ls-files", "-co", "--exclude-standard"], capture_output=True,
-                         text=True, check=True).stdout.splitlines()
-    return [f for f in out if (root / f).is_file()]
+                         text=True)
+    if out.returncode == 0:
+        return [f for f in out.stdout.splitlines() if (root / f).is_file()]
+    return [str(p.relative_to(root)) for p in root.rglob("*")
+            if p.is_file() and not SKIP_DIRS.intersection(p.relative_to(root).parts)]
 
 
 def copy_tree(root: Path, dest: Path, slowdown: float | None = None) -> Path:
