@@ -125,3 +125,33 @@ def test_ddp_refuses_gpu_options_before_any_rank_starts(fault, monkeypatch):
     message = "which cuda:1 lacks" if fault == "no-bf16" else r"the dataset \(\d+ MiB\) does not fit in cuda:0's free memory"
     with pytest.raises(DeviceError, match=message):
         train(cfg)
+
+
+def test_dataparallel_replica_threads_autocast_to_bf16_not_cudas_default(monkeypatch):
+    """nn.DataParallel runs replicas in threads that re-enter autocast without its dtype (float16 on
+    CUDA): the strategy's wrapper must set bfloat16 in the calling thread itself. Checked on the CPU
+    by calling the wrapper from a fresh thread, as parallel_apply does: without CUDA, torch leaves
+    CUDA autocast disabled (with a warning) but sets its dtype, which is what the wrapper decides."""
+    import contextlib
+    import threading
+
+    from mgpu.strategies.dataparallel import _AutocastForward
+
+    seen = {}
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen["dtype"] = torch.get_autocast_dtype("cuda")
+            return x
+
+    fresh = {}
+    probe = threading.Thread(target=lambda: fresh.update(dtype=torch.get_autocast_dtype("cuda")))
+    probe.start()
+    probe.join()
+    assert fresh["dtype"] == torch.float16, f"a fresh thread's CUDA autocast dtype: {fresh} (the premise)"
+    wrapped = _AutocastForward(Probe(), torch.bfloat16)
+    thread = threading.Thread(target=lambda: wrapped(torch.zeros(1)))
+    with pytest.warns(UserWarning, match="CUDA") if not torch.cuda.is_available() else contextlib.nullcontext():
+        thread.start()
+        thread.join()
+    assert seen == {"dtype": torch.bfloat16}, seen

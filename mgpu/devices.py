@@ -91,7 +91,7 @@ def to_device(t: torch.Tensor, device) -> torch.Tensor:
 def supports_bf16(device) -> bool:
     """Whether autocast to bfloat16 runs on this device (CPUs: always; GPUs: compute capability 8.0+)."""
     device = torch.device(device)
-    return device.type != "cuda" or torch.cuda.is_bf16_supported(including_emulation=False)
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def free_memory(device) -> int:

@@ -30,6 +30,7 @@ import math
 import os
 import select
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -85,15 +86,20 @@ class Arm:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
         with open(self.stderr_path, "w") as err:
             try:
+                # Its own session: killing the worker's group also ends the DDP ranks it started.
                 self.proc = subprocess.Popen([python, str(self.dir / "mgpu_ab_worker.py"), str(self.tree)],
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
-                                             cwd=self.tree, env=env, bufsize=1)
+                                             cwd=self.tree, env=env, bufsize=1, start_new_session=True)
             except OSError as e:
                 raise ArmError(f"{label}: cannot start {python}: {e.strerror or e}") from None
-        hello = self._read()
-        if "error" in hello:
-            raise ArmError(f"{label}: {hello['error']}")
-        self.versions = hello["versions"]
+        try:
+            hello = self._read()
+            if "error" in hello:
+                raise ArmError(f"{label}: {hello['error']}")
+            self.versions = hello["versions"]
+        except BaseException:
+            self.kill()
+            raise
 
     def _tail(self) -> str:
         try:
@@ -107,11 +113,28 @@ class Arm:
         line = self.proc.stdout.readline() if ready else ""
         if not line:
             if not ready:
-                self.proc.kill()
+                self.kill()
                 raise ArmError(f"{self.label} worker did not answer within {self.timeout_s:g} s")
             code = self.proc.wait(timeout=10)
             raise ArmError(f"{self.label} worker exited with code {code}: {self._tail() or 'no output'}")
-        return json.loads(line)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            self.kill()
+            raise ArmError(f"{self.label} worker answered something that is not JSON: {line[:200]!r}") from None
+        if not isinstance(answer, dict):
+            self.kill()
+            raise ArmError(f"{self.label} worker answered {answer!r}")
+        return answer
+
+    def kill(self) -> None:
+        """The worker and everything it started (DDP ranks), at once."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.proc.kill()
+        self.proc.wait()
 
     def request(self, command: str, **fields) -> dict:
         try:
@@ -123,6 +146,9 @@ class Arm:
         answer = self._read()
         if "error" in answer:
             raise ArmError(f"{self.label}: {command} failed: {answer['error']}")
+        if command == "sample" and not isinstance(answer.get("times"), list):
+            self.kill()
+            raise ArmError(f"{self.label}: sample answered {answer!r}")
         return answer
 
     def close(self) -> None:
@@ -132,9 +158,7 @@ class Arm:
                 self.proc.wait(timeout=30)
             except (ArmError, subprocess.TimeoutExpired, ValueError):
                 pass
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        self.kill()
 
 
 # -- one benchmark, both arms ----------------------------------------------------------------------
@@ -159,12 +183,18 @@ class Comparison:
         return self.estimate.interval(self.level) if self.estimate else (math.nan, math.nan)
 
     def to_dict(self) -> dict:
-        low, high = self.interval()
+        """For ab.json: strict JSON (no NaN or Infinity: None where a figure does not exist)."""
+        def finite(x):
+            return x if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+        low, high = (finite(v) for v in self.interval())
         return {"name": self.name, "spec": self.spec, "status": self.status, "reason": self.reason,
                 "verdict": self.verdict, "rounds": len(self.samples["baseline"]), "ops_per_sample": self.ops_per_sample,
-                "baseline_median_s": self.median("baseline"), "candidate_median_s": self.median("candidate"),
-                "ratio": self.estimate.ratio if self.estimate else None, "interval": [low, high], "level": self.level,
-                "p_slower": self.estimate.p_slower if self.estimate else None, "seconds": self.seconds,
+                "baseline_median_s": finite(self.median("baseline")),
+                "candidate_median_s": finite(self.median("candidate")),
+                "ratio": finite(self.estimate.ratio) if self.estimate else None, "interval": [low, high],
+                "level": self.level, "p_slower": self.estimate.p_slower if self.estimate else None,
+                "seconds": self.seconds,
                 "samples": self.samples}
 
 
@@ -189,7 +219,8 @@ def compare(name: str, spec: dict, arms: dict[str, Arm], settings: Settings, fam
         if settings.smoke:
             ops = 1
         else:
-            warm = {label: [_sample(arm, 1) for _ in range(settings.warmup)] for label, arm in arms.items()}
+            # untimed; at least one each, which also sizes the samples
+            warm = {label: [_sample(arm, 1) for _ in range(max(settings.warmup, 1))] for label, arm in arms.items()}
             op_s = statistics.fmean(statistics.median(v) for v in warm.values())
             ops = max(1, round(settings.sample_s / max(op_s, 1e-6)))
         result.ops_per_sample = ops
@@ -200,15 +231,21 @@ def compare(name: str, spec: dict, arms: dict[str, Arm], settings: Settings, fam
             done = i + 1
             if (not settings.smoke and done >= settings.min_rounds and done < settings.max_rounds
                     and (done - settings.min_rounds) % settings.look_every == 0):
+                # Only a verdict that cannot be a false `slower` ends a benchmark early: looking
+                # for `slower` after every few rounds would test it again and again (a false
+                # alarm rate up to 3x the nominal level, simulated). `slower` is judged once, at the end.
                 est = abstats.estimate(result.samples["baseline"], result.samples["candidate"], settings.threshold)
-                if abstats.verdict(est, settings.threshold, strictest) != "inconclusive":
+                if abstats.verdict(est, settings.threshold, strictest) in ("unchanged", "faster"):
                     break
         for label in ("baseline", "candidate"):
             arms[label].request("check")  # wrong results fail the run, in either arm
     finally:
-        for arm in arms.values():
-            if arm.proc.poll() is None:
-                arm.request("close")
+        for arm in arms.values():  # each arm closed on its own: the first error is the one reported
+            try:
+                if arm.proc.poll() is None:
+                    arm.request("close")
+            except ArmError:
+                arm.kill()
     result.estimate = abstats.estimate(result.samples["baseline"], result.samples["candidate"], settings.threshold)
     result.seconds = time.perf_counter() - start
     log(f"{name}: {len(result.samples['baseline'])} rounds, ratio {result.estimate.ratio:.3f}")
@@ -334,6 +371,9 @@ class ABGate:
         except ValueError as e:
             self.cleanup()
             raise pytest.UsageError(str(e)) from None
+        except BaseException:
+            self.cleanup()
+            raise
 
     def cleanup(self) -> None:
         for arm in self.arms.values():
@@ -362,9 +402,9 @@ class ABGate:
             raise ArmError("a worker of an earlier benchmark failed: this run cannot go on")
         try:
             result = compare(pyfuncitem.nodeid, dict(marker.args[0]), self.arms, self.settings, self.family_size)
-        except ArmError:
-            for arm in self.arms.values():  # a crashed arm leaves no state to trust
-                arm.close()
+        except Exception:
+            for arm in self.arms.values():  # a failed arm (or a broken exchange) leaves no state to trust
+                arm.kill()
             self.arms = {}
             raise
         self.results.append(result)
@@ -394,7 +434,7 @@ class ABGate:
                                "max_rounds": s.max_rounds, "look_every": s.look_every, "sample_s": s.sample_s,
                                "strict": s.strict, "smoke": s.smoke, "correction": "holm"},
                   "benchmarks": [r.to_dict() for r in self.results]}
-        (out / "ab.json").write_text(json.dumps(report, indent=2) + "\n")
+        (out / "ab.json").write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
         for arm in ("baseline", "candidate"):
             (out / f"ab-{arm}.json").write_text(json.dumps(_benchmark_json(self.results, arm, self.versions_seen.get(arm)),
                                                            indent=2) + "\n")

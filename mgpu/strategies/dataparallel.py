@@ -13,6 +13,18 @@ from mgpu import devices as devmod
 from mgpu.strategies.single import SingleDevice
 
 
+class _AutocastForward(nn.Module):
+    """`module` run under CUDA autocast to `dtype`, in whichever thread calls it."""
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.module, self.dtype = module, dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type="cuda", dtype=self.dtype):
+            return self.module(x)
+
+
 class DataParallel(SingleDevice):
     name = "dataparallel"
 
@@ -32,6 +44,10 @@ class DataParallel(SingleDevice):
             # With no CUDA at all, nn.DataParallel is itself a pass-through; with CUDA present
             # but the devices on the CPU, wrapping would demand the model on cuda:0.
             return nn.DataParallel(model) if not torch.cuda.is_available() else model
+        if self.autocast_dtype is not None and len(self.devices) > 1:
+            # nn.DataParallel runs each replica in a thread of its own and re-enters autocast there
+            # without its dtype (float16, CUDA's default): the replicas must enter it themselves.
+            model = _AutocastForward(model, self.autocast_dtype)
         return nn.DataParallel(model, device_ids=list(self.devices), output_device=self.devices[0])
 
     def notes(self) -> list[str]:
