@@ -12,8 +12,8 @@ from its own tree and the candidate's workloads, so the same benchmark code time
 One arm works at a time. Per benchmark: both arms set up and warm up (untimed), then rounds
 alternate the order (A B, B A, A B, ...), each round one sample per arm (the median of a few
 operations, about `sample_s` seconds). From `min_rounds` on, every `look_every` rounds the
-interval is checked at the strictest Holm level and the benchmark stops once it is decided;
-otherwise it runs to `max_rounds`.
+interval is checked at the strictest Holm level, and the benchmark stops early only when it is
+`unchanged` or `faster`; otherwise it runs to `max_rounds`, where `slower` is tested once.
 
 Outcome: the pytest run exits 1 if any gated benchmark is `slower` (`inconclusive` too with
 --ab-strict); a worker that crashes, a workload that fails or computes a wrong result in either

@@ -1,7 +1,7 @@
 """Proof that the A/B gate (perf/ab.py) tells a slowdown from noise on this machine, measured.
 
-    python -m perf.validate_gate                # the full validation (about 40-60 minutes on 2 cores)
-    python -m perf.validate_gate --quick        # a smaller version (about 10 minutes)
+    python -m perf.validate_gate                # the full validation (about 25 minutes on 2 cores)
+    python -m perf.validate_gate --quick        # a smaller version (about 5 minutes)
 
 Run it with nothing else on the machine; it is not part of CI. It copies this tree three times
 into a temporary folder: `same` (unchanged), and two candidates whose every training step and
@@ -149,7 +149,7 @@ def rate(decisions: list[dict], verdict: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m perf.validate_gate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="5 runs per kind and 1 whole-set run each (~10 min)")
+    parser.add_argument("--quick", action="store_true", help="5 runs per kind and 1 whole-set run each (~5 min)")
     parser.add_argument("--runs", type=int, default=None, help="single-benchmark runs per kind (default 20)")
     parser.add_argument("--set-runs", type=int, default=None, help="whole gated set runs per kind (default 3)")
     parser.add_argument("--out", default="perf-results", help="folder for gate-validation.json")
