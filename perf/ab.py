@@ -113,19 +113,21 @@ class Arm:
         line = self.proc.stdout.readline() if ready else ""
         if not line:
             if not ready:
-                self.kill()
-                raise ArmError(f"{self.label} worker did not answer within {self.timeout_s:g} s")
+                raise self._broken(f"worker did not answer within {self.timeout_s:g} s")
             code = self.proc.wait(timeout=10)
             raise ArmError(f"{self.label} worker exited with code {code}: {self._tail() or 'no output'}")
         try:
             answer = json.loads(line)
         except ValueError:
-            self.kill()
-            raise ArmError(f"{self.label} worker answered something that is not JSON: {line[:200]!r}") from None
+            answer = None
         if not isinstance(answer, dict):
-            self.kill()
-            raise ArmError(f"{self.label} worker answered {answer!r}")
+            raise self._broken(f"worker answered something that is not a JSON object: {line[:200]!r}")
         return answer
+
+    def _broken(self, what: str) -> ArmError:
+        """The exchange with this worker cannot be trusted any more: kill it, return the error to raise."""
+        self.kill()
+        return ArmError(f"{self.label} {what}")
 
     def kill(self) -> None:
         """The worker and everything it started (DDP ranks), at once."""
@@ -147,8 +149,7 @@ class Arm:
         if "error" in answer:
             raise ArmError(f"{self.label}: {command} failed: {answer['error']}")
         if command == "sample" and not isinstance(answer.get("times"), list):
-            self.kill()
-            raise ArmError(f"{self.label}: sample answered {answer!r}")
+            raise self._broken(f"answered {answer!r} to a sample")
         return answer
 
     def close(self) -> None:
