@@ -12,14 +12,13 @@ with the one allowed read outside it.
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 
 from conftest import requires_gpus
 from mgpu.config import TrainConfig
 from mgpu.data import BatchLoader
+from mgpu.launch import free_port
 from mgpu.models import build_model
 from mgpu.strategies import get_strategy
 from mgpu.train import make_loaders, make_optimizer_factory
@@ -90,12 +89,6 @@ def reads_between_devices(events) -> list[str]:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 CASES = [("single", 1), ("manual", 2), ("manual", 3), ("dataparallel", 1), ("ddp", 1)]
 
 
@@ -109,7 +102,7 @@ def session(request, monkeypatch):
         monkeypatch.setenv("WORLD_SIZE", "1")
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
         monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-        monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+        monkeypatch.setenv("MASTER_PORT", str(free_port()))
         monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
     cfg = TrainConfig(strategy=name, devices=n, model="resnet18", width=4, batch_size=12, train_size=12 * STEPS,
                       test_size=30, epochs=1, out=None, progress=False).validate()

@@ -69,12 +69,20 @@ class CheckpointSaver(Callback):
                             optimizer_state=s.optimizer_state_dict(), history=[asdict(e) for e in self.history])
 
 
+def check_data_fits(loaders, devices) -> None:
+    """--data-on-device: DeviceError unless every dataset fits in each CUDA device's free memory
+    (no-op for CPU devices, where the data already is)."""
+    nbytes = sum(loader.dataset.nbytes for loader in loaders)
+    for device in devices:
+        devmod.check_fits(nbytes, device)
+
+
 def _data_on_device(loaders: tuple[BatchLoader, ...], device: torch.device) -> None:
     """--data-on-device: every dataset held on the first device once (Fashion-MNIST: 47 MB of uint8),
     checked to fit first. The batch order is still drawn on the host, so it is the same as without."""
     if torch.device(device).type != "cuda":
         return  # accepted on the CPU, where the data already is
-    devmod.check_fits(sum(loader.dataset.nbytes for loader in loaders), device)
+    check_data_fits(loaders, [device])
     for loader in loaders:
         loader.dataset = loader.dataset.to(device)
 

@@ -22,7 +22,6 @@ import math
 import multiprocessing as mp
 import os
 import queue
-import socket
 import statistics
 import time
 import traceback
@@ -40,13 +39,9 @@ __all__ = ["cpu_cores", "TrainBench", "TrainSession", "RankPool", "RankPoolError
 
 def cpu_cores() -> int:
     """Cores this process may run on (the affinity mask, not the machine's count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from mgpu.devices import usable_cores
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return len(usable_cores())
 
 
 # -- training ----------------------------------------------------------------------------------
@@ -171,7 +166,9 @@ class RankPool:
                  command_timeout_s: float = 300.0, idle_timeout_s: float = 900.0):
         ctx = mp.get_context("spawn")  # fork would copy CUDA and thread-pool state into the ranks
         self.world_size, self.command_timeout_s = world_size, command_timeout_s
-        self.port = port or _free_port()
+        from mgpu.launch import free_port
+
+        self.port = port or free_port()
         self.ranks = list(range(first_rank, world_size))
         env = dict(WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(self.port), TORCHELASTIC_USE_AGENT_STORE="False")  # rank 0 hosts the store
@@ -336,11 +333,13 @@ class BareStep:
             torch.set_num_threads(bench.threads_per_device)
         cfg = bench.train_config()
         train_loader, _ = make_loaders(cfg)
+        from mgpu.comm import shard_bounds
+
         self.batches = []
         for indices in train_loader.index_batches():
-            if rank is not None:
-                per = len(indices) // world_size
-                indices = indices[rank * per:(rank + 1) * per]
+            if rank is not None:  # the rank's contiguous part, as the ddp strategy takes it
+                start, stop = shard_bounds(len(indices), world_size, rank)
+                indices = indices[start:stop]
             self.batches.append(train_loader.dataset.take(indices))
         self.model = build_model(cfg.model, width=cfg.width, seed=cfg.seed)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=cfg.lr)

@@ -56,17 +56,15 @@ class DistributedDataParallel(Strategy):
         """Checked once before the ranks start, not in every rank (nothing to do inside torchrun's ranks)."""
         if launch.under_launcher():
             return
-        from mgpu.train import make_loaders
+        from mgpu.train import check_data_fits, make_loaders
 
         loaders = None
         if cfg.data == "fashion-mnist":
             loaders = make_loaders(cfg)  # missing, corrupt or too few files fail (or download) once, before the ranks
         node = devmod.devices(cfg.devices, require_gpus=cfg.require_gpus)  # the devices the ranks will take
         check_amp(cfg.amp, node)
-        if cfg.data_on_device and node[0].type == "cuda":
-            nbytes = sum(loader.dataset.nbytes for loader in loaders or make_loaders(cfg))
-            for device in node:  # every rank holds the datasets on its own device
-                devmod.check_fits(nbytes, device)
+        if cfg.data_on_device and node[0].type == "cuda":  # every rank holds the datasets on its own device
+            check_data_fits(loaders or make_loaders(cfg), node)
         if cfg.sync_bn and devmod.gpu_count() < cfg.devices:
             raise DeviceError(f"--sync-bn needs a CUDA device per rank: {cfg.devices} ranks, "
                               f"{devmod.gpu_count()} CUDA device(s) found")
