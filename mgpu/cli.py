@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--channels-last", action="store_true", help="channels-last memory layout for images and convolutions")
     t.add_argument("--data-on-device", action="store_true",
                    help="CUDA: hold the whole dataset on the first device, shuffle and gather there (no-op on the CPU)")
+    t.add_argument("--accumulate", type=_int, default=d.accumulate, metavar="K",
+                   help="gradient accumulation: each global batch in K micro-steps per device, gradients synchronised "
+                        "on the last (under ddp: no_sync before it)")
     t.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in --checkpoint-dir (starts afresh, saying so, if there is none)")
     return parser

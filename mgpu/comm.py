@@ -45,17 +45,25 @@ def _check_devices(devices: Sequence) -> list[torch.device]:
     return [torch.device(d) for d in devices]
 
 
-def split_batch(X: torch.Tensor, y: torch.Tensor, devices: Sequence) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Split a batch into len(devices) contiguous shards, in order, each moved to its device."""
+def split_batch(X, y: torch.Tensor, devices: Sequence) -> tuple[list, list[torch.Tensor]]:
+    """Split a batch into len(devices) contiguous shards, in order, each moved to its device.
+
+    X is one tensor or a tuple of tensors (a model with several inputs), examples along dim 0;
+    the shards of X come in the same form.
+    """
     devs = _check_devices(devices)
-    if X.shape[0] != y.shape[0]:
-        raise ShapeError(f"X has {X.shape[0]} examples but y has {y.shape[0]}: they must match")
-    if X.shape[0] < len(devs):
-        raise ConfigError(f"batch of {X.shape[0]} examples is smaller than the {len(devs)} devices to split it over")
-    sizes = shard_sizes(X.shape[0], len(devs))
+    inputs = X if isinstance(X, (tuple, list)) else (X,)
+    for i, t in enumerate(inputs):
+        if t.shape[0] != y.shape[0]:
+            what = "X" if len(inputs) == 1 else f"input {i}"
+            raise ShapeError(f"{what} has {t.shape[0]} examples but y has {y.shape[0]}: they must match")
+    if y.shape[0] < len(devs):
+        raise ConfigError(f"batch of {y.shape[0]} examples is smaller than the {len(devs)} devices to split it over")
+    sizes = shard_sizes(y.shape[0], len(devs))
     # to_device: queued copies (pinned memory, non_blocking), so the host never waits between devices.
-    return ([to_device(s, d) for s, d in zip(X.split(sizes), devs)],
-            [to_device(s, d) for s, d in zip(y.split(sizes), devs)])
+    shards = [[to_device(s, d) for s, d in zip(t.split(sizes), devs)] for t in inputs]  # [input][device]
+    X_shards = shards[0] if not isinstance(X, (tuple, list)) else [tuple(per_input) for per_input in zip(*shards)]
+    return X_shards, [to_device(s, d) for s, d in zip(y.split(sizes), devs)]
 
 
 def _check_same_kind(tensors: Sequence[torch.Tensor]) -> None:

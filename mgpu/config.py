@@ -49,6 +49,7 @@ class TrainConfig:
     amp: str = "off"                  # off | bf16: autocast forward and loss to bfloat16 (fp32 weights, same SGD)
     channels_last: bool = False       # images and convolution weights in channels-last memory layout
     data_on_device: bool = False      # CUDA: the whole dataset on the first device once (no-op on the CPU)
+    accumulate: int = 1               # micro-steps per global batch, gradients synchronised on the last only
 
     def validate(self) -> "TrainConfig":
         """Raise ConfigError naming the first bad setting; return self when all are fine."""
@@ -57,7 +58,7 @@ class TrainConfig:
         _choice("data", self.data, DATA_NAMES)
         _choice("on_nonfinite", self.on_nonfinite, NONFINITE_POLICIES)
         _choice("amp", self.amp, AMP_MODES)
-        for name in ("devices", "epochs", "batch_size", "width"):
+        for name in ("devices", "epochs", "batch_size", "width", "accumulate"):
             _positive_int(name, getattr(self, name))
         for name in ("resize", "train_size", "test_size"):
             if getattr(self, name) is not None:
@@ -73,6 +74,9 @@ class TrainConfig:
         if self.batch_size < self.devices:
             raise ConfigError(f"batch size {self.batch_size} is smaller than the {self.devices} devices: "
                               "each device needs at least one example per step")
+        if self.batch_size < self.devices * self.accumulate:
+            raise ConfigError(f"batch size {self.batch_size} is smaller than {self.devices} device(s) x {self.accumulate} "
+                              "micro-steps (--accumulate): each device needs at least one example per micro-step")
         if self.train_size is not None and self.train_size < self.batch_size:
             raise ConfigError(f"train size {self.train_size} is smaller than one global batch of {self.batch_size}: "
                               "no full step could run")

@@ -25,10 +25,12 @@ from typing import Iterator
 import torch
 from torch.nn import functional as F
 
-from mgpu.devices import to_device
+from mgpu.devices import check_fits, to_device
 from mgpu.errors import ConfigError, DataError, DataNotFoundError
+from mgpu.errors import one_line as _one_line
 
-__all__ = ["ImageDataset", "BatchLoader", "load_fashion_mnist", "synthetic_fashion_mnist", "FASHION_MNIST_FILES"]
+__all__ = ["ImageDataset", "BatchLoader", "load_fashion_mnist", "synthetic_fashion_mnist", "FASHION_MNIST_FILES",
+           "make_loaders", "check_data_fits"]
 
 # The files torchvision's FashionMNIST reads from ROOT/FashionMNIST/raw/ (each may also be there as NAME.gz only).
 FASHION_MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
@@ -128,10 +130,6 @@ def _raw_file(raw_dir: Path, name: str) -> Path | None:
 
 def _missing(raw_dir: Path) -> list[str]:
     return [name for name in FASHION_MNIST_FILES if _raw_file(raw_dir, name) is None]
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 @contextlib.contextmanager
@@ -294,3 +292,28 @@ def synthetic_fashion_mnist(batch_size: int, train_size: int = 60_000, test_size
     train.resize = test.resize = resize
     return (BatchLoader(train, batch_size, shuffle=True, seed=seed, drop_last=True),
             BatchLoader(test, batch_size, shuffle=False))
+
+
+# -- what a run needs of its data ----------------------------------------------------------------
+
+def make_loaders(cfg) -> tuple[BatchLoader, BatchLoader]:
+    """Train and test loaders for a TrainConfig: its data, sizes, batch size, resize and seed."""
+    if cfg.data == "synthetic":
+        return synthetic_fashion_mnist(cfg.batch_size, train_size=cfg.train_size or 60_000,
+                                       test_size=cfg.test_size or 10_000, seed=cfg.seed, resize=cfg.resize)
+    train_loader, test_loader = load_fashion_mnist(cfg.batch_size, root=cfg.data_dir, download=cfg.download,
+                                                   resize=cfg.resize, seed=cfg.seed)
+    train_loader.dataset = train_loader.dataset.head(cfg.train_size)
+    test_loader.dataset = test_loader.dataset.head(cfg.test_size)
+    if len(train_loader) == 0:
+        raise ConfigError(f"{len(train_loader.dataset)} training examples do not fill one global batch "
+                          f"of {cfg.batch_size}")
+    return train_loader, test_loader
+
+
+def check_data_fits(loaders, devices) -> None:
+    """--data-on-device: DeviceError unless every dataset fits in each CUDA device's free memory
+    (no-op for CPU devices, where the data already is)."""
+    nbytes = sum(loader.dataset.nbytes for loader in loaders)
+    for device in devices:
+        check_fits(nbytes, device)

@@ -6,6 +6,14 @@ also derives from the builtin a Python caller would expect (ValueError, FileNotF
 """
 
 
+def one_line(e: BaseException, with_type: bool = False) -> str:
+    """An exception's message on one line (for `mgpu: error: ...`); with_type prefixes its class name."""
+    text = " ".join(str(e).split())
+    if with_type:
+        return f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return text or type(e).__name__
+
+
 class MgpuError(Exception):
     """Base class of every error caused by bad input or a bad environment."""
 
@@ -44,3 +52,23 @@ class CheckpointError(MgpuError, RuntimeError):
 
 class LaunchError(MgpuError, RuntimeError):
     """A multi-process run could not start, or one of its ranks failed."""
+
+
+class SpecError(MgpuError, ValueError):
+    """A user's model (MODULE:FUNCTION, or a ModelSpec) cannot be loaded, built or trained as given."""
+
+
+class CheckTimeout(MgpuError, TimeoutError):
+    """A step of a parity check did not finish within its time limit (the model hangs)."""
+
+
+class ParityError(AssertionError):
+    """Data-parallel training computed something else than single-device training.
+
+    An AssertionError, so that `check_data_parallel(spec)` fails a pytest test with the first
+    divergence as its message. Not an MgpuError: the model or mgpu is wrong, not the input.
+    """
+
+    def __init__(self, message: str, report=None):
+        super().__init__(message)
+        self.report = report

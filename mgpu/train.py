@@ -25,29 +25,16 @@ from tqdm import tqdm
 from mgpu import checkpoint, results
 from mgpu import devices as devmod
 from mgpu.config import TrainConfig
-from mgpu.data import BatchLoader, load_fashion_mnist, synthetic_fashion_mnist
+from mgpu.data import BatchLoader, check_data_fits, make_loaders
 from mgpu.errors import CheckpointError, ConfigError, ShapeError
 from mgpu.faults import FAULT_ENV, Fault
 from mgpu.models import build_model
+from mgpu.spec import builtin_spec
 from mgpu.results import EpochStats, RunResult
 from mgpu.strategies import Strategy, get_strategy
 from mgpu.trainer import Callback, Trainer
 
-__all__ = ["train", "make_loaders", "make_optimizer_factory", "check_model_input", "CheckpointSaver", "FAULT_ENV"]
-
-
-def make_loaders(cfg: TrainConfig) -> tuple[BatchLoader, BatchLoader]:
-    if cfg.data == "synthetic":
-        return synthetic_fashion_mnist(cfg.batch_size, train_size=cfg.train_size or 60_000,
-                                       test_size=cfg.test_size or 10_000, seed=cfg.seed, resize=cfg.resize)
-    train_loader, test_loader = load_fashion_mnist(cfg.batch_size, root=cfg.data_dir, download=cfg.download,
-                                                   resize=cfg.resize, seed=cfg.seed)
-    train_loader.dataset = train_loader.dataset.head(cfg.train_size)
-    test_loader.dataset = test_loader.dataset.head(cfg.test_size)
-    if len(train_loader) == 0:
-        raise ConfigError(f"{len(train_loader.dataset)} training examples do not fill one global batch "
-                          f"of {cfg.batch_size}")
-    return train_loader, test_loader
+__all__ = ["train", "make_optimizer_factory", "check_model_input", "CheckpointSaver"]
 
 
 def make_optimizer_factory(cfg: TrainConfig) -> Callable[[list], torch.optim.Optimizer]:
@@ -67,14 +54,6 @@ class CheckpointSaver(Callback):
         if s.is_main:
             checkpoint.save(self.cfg.checkpoint_dir, cfg=self.cfg, epoch=epoch + 1, model_state=s.model_state_dict(),
                             optimizer_state=s.optimizer_state_dict(), history=[asdict(e) for e in self.history])
-
-
-def check_data_fits(loaders, devices) -> None:
-    """--data-on-device: DeviceError unless every dataset fits in each CUDA device's free memory
-    (no-op for CPU devices, where the data already is)."""
-    nbytes = sum(loader.dataset.nbytes for loader in loaders)
-    for device in devices:
-        devmod.check_fits(nbytes, device)
 
 
 def _data_on_device(loaders: tuple[BatchLoader, ...], device: torch.device) -> None:
@@ -122,13 +101,15 @@ def _run_in_process(cfg: TrainConfig, fault: Fault | None = None) -> RunResult |
         train_loader, test_loader = make_loaders(cfg)
         if cfg.data_on_device:
             _data_on_device((train_loader, test_loader), strategy.devices[0])
-        strategy.setup(build_model(cfg.model, width=cfg.width, seed=cfg.seed), make_optimizer_factory(cfg))
+        spec = builtin_spec(cfg.model, width=cfg.width)
+        strategy.use_objective(spec.objective)
+        strategy.setup(spec.build_seeded(cfg.seed), make_optimizer_factory(cfg))
         start_epoch, done = _resume(cfg, strategy, log) if cfg.resume else (0, [])
         callbacks = [fault] if fault is not None else []
         if cfg.checkpoint_dir:
             callbacks.append(CheckpointSaver(cfg, done))
         trainer = Trainer(strategy, train_loader, test_loader, cfg.epochs, on_nonfinite=cfg.on_nonfinite,
-                          progress=cfg.progress, log=log, callbacks=callbacks)
+                          progress=cfg.progress, log=log, callbacks=callbacks, accumulate=cfg.accumulate)
         history = done + trainer.fit(start_epoch)
         result = RunResult(config=cfg.to_dict(), devices=strategy.describe_devices(), notes=strategy.notes(),
                            epochs=history, versions=results.versions(), state_dict=strategy.model_state_dict())

@@ -17,15 +17,17 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 from tqdm import tqdm
 
-from mgpu.data import BatchLoader
-from mgpu.errors import NonFiniteLossError
+from mgpu.errors import ConfigError, NonFiniteLossError
 from mgpu.results import EpochStats
-from mgpu.strategies import Strategy
+
+if TYPE_CHECKING:  # for the hints only: the loop imports no strategy
+    from mgpu.data import BatchLoader
+    from mgpu.strategies.base import Strategy
 
 __all__ = ["Callback", "StepResult", "Trainer"]
 
@@ -56,11 +58,14 @@ class StepResult:
 class Trainer:
     """Runs steps and epochs of a strategy over global batches; the strategy does all device work."""
 
-    def __init__(self, strategy: Strategy, train_loader: BatchLoader, test_loader: BatchLoader, epochs: int,
+    def __init__(self, strategy: "Strategy", train_loader: "BatchLoader", test_loader: "BatchLoader", epochs: int,
                  on_nonfinite: str = "error", progress: bool = True, log: Callable[[str], None] = print,
-                 callbacks: Sequence[Callback] = ()):
+                 callbacks: Sequence[Callback] = (), accumulate: int = 1):
+        if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
+            raise ConfigError(f"accumulate must be a positive integer, got {accumulate!r}")
         self.strategy, self.train_loader, self.test_loader = strategy, train_loader, test_loader
         self.epochs, self.on_nonfinite = epochs, on_nonfinite
+        self.accumulate = accumulate  # micro-steps per global batch; gradients synchronised on the last
         self.progress = progress and strategy.is_main
         self.log = log if strategy.is_main else (lambda _: None)
         self.callbacks = list(callbacks)
@@ -73,7 +78,7 @@ class Trainer:
             X = callback.before_step(self, epoch, step, X)
         # The step's one host read, after every replica's backward has been launched (see
         # mgpu/strategies/base.py: the sync budget); the NaN/Inf check rides on it.
-        loss_sum, correct = s.all_sum(s.forward_backward(X, y, len(indices))).tolist()
+        loss_sum, correct = s.all_sum(s.forward_backward(X, y, len(indices), self.accumulate)).tolist()
         if not math.isfinite(loss_sum):
             if self.on_nonfinite == "error":
                 raise NonFiniteLossError(f"loss is {loss_sum} at epoch {epoch + 1}, step {step + 1}: training stopped "
@@ -111,7 +116,7 @@ class Trainer:
                           test_acc=test_acc, seconds=seconds, eval_seconds=time.perf_counter() - eval_start,
                           images_per_sec=seen / seconds if seconds > 0 else float("nan"), skipped_steps=skipped)
 
-    def evaluate(self, loader: BatchLoader | None = None) -> float:
+    def evaluate(self, loader: "BatchLoader | None" = None) -> float:
         """Accuracy over every example of the loader (default: the test set), on all devices."""
         loader = loader or self.test_loader
         s = self.strategy
@@ -123,7 +128,7 @@ class Trainer:
             correct = batch_correct if correct is None else correct + batch_correct
         s.train_mode()
         if correct is None:  # no batch at all
-            correct = torch.zeros((), dtype=torch.int64, device=s.devices[0])
+            correct = torch.zeros((), dtype=torch.float64, device=s.devices[0])
         total = s.all_sum(correct.to(torch.float64).reshape(1))
         return float(total) / len(loader.dataset)
 

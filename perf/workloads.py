@@ -88,9 +88,9 @@ class TrainSession:
         from mgpu import devices as devmod
         from mgpu.models import build_model
         from mgpu.strategies import get_strategy
-        from mgpu.train import make_loaders, make_optimizer_factory
         from mgpu.trainer import Trainer
 
+        make_loaders, make_optimizer_factory = run_builders()
         cfg = bench.train_config()
         devmod.keep_freed_memory()  # as `python -m mgpu train` does
         self.bench = bench
@@ -327,7 +327,7 @@ class BareStep:
 
     def __init__(self, bench: TrainBench, rank: int | None = None, world_size: int = 1):
         from mgpu.models import build_model
-        from mgpu.train import make_loaders
+        make_loaders, _ = run_builders()
 
         if bench.threads_per_device:
             torch.set_num_threads(bench.threads_per_device)
@@ -559,6 +559,20 @@ def scaling_rows(times: dict[int, list[float]], per_rank_batch: int) -> list[dic
 
 # -- gated workloads: what the A/B gate times in each arm ----------------------------------------
 
+def run_builders():
+    """(make_loaders, make_optimizer_factory) of the mgpu this process imports: a baseline arm
+    may run an older mgpu, where make_loaders lived in mgpu.train beside the optimizer factory."""
+    try:
+        from mgpu.data import make_loaders
+    except ImportError:
+        from mgpu.train import make_loaders
+    try:
+        from mgpu.run import make_optimizer_factory
+    except ImportError:
+        from mgpu.train import make_optimizer_factory
+    return make_loaders, make_optimizer_factory
+
+
 def require_training_api() -> None:
     """Import every name of mgpu's public API the training workloads use, here in the calling
     process: an mgpu without one (older or newer than this harness) raises ImportError or
@@ -568,9 +582,9 @@ def require_training_api() -> None:
     from mgpu.models import build_model  # noqa: F401
     from mgpu.results import EpochStats  # noqa: F401
     from mgpu.strategies import get_strategy  # noqa: F401
-    from mgpu.train import make_loaders, make_optimizer_factory  # noqa: F401
     from mgpu.trainer import Trainer
 
+    run_builders()
     for name in ("step", "run_epoch"):
         getattr(Trainer, name)
     getattr(devices, "keep_freed_memory")

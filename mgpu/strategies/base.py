@@ -4,7 +4,7 @@ A strategy owns the model replica(s) and optimizer(s) and knows where the data g
 hands it global batches and never asks which strategy it is:
 
     X, y = dataset.take(strategy.local_indices(global_batch_indices))
-    stats = strategy.forward_backward(X, y, global_batch_size)   # local [loss_sum, correct], on the main device
+    stats = strategy.forward_backward(X, y, global_batch_size, micro_steps)   # local [loss_sum, correct], main device
     loss_sum, correct = strategy.all_sum(stats).tolist()         # over ranks (DDP) or identity; the one host read
     strategy.optimizer_step()
 
@@ -12,6 +12,12 @@ The sync budget (correctness/test_sync_budget.py): a training step reads the dev
 once, for the step's [loss_sum, correct]; between the first replica's forward and the last
 replica's backward it reads nothing, so on GPUs every replica's work is queued before the host
 waits for any of it. Statistics stay on the devices until that read.
+
+What the model computes comes from outside: `use_objective` sets the loss (a sum over examples)
+and the count of correct examples (mgpu.spec.Objective; cross-entropy over class scores by
+default), and X is one tensor or a tuple of tensors, the model's positional arguments.
+Gradient accumulation (`micro_steps` K): each device's part of the global batch is cut into K
+contiguous pieces, run one after the other, and gradients are synchronised once, after the last.
 """
 
 from __future__ import annotations
@@ -23,12 +29,12 @@ from typing import Callable, ClassVar
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from mgpu import devices as devmod
 from mgpu.comm import shard_bounds
-from mgpu.errors import DeviceError
 from mgpu.devices import to_device
+from mgpu.errors import DeviceError
+from mgpu.spec import Objective, as_inputs, batch_length, slice_inputs
 
 OptimizerFactory = Callable[[list], torch.optim.Optimizer]
 
@@ -46,15 +52,13 @@ def cpu_state_dict(module: nn.Module) -> dict:
     return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
 
 
-def sum_loss_and_correct(logits: torch.Tensor, y: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss to backpropagate, detached [loss_sum, correct] on the logits' device).
-
-    The loss summed over the examples, times `scale`: 1 / global batch size gives the mean
-    over the global batch whatever the shard sizes are.
-    """
-    loss_sum = F.cross_entropy(logits, y, reduction="sum")
-    correct = (logits.detach().argmax(dim=1) == y).sum()
-    return loss_sum * scale, torch.stack([loss_sum.detach().float(), correct.float()])
+def micro_batches(X, y: torch.Tensor, micro_steps: int):
+    """(X, y) cut into `micro_steps` contiguous pieces, in order (empty pieces left out)."""
+    n = y.shape[0]
+    for k in range(micro_steps):
+        start, stop = shard_bounds(n, micro_steps, k)
+        if stop > start:
+            yield slice_inputs(X, start, stop), y[start:stop]
 
 
 class Strategy(ABC):
@@ -68,6 +72,7 @@ class Strategy(ABC):
         self.rank, self.world_size = 0, 1  # processes, not devices: only DDP has more than one
         self.autocast_dtype: torch.dtype | None = None             # --amp bf16: torch.bfloat16
         self.memory_format: torch.memory_format = torch.contiguous_format  # --channels-last
+        self.objective = Objective()  # cross-entropy over class scores, unless use_objective says otherwise
 
     # -- speed options -------------------------------------------------------------------------
     def use_speed_options(self, amp: str = "off", channels_last: bool = False) -> None:
@@ -76,14 +81,19 @@ class Strategy(ABC):
         self.autocast_dtype = torch.bfloat16 if amp == "bf16" else None
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
 
+    def use_objective(self, objective: Objective) -> None:
+        """The loss (summed over examples) and count of correct examples of the model to train."""
+        self.objective = objective
+
     def place(self, model: nn.Module, device: torch.device) -> nn.Module:
         """The model on a device, in the run's memory layout."""
         return model.to(device=device, memory_format=self.memory_format)
 
-    def inputs(self, X: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """A batch of images on a device, in the run's memory layout, without the host waiting."""
-        X = to_device(X, device)
-        return X.contiguous(memory_format=self.memory_format) if X.dim() == 4 else X
+    def inputs(self, X, device: torch.device) -> tuple:
+        """The model's inputs (a tensor or a tuple of them) on a device, as a tuple of positional
+        arguments; images in the run's memory layout; without the host waiting."""
+        moved = (to_device(t, device) for t in as_inputs(X))
+        return tuple(t.contiguous(memory_format=self.memory_format) if t.dim() == 4 else t for t in moved)
 
     def autocast(self, device: torch.device):
         """The forward's (and loss's) autocast context: bfloat16 under --amp bf16, else nothing."""
@@ -133,10 +143,11 @@ class Strategy(ABC):
         return indices
 
     @abstractmethod
-    def forward_backward(self, X: torch.Tensor, y: torch.Tensor, global_batch_size: int) -> torch.Tensor:
-        """Forward and backward of this process's part of a global batch; returns the local
-        [loss_sum, correct] as a float tensor on the main device (no host read). When it returns, every replica's gradients are
-        those of the global mean loss (DDP averages them during backward, manual allreduces them)."""
+    def forward_backward(self, X, y: torch.Tensor, global_batch_size: int, micro_steps: int = 1) -> torch.Tensor:
+        """Forward and backward of this process's part of a global batch, in `micro_steps` pieces per
+        device; returns the local [loss_sum, correct] as a float tensor on the main device (no host
+        read). When it returns, every replica's gradients are those of the global mean loss (DDP
+        averages them during the last piece's backward, manual allreduces them once)."""
 
     @abstractmethod
     def optimizer_step(self) -> None:
@@ -165,21 +176,21 @@ class Strategy(ABC):
         for m in self.modules():
             m.eval()
 
-    def count_correct(self, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Correct predictions over a batch, each device predicting its contiguous shard, as an
-        int64 tensor on the main device: the devices' counts meet there without a host read.
+    def count_correct(self, X, y: torch.Tensor) -> torch.Tensor:
+        """Correct predictions over a batch, each device predicting its contiguous shard, as a
+        float64 tensor on the main device: the devices' counts meet there without a host read.
 
         Shards may be empty (a last test batch smaller than the device count): those are skipped.
         """
         modules, main = self.modules(), self.devices[0]
-        correct = torch.zeros((), dtype=torch.int64, device=main)
+        correct = torch.zeros((), dtype=torch.float64, device=main)
         with torch.no_grad():
             for i, (module, device) in enumerate(zip(modules, self.devices)):
-                start, stop = shard_bounds(X.shape[0], len(modules), i)
+                start, stop = shard_bounds(batch_length(X), len(modules), i)
                 if stop > start:
                     with self.autocast(device):
-                        logits = module(self.inputs(X[start:stop], device))
-                    hits = (logits.argmax(dim=1) == to_device(y[start:stop], device)).sum()
+                        output = module(*self.inputs(slice_inputs(X, start, stop), device))
+                    hits = self.objective.correct(output, to_device(y[start:stop], device))
                     correct += hits.to(main, non_blocking=True)
         return correct
 

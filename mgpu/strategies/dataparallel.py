@@ -20,9 +20,9 @@ class _AutocastForward(nn.Module):
         super().__init__()
         self.module, self.dtype = module, dtype
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, *inputs):
         with torch.autocast(device_type="cuda", dtype=self.dtype):
-            return self.module(x)
+            return self.module(*inputs)
 
 
 class DataParallel(SingleDevice):

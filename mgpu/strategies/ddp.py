@@ -7,11 +7,16 @@
 gloo on CPUs (each rank limited to its share of the cores), nccl on GPUs. Each rank reads only
 its contiguous part of every global batch. DDP averages gradients over ranks, so each rank scales
 its summed loss by world_size / global batch size: the average then equals the gradient of the
-global mean loss, uneven shards included.
+global mean loss, uneven shards included. With gradient accumulation, every micro-step but the
+last runs under `no_sync`: gradients are averaged once per step.
+
+The training step is SingleDevice's, with the model wrapped in DDP; evaluation runs the plain
+module (DDP's forward would start collectives, and ranks may hold different numbers of batches).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from datetime import timedelta
 
@@ -22,10 +27,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu import devices as devmod
 from mgpu import launch
+from mgpu.data import check_data_fits, make_loaders
 from mgpu.comm import all_max, all_sum, shard_bounds
 from mgpu.errors import ConfigError, DeviceError, LaunchError
-from mgpu.devices import to_device
-from mgpu.strategies.base import OptimizerFactory, Strategy, check_amp, sum_loss_and_correct
+from mgpu.strategies.base import OptimizerFactory, check_amp
+from mgpu.strategies.single import SingleDevice
 
 
 def setup_process_group(backend: str, timeout_s: float) -> None:
@@ -40,7 +46,7 @@ def rank_device(local_rank: int, local_world_size: int, require_gpus: bool) -> t
     return node_devices[local_rank]
 
 
-class DistributedDataParallel(Strategy):
+class DistributedDataParallel(SingleDevice):
     name = "ddp"
     spawns_ranks = True
 
@@ -56,8 +62,6 @@ class DistributedDataParallel(Strategy):
         """Checked once before the ranks start, not in every rank (nothing to do inside torchrun's ranks)."""
         if launch.under_launcher():
             return
-        from mgpu.train import check_data_fits, make_loaders
-
         loaders = None
         if cfg.data == "fashion-mnist":
             loaders = make_loaders(cfg)  # missing, corrupt or too few files fail (or download) once, before the ranks
@@ -91,23 +95,26 @@ class DistributedDataParallel(Strategy):
         strategy = cls(devmod.DeviceList([device]))
         strategy.rank, strategy.world_size = dist.get_rank(), dist.get_world_size()
         strategy.sync_bn = cfg.sync_bn
+        strategy.find_unused_parameters = False  # set before setup for models with parameters some steps leave unused
         names = [None] * strategy.world_size
         dist.all_gather_object(names, f"{device}")
         strategy.rank_devices = names
         return strategy
 
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:
-        device = self.devices[0]
         if self.sync_bn:
-            if device.type != "cuda":
+            if self.devices[0].type != "cuda":
                 raise DeviceError("SyncBatchNorm needs CUDA devices; it refuses CPU tensors")
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        self.model = self.place(model, device)
-        # Gradients as views into DDP's buckets: no copy into and out of the buckets each step.
-        # On 2 CPU cores that copy is time the ranks cannot overlap (2 ranks: 1.63x -> ~1.75x).
-        self.ddp = DDP(self.model, device_ids=[device] if device.type == "cuda" else None,
-                       gradient_as_bucket_view=True)
-        self.optimizer = make_optimizer(list(self.model.parameters()))
+        super().setup(model, make_optimizer)
+        self.ddp = self.net
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        device = self.devices[0]
+        # Gradients as views into DDP's buckets: no copy into and out of the buckets each step
+        # (the figure it bought on 2 CPU cores is in docs/perf.md).
+        return DDP(model, device_ids=[device] if device.type == "cuda" else None, gradient_as_bucket_view=True,
+                   find_unused_parameters=getattr(self, "find_unused_parameters", False))
 
     def teardown(self) -> None:
         if dist.is_initialized():
@@ -128,17 +135,15 @@ class DistributedDataParallel(Strategy):
         start, stop = shard_bounds(len(indices), self.world_size, self.rank)
         return indices[start:stop]
 
-    def forward_backward(self, X: torch.Tensor, y: torch.Tensor, global_batch_size: int) -> torch.Tensor:
-        device = self.devices[0]
-        with self.autocast(device):
-            loss, stats = sum_loss_and_correct(self.ddp(self.inputs(X, device)), to_device(y, device),
-                                               self.world_size / global_batch_size)
-        loss.backward()  # DDP averages gradients over ranks as the buckets fill
-        return stats
+    def loss_scale(self, global_batch_size: int) -> float:
+        # DDP averages gradients over ranks: scaling by world_size makes that average the global mean's.
+        return self.world_size / global_batch_size
 
-    def optimizer_step(self) -> None:
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+    def gradient_sync(self, last_micro_step: bool):
+        return contextlib.nullcontext() if last_micro_step else self.ddp.no_sync()
+
+    def evaluation_net(self) -> nn.Module:
+        return self.model
 
     def all_sum(self, t: torch.Tensor) -> torch.Tensor:
         return all_sum(t.to(self.devices[0]))  # stays on the device: the caller reads it once
@@ -154,8 +159,3 @@ class DistributedDataParallel(Strategy):
                 dist.broadcast(b, src=0)
         super().eval_mode()
 
-    def modules(self) -> list[nn.Module]:
-        return [self.model]  # evaluation runs the plain module: DDP's forward would start collectives
-
-    def optimizers(self) -> list[torch.optim.Optimizer]:
-        return [self.optimizer]

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from mgpu.comm import allreduce, split_batch
-from mgpu.strategies.base import OptimizerFactory, Strategy, sum_loss_and_correct
+from mgpu.strategies.base import OptimizerFactory, Strategy, micro_batches
 
 
 class Manual(Strategy):
@@ -25,15 +25,21 @@ class Manual(Strategy):
         self.replicas = [self.place(copy.deepcopy(model), d) for d in self.devices]
         self.opts = [make_optimizer(list(r.parameters())) for r in self.replicas]
 
-    def forward_backward(self, X: torch.Tensor, y: torch.Tensor, global_batch_size: int) -> torch.Tensor:
+    def forward_backward(self, X, y: torch.Tensor, global_batch_size: int, micro_steps: int = 1) -> torch.Tensor:
         Xs, ys = split_batch(X, y, self.devices)
+        pieces = [list(micro_batches(X_shard, y_shard, micro_steps)) for X_shard, y_shard in zip(Xs, ys)]
         main = self.devices[0]
         stats = torch.zeros(2, device=main)
-        for replica, device, X_shard, y_shard in zip(self.replicas, self.devices, Xs, ys):
-            with self.autocast(device):
-                loss, shard_stats = sum_loss_and_correct(replica(self.inputs(X_shard, device)), y_shard, 1.0)
-            loss.backward()  # queued per device: the host never waits here, so on GPUs the replicas overlap
-            stats += shard_stats.to(main, non_blocking=True)  # device to device: no host read
+        for k in range(micro_steps):
+            for replica, device, shard_pieces in zip(self.replicas, self.devices, pieces):
+                if k >= len(shard_pieces):
+                    continue  # a shard smaller than micro_steps has fewer pieces
+                X_piece, y_piece = shard_pieces[k]
+                with self.autocast(device):
+                    loss, piece_stats = self.objective.loss_and_stats(replica(*self.inputs(X_piece, device)),
+                                                                      y_piece, 1.0)
+                loss.backward()  # queued per device: the host never waits here, so on GPUs the replicas overlap
+                stats += piece_stats.to(main, non_blocking=True)  # device to device: no host read
         self.sync_gradients(global_batch_size)
         return stats
 
@@ -49,6 +55,11 @@ class Manual(Strategy):
         params = [list(r.parameters()) for r in self.replicas]
         with torch.no_grad():
             for same_param in zip(*params):
+                if all(p.grad is None for p in same_param):
+                    continue  # used by no replica in this step: no gradient anywhere, as on one device
+                for p in same_param:
+                    if p.grad is None:  # unused on this replica's shard only: it contributes zero
+                        p.grad = torch.zeros_like(p)
                 grads = [p.grad for p in same_param]
                 allreduce(grads)
                 for g in grads:

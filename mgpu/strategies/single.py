@@ -1,13 +1,22 @@
-"""One model on one device: the reference every other strategy must match."""
+"""One model on one device: the reference every other strategy must match.
+
+DataParallel and DDP are this strategy with the model wrapped (`wrap`): the step below, with its
+gradient accumulation, is theirs too. They override what differs: how much of the global batch
+one process's loss stands for (`loss_scale`), and whether a micro-step's backward synchronises
+gradients (`gradient_sync`).
+"""
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import nn
 
 from mgpu import devices as devmod
 from mgpu.devices import to_device
-from mgpu.strategies.base import OptimizerFactory, Strategy, sum_loss_and_correct
+from mgpu.spec import batch_length
+from mgpu.strategies.base import OptimizerFactory, Strategy, micro_batches
 
 
 class SingleDevice(Strategy):
@@ -20,31 +29,48 @@ class SingleDevice(Strategy):
 
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:
         self.model = self.place(model, self.devices[0])
-        self.net = self.wrap(self.model)  # what forward runs through
+        self.net = self.wrap(self.model)  # what a training step's forward runs through
         self.optimizer = make_optimizer(list(self.model.parameters()))
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model
 
-    def forward_backward(self, X: torch.Tensor, y: torch.Tensor, global_batch_size: int) -> torch.Tensor:
-        device = self.devices[0]
-        with self.autocast(device):
-            loss, stats = sum_loss_and_correct(self.net(self.inputs(X, device)), to_device(y, device),
-                                               1.0 / global_batch_size)
-        loss.backward()
+    def loss_scale(self, global_batch_size: int) -> float:
+        """What this process's summed loss is multiplied by: 1 / global batch size gives the mean."""
+        return 1.0 / global_batch_size
+
+    def gradient_sync(self, last_micro_step: bool):
+        """The context of a micro-step's backward: only DDP synchronises, and only on the last."""
+        return contextlib.nullcontext()
+
+    def forward_backward(self, X, y: torch.Tensor, global_batch_size: int, micro_steps: int = 1) -> torch.Tensor:
+        device, scale = self.devices[0], self.loss_scale(global_batch_size)
+        stats = torch.zeros(2, device=device)
+        pieces = list(micro_batches(X, y, micro_steps))
+        for k, (X_piece, y_piece) in enumerate(pieces):
+            with self.gradient_sync(last_micro_step=k == len(pieces) - 1):
+                with self.autocast(device):
+                    loss, piece_stats = self.objective.loss_and_stats(self.net(*self.inputs(X_piece, device)),
+                                                                      to_device(y_piece, device), scale)
+                loss.backward()
+            stats += piece_stats
         return stats
 
     def optimizer_step(self) -> None:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def count_correct(self, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def evaluation_net(self) -> nn.Module:
+        """What evaluation runs through (DDP: the plain module, whose forward starts no collectives)."""
+        return self.net
+
+    def count_correct(self, X, y: torch.Tensor) -> torch.Tensor:
         device = self.devices[0]
-        if X.shape[0] == 0:
-            return torch.zeros((), dtype=torch.int64, device=device)
+        if batch_length(X) == 0:
+            return torch.zeros((), dtype=torch.float64, device=device)
         with torch.no_grad(), self.autocast(device):
-            logits = self.net(self.inputs(X, device))
-        return (logits.argmax(dim=1) == to_device(y, device)).sum()
+            output = self.evaluation_net()(*self.inputs(X, device))
+        return self.objective.correct(output, to_device(y, device)).to(torch.float64)
 
     def modules(self) -> list[nn.Module]:
         return [self.model]

@@ -1,0 +1,346 @@
+"""The model contract: what mgpu needs to know to train, check or time any PyTorch model.
+
+    python -m mgpu check examples/tiny_lm.py:spec                                 # a ModelSpec
+    python -m mgpu check torchvision.models:resnet18 --input-shape 3,32,32 --classes 10   # a module
+
+A user points mgpu at `MODULE:FUNCTION` (a module name, or a path to a .py file). The function
+returns either a `ModelSpec`, or an `nn.Module` that takes images (then the input shape and the
+class count say what synthetic batches look like). A spec holds:
+
+* `build()`: a new model. mgpu calls it under a seed it chooses, on the CPU.
+* `draw(n, generator)`: a batch of n examples, `(inputs, target)`: `inputs` one tensor or a tuple
+  of tensors (the model is called as `model(*inputs)`), each with the examples along dim 0, as
+  is `target`. Everything random comes from `generator`, so the same seed gives the same batch.
+* `loss(output, target)`: the loss *summed* over the examples (default: cross-entropy). A sum,
+  not a mean, so that shards of any size add up to the global batch's loss; mgpu scales it by
+  1 / global batch size itself.
+* `correct(output, target)`: how many examples are right, summed (default: argmax over the last
+  dimension equals the target, averaged over any other non-batch dimensions of an example).
+* `optimizer(params)`: optional; default, the suite's SGD.
+
+mgpu's own networks are two such specs (`builtin_spec("resnet18")`, `builtin_spec("lenet")`).
+Everything a user can get wrong here is a `SpecError` naming the problem (one line from the CLI).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import importlib.util
+import math
+import os
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from mgpu.errors import SpecError, one_line
+
+__all__ = ["ModelSpec", "Objective", "image_spec", "builtin_spec", "load_spec", "parse_input_shape",
+           "as_inputs", "batch_length", "slice_inputs", "cross_entropy_sum", "argmax_correct", "validate_spec"]
+
+Inputs = Any  # a tensor, or a tuple of tensors: the positional arguments of the model
+
+
+def cross_entropy_sum(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy summed over the examples; outputs (B, C) or (B, ..., C) with targets (B, ...)."""
+    return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1), reduction="sum")
+
+
+def argmax_correct(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Examples whose argmax over the last dimension is the target; an example with several
+    positions (tokens) counts the fraction of them that are right."""
+    hits = (output.detach().argmax(dim=-1) == target).reshape(target.shape[0], -1).float()
+    return hits.mean(dim=1).sum()
+
+
+@dataclass(frozen=True)
+class Objective:
+    """The loss and the count of correct examples a strategy computes on each shard."""
+
+    loss: Callable[[Any, torch.Tensor], torch.Tensor] = cross_entropy_sum
+    correct: Callable[[Any, torch.Tensor], torch.Tensor] = argmax_correct
+
+    def loss_and_stats(self, output, target: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss to backpropagate: the summed loss times `scale`, detached [loss_sum, correct]
+        as float32 on the target's device). 1 / global batch size as `scale` gives the mean over
+        the global batch whatever the shard sizes are."""
+        loss_sum = self.loss(output, target)
+        correct = self.correct(output, target).detach()
+        return loss_sum * scale, torch.stack([loss_sum.detach().float(), correct.float().to(loss_sum.device)])
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to build a model, draw its batches, and score it (see the module docstring)."""
+
+    build: Callable[[], nn.Module]
+    draw: Callable[[int, torch.Generator], tuple[Inputs, torch.Tensor]]
+    loss: Callable[[Any, torch.Tensor], torch.Tensor] = cross_entropy_sum
+    correct: Callable[[Any, torch.Tensor], torch.Tensor] = argmax_correct
+    optimizer: Callable[[list], torch.optim.Optimizer] | None = None
+    name: str = "model"
+    source: str | None = None  # "MODULE:FUNCTION" it was loaded from: other processes load it again from there
+    options: dict = field(default_factory=dict)  # what load_spec was given besides the source (input shape, classes)
+
+    @property
+    def objective(self) -> Objective:
+        return Objective(self.loss, self.correct)
+
+    def build_seeded(self, seed: int) -> nn.Module:
+        """build() under `seed`, leaving the caller's random state as it was."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = self.build()
+        if not isinstance(model, nn.Module):
+            raise SpecError(f"{self.name}: build() returned {type(model).__name__}, not an nn.Module")
+        return model
+
+    def batch(self, n: int, seed: int) -> tuple[tuple, torch.Tensor]:
+        """draw(n) from a generator seeded with `seed`: (inputs as a tuple, target)."""
+        g = torch.Generator().manual_seed(seed)
+        try:
+            inputs, target = self.draw(n, g)
+        except (TypeError, ValueError) as e:
+            if "unpack" in str(e):
+                raise SpecError(f"{self.name}: draw(n, generator) must return (inputs, target), {e}") from None
+            raise
+        return as_inputs(inputs), target
+
+
+# -- batches of several input tensors ------------------------------------------------------------
+
+def as_inputs(inputs: Inputs) -> tuple:
+    """The model's positional arguments as a tuple (one tensor becomes a tuple of one)."""
+    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+def batch_length(inputs: Inputs) -> int:
+    return as_inputs(inputs)[0].shape[0]
+
+
+def slice_inputs(inputs: Inputs, start: int, stop: int) -> Inputs:
+    """Examples start..stop of every input tensor, in the form given (tensor or tuple)."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs[start:stop]
+    return tuple(t[start:stop] for t in inputs)
+
+
+# -- specs for images --------------------------------------------------------------------------------
+
+def parse_input_shape(text: str | Sequence[int]) -> tuple[int, int, int]:
+    """'C,H,W' (or a sequence of three ints) as a tuple of three positive integers."""
+    parts = text.split(",") if isinstance(text, str) else list(text)
+    try:
+        shape = tuple(int(p) for p in parts)
+    except (TypeError, ValueError):
+        shape = ()
+    if len(shape) != 3 or any(s < 1 for s in shape) or (isinstance(text, str) and not all(p.strip().isdigit() for p in parts)):
+        raise SpecError(f"input shape must be C,H,W: three positive integers such as 3,32,32, got {text!r}")
+    return shape
+
+
+def _draw_images(input_shape: tuple[int, int, int], classes: int):
+    def draw(n: int, g: torch.Generator):
+        return torch.rand((n, *input_shape), generator=g), torch.randint(0, classes, (n,), generator=g)
+    return draw
+
+
+def image_spec(build: Callable[[], nn.Module], input_shape: Sequence[int], classes: int, name: str = "model",
+               **kwargs) -> ModelSpec:
+    """A spec for a classifier of images: batches of uniform [0, 1) images of `input_shape`
+    (C, H, W) with labels 0..classes-1, cross-entropy."""
+    shape = parse_input_shape(input_shape)
+    if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
+        raise SpecError(f"classes must be a positive integer, got {classes!r}")
+    return ModelSpec(build=build, draw=_draw_images(shape, classes), name=name,
+                     options={"input_shape": ",".join(map(str, shape)), "classes": classes}, **kwargs)
+
+
+def builtin_spec(name: str, width: int = 64, num_classes: int = 10) -> ModelSpec:
+    """mgpu's own networks as specs: `resnet18` (at `width`) and `lenet`, on 1x28x28 images."""
+    from mgpu.models import MODEL_NAMES, build_model
+
+    if name not in MODEL_NAMES:
+        raise SpecError(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)}, or give MODULE:FUNCTION")
+    return image_spec(lambda: build_model(name, width=width, num_classes=num_classes), (1, 28, 28), num_classes,
+                      name=name if name != "resnet18" else f"resnet18 (width {width})")
+
+
+# -- MODULE:FUNCTION --------------------------------------------------------------------------------
+
+def _import(module_part: str):
+    if module_part.endswith(".py") or os.sep in module_part or "/" in module_part:
+        path = Path(module_part)
+        if not path.is_file():
+            raise SpecError(f"cannot import {module_part}: no such file")
+        name = "mgpu_user_" + "".join(c if c.isalnum() else "_" for c in str(path.resolve()))
+        if name in sys.modules:
+            return sys.modules[name]
+        if str(path.resolve().parent) not in sys.path:
+            sys.path.insert(0, str(path.resolve().parent))  # so that the file's own imports of its neighbours work
+        loader_spec = importlib.util.spec_from_file_location(name, path)
+        if loader_spec is None or loader_spec.loader is None:
+            raise SpecError(f"cannot import {module_part}: not a Python file")
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[name] = module
+        try:
+            loader_spec.loader.exec_module(module)
+        except BaseException as e:
+            del sys.modules[name]
+            if isinstance(e, (KeyboardInterrupt, SystemExit)) and not isinstance(e, SystemExit):
+                raise
+            raise SpecError(f"cannot import {module_part}: {one_line(e, with_type=True)}") from None
+        return module
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `mgpu check mymodels:net` finds ./mymodels.py, as `python -m` would
+    try:
+        return importlib.import_module(module_part)
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise SpecError(f"cannot import {module_part}: {one_line(e, with_type=True)}") from None
+
+
+def load_spec(target: str, input_shape: str | Sequence[int] | None = None, classes: int | None = None) -> ModelSpec:
+    """The ModelSpec behind `MODULE:FUNCTION`: the function's ModelSpec, or an image spec around
+    the nn.Module it returns (`input_shape` C,H,W needed; `classes` read off the output if not
+    given). Every problem is a SpecError naming it."""
+    if not isinstance(target, str) or ":" not in target or target.startswith(":") or target.endswith(":"):
+        raise SpecError(f"model must be MODULE:FUNCTION (a module name or a .py file, then the function), got {target!r}")
+    module_part, function_name = target.rsplit(":", 1)
+    module = _import(module_part)
+    fn = getattr(module, function_name, None)
+    if fn is None:
+        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))[:12]
+        raise SpecError(f"{module_part} has no function {function_name!r}"
+                        + (f" (it has: {', '.join(public)})" if public else ""))
+    if not callable(fn):
+        raise SpecError(f"{target} is a {type(fn).__name__}, not a function")
+    result = _call(fn, target)
+    options = {}
+    if input_shape is not None:
+        options["input_shape"] = ",".join(map(str, parse_input_shape(input_shape)))
+    if classes is not None:
+        if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
+            raise SpecError(f"classes must be a positive integer, got {classes!r}")
+        options["classes"] = classes
+    if isinstance(result, ModelSpec):
+        if options:
+            raise SpecError(f"{target} returns a ModelSpec, which says how to draw its batches itself: "
+                            "leave out --input-shape and --classes")
+        return replace(result, source=target, name=result.name if result.name != "model" else target)
+    if isinstance(result, nn.Module):
+        if input_shape is None:
+            raise SpecError(f"{target} returns an nn.Module ({type(result).__name__}): give the shape of one input "
+                            "image with --input-shape C,H,W (and --classes N), or return an mgpu.ModelSpec")
+        shape = parse_input_shape(input_shape)
+        if classes is None:
+            classes = _classes_of(result, shape, target)
+            options["classes"] = classes
+        first = [result]
+
+        def build() -> nn.Module:
+            # The object already built serves the first call; later calls build anew under the caller's seed.
+            return first.pop() if first else _call(fn, target)
+
+        spec = image_spec(build, shape, classes, name=target, source=target)
+        return replace(spec, options=options)
+    raise SpecError(f"{target} returned {type(result).__name__}: it must return an nn.Module or an mgpu.ModelSpec")
+
+
+def _call(fn, target: str):
+    try:
+        return fn()
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise SpecError(f"{target} raised {one_line(e, with_type=True)}") from None
+
+
+def _classes_of(model: nn.Module, shape: tuple[int, int, int], target: str) -> int:
+    out = _forward_check(copy.deepcopy(model).eval(), (torch.zeros(2, *shape),), f"{target} on 2x{'x'.join(map(str, shape))} images")
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != 2:
+        raise SpecError(f"{target} gives {_describe(out)} for 2 images of {'x'.join(map(str, shape))}: "
+                        "an image classifier must give (batch, classes) scores")
+    return int(out.shape[1])
+
+
+def _describe(out) -> str:
+    if isinstance(out, torch.Tensor):
+        return f"a tensor of shape {tuple(out.shape)}"
+    return f"a {type(out).__name__}"
+
+
+def _forward_check(model: nn.Module, inputs: tuple, what: str):
+    try:
+        with torch.no_grad():
+            return model(*inputs)
+    except Exception as e:
+        shapes = ", ".join(str(tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__ for t in inputs)
+        raise SpecError(f"inputs of shape {shapes} do not fit the model ({what}): {one_line(e, with_type=True)}") from None
+
+
+def validate_spec(spec: ModelSpec, batch_size: int = 4, seed: int = 0) -> None:
+    """SpecError when the spec cannot be trained as data-parallel training needs: no parameters,
+    a draw that does not give `batch_size` examples, inputs that do not fit the model, an output
+    that does not fit the loss, a loss that is not a number, or a mean where a sum is needed."""
+    model = spec.build_seeded(seed)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise SpecError(f"{spec.name} has no parameters to train")
+    inputs, target = spec.batch(batch_size, seed)
+    for i, t in enumerate((*inputs, target)):
+        what = "target" if i == len(inputs) else f"input {i}"
+        if not isinstance(t, torch.Tensor):
+            raise SpecError(f"{spec.name}: draw() gave {type(t).__name__} as {what}: every input and the target must be tensors")
+        if t.dim() == 0 or t.shape[0] != batch_size:
+            raise SpecError(f"{spec.name}: draw({batch_size}) gave {what} of shape {tuple(t.shape)}: "
+                            f"dim 0 must hold the {batch_size} examples")
+    model.train()
+    try:
+        output = model(*inputs)
+    except Exception as e:
+        shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
+        raise SpecError(f"{spec.name}: inputs of shape {shapes} do not fit the model: {one_line(e, with_type=True)}") from None
+    try:
+        loss = spec.loss(output, target)
+    except Exception as e:
+        raise SpecError(f"{spec.name}: the model's output ({_describe(output)}) does not fit the loss with targets of "
+                        f"shape {tuple(target.shape)}: {one_line(e, with_type=True)}") from None
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+        raise SpecError(f"{spec.name}: the loss must be one floating-point number, got {_describe(loss)}")
+    if not math.isfinite(float(loss)):
+        raise SpecError(f"{spec.name}: the loss of a freshly built model is {float(loss)}")
+    try:
+        correct = spec.correct(output, target)
+        float(correct)
+    except Exception as e:
+        raise SpecError(f"{spec.name}: cannot count correct examples from the output ({_describe(output)}) and "
+                        f"targets of shape {tuple(target.shape)}: {one_line(e, with_type=True)}") from None
+    if not 0 <= float(correct) <= batch_size:
+        raise SpecError(f"{spec.name}: correct() gave {float(correct)} for {batch_size} examples: it must count "
+                        "examples (0..batch size)")
+    _check_loss_is_a_sum(spec, output, target)
+    try:
+        loss.backward()
+    except Exception as e:
+        raise SpecError(f"{spec.name}: backward through the loss failed: {one_line(e, with_type=True)}") from None
+
+
+def _check_loss_is_a_sum(spec: ModelSpec, output, target: torch.Tensor) -> None:
+    """loss(all) must equal loss(first part) + loss(rest): a mean would make shards of different
+    sizes weigh their examples differently (the per-device average pitfall)."""
+    if not isinstance(output, torch.Tensor) or output.shape[:1] != target.shape[:1] or target.shape[0] < 2:
+        return  # outputs that are not one batch-first tensor: nothing to cut in parts here
+    with torch.no_grad():
+        out, k = output.detach().double(), 1
+        whole = float(spec.loss(out, target))
+        parts = float(spec.loss(out[:k], target[:k])) + float(spec.loss(out[k:], target[k:]))
+    if not math.isclose(whole, parts, rel_tol=1e-6, abs_tol=1e-9):
+        raise SpecError(f"{spec.name}: the loss is not a sum over examples (loss of {target.shape[0]} examples "
+                        f"{whole:.6g}, sum over 1 + {target.shape[0] - 1} of them {parts:.6g}): return the sum "
+                        "(reduction='sum'); mgpu divides by the global batch size itself")
