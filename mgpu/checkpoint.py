@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from mgpu.errors import CheckpointError
+from mgpu.errors import CheckpointError, OutputDirError, one_line
+from mgpu.results import atomic_write
 
 __all__ = ["CHECKPOINT_NAME", "FINGERPRINT_FIELDS", "fingerprint", "checkpoint_path", "save", "load",
            "load_for", "rng_state", "set_rng_state"]
@@ -85,20 +86,13 @@ def save(directory: str | os.PathLike, *, cfg, epoch: int, model_state: dict, op
          history: list[dict]) -> Path:
     """Write the checkpoint after `epoch` completed epochs: tmp file, fsync, atomic rename."""
     path = checkpoint_path(directory)
-    tmp = path.with_name(path.name + ".tmp")
     payload = {"format": FORMAT, "version": VERSION, "epoch": int(epoch), "model": model_state,
                "optimizer": optimizer_state, "rng": rng_state(), "fingerprint": fingerprint(cfg),
                "history": list(history), "strategy": cfg.strategy, "devices": cfg.devices}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write(path, lambda tmp: torch.save(payload, tmp))
     except OSError as e:
-        from mgpu.errors import OutputDirError
-
         raise OutputDirError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
     return path
 
@@ -117,7 +111,7 @@ def load(directory: str | os.PathLike) -> dict | None:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # zip, pickle and EOF errors all mean the same: unusable file
-        first = str(e).strip().splitlines()[0].split(". ")[0] if str(e).strip() else type(e).__name__
+        first = one_line(e).split(". ")[0]
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({first}); delete it to start afresh, "
                               "or resume from a good copy") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:

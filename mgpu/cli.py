@@ -1,13 +1,16 @@
-"""`python -m mgpu train ...`: the chapter's experiment from the command line.
+"""`python -m mgpu train ...`: the chapter's experiment; `python -m mgpu check ...`: your model's parity.
 
     python -m mgpu train --model lenet --epochs 2 --train-size 8192 --test-size 2000
     python -m mgpu train --strategy ddp --devices 2 --batch-size 512 --lr 0.2
+    python -m mgpu check examples/tiny_lm.py:spec --json check.json
+    python -m mgpu check torchvision.models:resnet18 --input-shape 3,32,32 --classes 10
 
 Every mistake a user can make ends in one line on stderr, `mgpu: error: ...`, and exit code 2.
 Exit codes (docs/failures.md lists every case):
 
-    0    the run finished
-    1    the run failed while training: a rank failed (its error is shown), or a NaN/Inf loss
+    0    the run finished; check: every check passed (findings do not count, unless --strict)
+    1    the run failed while training: a rank failed (its error is shown), or a NaN/Inf loss;
+         check: a parity check failed (its first divergence is shown)
     2    bad input: a wrong option, missing or corrupt data, an unwritable folder, a bad checkpoint
     130  interrupted by Ctrl-C (SIGINT); 143 stopped by SIGTERM; every rank is stopped first
 """
@@ -17,7 +20,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mgpu.config import AMP_MODES, DATA_NAMES, MODEL_NAMES, NONFINITE_POLICIES, STRATEGY_NAMES, TrainConfig
+from mgpu.config import (AMP_MODES, CHECK_STRATEGIES, DATA_NAMES, MODEL_NAMES, NONFINITE_POLICIES, STRATEGY_NAMES,
+                         CheckOptions, TrainConfig)
 from mgpu.errors import ConfigError, LaunchError, MgpuError, NonFiniteLossError
 
 EXIT_FAILED = 1
@@ -112,12 +116,79 @@ def build_parser() -> argparse.ArgumentParser:
                         "on the last (under ddp: no_sync before it)")
     t.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in --checkpoint-dir (starts afresh, saying so, if there is none)")
+    _add_check_parser(commands)
     return parser
+
+
+def _add_check_parser(commands) -> None:
+    d = CheckOptions()
+    c = commands.add_parser("check", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            help="check that data-parallel training of your model computes what one device computes")
+    c.add_argument("model", metavar="MODULE:FUNCTION",
+                   help="a function (in a module, or a .py file) returning an nn.Module or an mgpu.ModelSpec; "
+                        "or resnet18 / lenet")
+    c.add_argument("--input-shape", default=None, metavar="C,H,W", help="one input image, for a function returning an nn.Module")
+    c.add_argument("--classes", type=_int, default=None, help="class count (default: read off the model's output)")
+    c.add_argument("--strategies", default=",".join(d.strategies), metavar="S[,S...]",
+                   help=f"strategies to check, from {','.join(CHECK_STRATEGIES)}")
+    c.add_argument("--devices", default=",".join(map(str, d.devices)), metavar="N[,N...]",
+                   help="device counts (emulated on the CPU when GPUs are short)")
+    c.add_argument("--batch-size", type=_int, default=d.batch_size, help="global batch size of each step")
+    c.add_argument("--steps", type=_int, default=d.steps, help="optimizer steps per run")
+    c.add_argument("--seed", type=_int, default=d.seed)
+    c.add_argument("--accumulate", type=_int, default=d.accumulate, metavar="K",
+                   help="micro-steps of the gradient accumulation check")
+    c.add_argument("--step-timeout", type=_float, default=d.step_timeout, metavar="S",
+                   help="seconds a step may take before the model counts as hanging")
+    c.add_argument("--json", default=None, metavar="PATH", help="write one record per check here")
+    c.add_argument("--strict", action="store_true", help="findings fail the check too (exit 1)")
+
+
+def _check_main(parser: argparse.ArgumentParser, args) -> int:
+    """`python -m mgpu check`: the table on stdout, a progress line per check on stderr, --json."""
+    import os
+
+    def int_list(text: str, what: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(p) for p in text.split(","))
+        except ValueError:
+            parser.error(f"{what} must be comma-separated integers such as 2,3, got {text!r}")
+
+    try:
+        options = CheckOptions(strategies=tuple(p.strip() for p in args.strategies.split(",") if p.strip()),
+                               devices=int_list(args.devices, "devices"), batch_size=args.batch_size,
+                               steps=args.steps, seed=args.seed, accumulate=args.accumulate,
+                               step_timeout=args.step_timeout).validate()
+    except ConfigError as e:
+        parser.error(_one_line(e))
+    if args.json is not None:
+        folder = os.path.dirname(os.path.abspath(args.json))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            parser.error(f"cannot write --json {args.json}: folder {folder} does not exist or is not writable")
+    from mgpu.parity.check import run_check
+    from mgpu.parity.report import table, write_json
+    from mgpu.spec import builtin_spec, load_spec
+
+    try:
+        if ":" not in args.model and args.input_shape is None and args.classes is None and args.model in MODEL_NAMES:
+            spec = builtin_spec(args.model, width=16 if args.model == "resnet18" else 64)
+        else:
+            spec = load_spec(args.model, input_shape=args.input_shape, classes=args.classes)
+        report = run_check(spec, options, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except MgpuError as e:
+        print(f"mgpu: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
+    print(table(report))
+    if args.json is not None:
+        write_json(report, args.json)
+    return report.exit_code(strict=args.strict)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "check":
+        return _check_main(parser, args)
     cfg = config_or_exit(parser, **{k: v for k, v in vars(args).items() if k != "command"})
     from mgpu.train import train  # after checking: `--help`, typos and bad values answer without importing torch
 

@@ -109,3 +109,68 @@ def _finite(name, value, lowest, inclusive):
     if not ok_type or not math.isfinite(value) or value < lowest or (value == lowest and not inclusive):
         bound = f">= {lowest:g}" if inclusive else f"> {lowest:g}"
         raise ConfigError(f"{name.replace('_', ' ')} must be a finite number {bound}, got {value!r}")
+
+
+# -- `python -m mgpu check` -------------------------------------------------------------------------
+
+CHECK_STRATEGIES = STRATEGY_NAMES
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """Settings of a parity check (mgpu/parity/check.py), validated like TrainConfig."""
+
+    strategies: tuple[str, ...] = ("manual", "dataparallel", "ddp")
+    devices: tuple[int, ...] = (2, 3)
+    batch_size: int = 12           # global batch of the plain and accumulation runs
+    steps: int = 3                 # optimizer steps per run
+    seed: int = 0                  # weights (rank 0; other ranks differ) and batches
+    accumulate: int = 2            # micro-steps of the accumulation check
+    step_timeout: float | None = 60.0  # seconds a step may take before the model counts as hanging
+    lr: float = 0.05               # the default optimizer (when the spec brings none): SGD with momentum
+    momentum: float = 0.9
+    weight_decay: float = 1e-3
+
+    def validate(self) -> "CheckOptions":
+        for name in ("batch_size", "steps", "accumulate"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name.replace('_', ' ')} must be a positive integer, got {value!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if not self.strategies:
+            raise ConfigError("no strategies to check")
+        for s in self.strategies:
+            if s not in CHECK_STRATEGIES:
+                raise ConfigError(f"unknown strategy {s!r}: choose from {', '.join(CHECK_STRATEGIES)}")
+        if not self.devices:
+            raise ConfigError("no device counts to check")
+        for n in self.devices:
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ConfigError(f"device counts must be positive integers, got {n!r}")
+        most = max(self.devices)
+        if self.batch_size < most:
+            raise ConfigError(f"batch size {self.batch_size} is smaller than {most} devices: each device needs "
+                              "at least one example per step")
+        if self.batch_size < most * self.accumulate:
+            raise ConfigError(f"batch size {self.batch_size} is smaller than {most} devices x {self.accumulate} "
+                              "micro-steps (--accumulate): each device needs an example per micro-step")
+        if self.step_timeout is not None and not self.step_timeout > 0:
+            raise ConfigError(f"step timeout must be a positive number of seconds, got {self.step_timeout!r}")
+        return self
+
+    def runs(self) -> list[tuple[str, int]]:
+        """(strategy, devices) pairs to run; `single` runs on one device only."""
+        pairs = []
+        for s in self.strategies:
+            for n in ([1] if s == "single" else self.devices):
+                if (s, n) not in pairs:
+                    pairs.append((s, n))
+        return pairs
+
+    def uneven_batch(self) -> int:
+        """The smallest batch above batch_size that no device count above 1 divides."""
+        b = self.batch_size + 1
+        while any(n > 1 and b % n == 0 for n in self.devices):
+            b += 1
+        return b

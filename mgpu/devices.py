@@ -11,6 +11,7 @@ speed is the CPU's. Pass `require_gpus=True` to make a missing GPU an error inst
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -20,7 +21,7 @@ import torch
 from mgpu.errors import ConfigError, DeviceError
 
 __all__ = ["DeviceList", "try_gpu", "try_all_gpus", "devices", "gpu_count", "synchronize", "describe",
-           "usable_cores", "keep_freed_memory", "to_device", "supports_bf16", "check_fits"]
+           "usable_cores", "torch_threads", "keep_freed_memory", "to_device", "supports_bf16", "check_fits"]
 
 
 class DeviceList(list):
@@ -137,6 +138,20 @@ def usable_cores() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
+@contextlib.contextmanager
+def torch_threads(n: int | None = None):
+    """torch's intra-op thread count set to `n` for the block (None: left as it is), and the count
+    from before the block given back after it, whatever the block set meanwhile (a DDP strategy's
+    create() sets its own)."""
+    saved = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
 # glibc mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
@@ -146,10 +161,10 @@ def keep_freed_memory() -> bool:
 
     A training step frees and allocates the same activation buffers (megabytes each) every step.
     By default glibc maps large blocks afresh or trims the heap, and the kernel must fault in and
-    zero those pages again: a full ResNet-18 step at batch 32 took ~18,000 page faults (~900 with
-    this) and ~10 % longer on one core. Blocks up to 32 MiB now come from the heap, and up to 1 GiB
-    of freed heap stays with the process. Called once per training process (the CLI and the perf
-    sessions do). Returns False where the C library has no mallopt (not glibc): nothing changes.
+    zero those pages again, every step (what that costs: docs/perf.md, "DDP scaling on a CPU").
+    Blocks up to 32 MiB now come from the heap, and up to 1 GiB of freed heap stays with the
+    process. Called once per training process (the CLI and the perf sessions do). Returns False
+    where the C library has no mallopt (not glibc): nothing changes.
     """
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

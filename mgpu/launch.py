@@ -30,9 +30,9 @@ What the agent lacks, added here in a few lines each:
 * A rank interrupted by SIGINT exits 130; torch's worker wrapper would have it exit 0 without a
   result, and the agent would then wait for that result for ever.
 * The agent names the first rank it sees exit. A rank that only lost a peer (connection reset,
-  closed, timed out) waits REPORT_GRACE_S before exiting, so that the cause is named. Measured
-  here without it, the cause still came first in 9 of 9 runs (a peer must notice, unwind and
-  tear torch down, ~1 s); the grace keeps that so on a machine busier than this one.
+  closed, timed out) waits REPORT_GRACE_S before exiting, so that the cause is named. Without
+  it the cause usually exits first anyway (a peer must notice, unwind and tear torch down
+  first), but nothing guarantees that order on a busy machine; the grace does.
 """
 
 from __future__ import annotations

@@ -9,13 +9,14 @@ import platform
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 import mgpu
 from mgpu.errors import OutputDirError
 
-__all__ = ["EpochStats", "RunResult", "versions", "check_writable", "write_results"]
+__all__ = ["EpochStats", "RunResult", "versions", "check_writable", "atomic_write", "write_results"]
 
 
 @dataclass
@@ -80,10 +81,17 @@ def check_writable(out: str | os.PathLike, what: str = "output folder") -> Path:
     return path
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
+    """Replace `path` all at once: `write(tmp)` writes PATH.tmp, which is flushed to disk and then
+    renamed over `path` (`os.replace` is atomic). Whoever reads `path`, even after a crash at any
+    moment, finds the old file or the new one, never half of one. OSError as raised."""
+    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     write(tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    return path
 
 
 def plot_accuracy(result, path: Path) -> None:
@@ -115,9 +123,9 @@ def write_results(out: str | os.PathLike, result) -> Path:
     """Write results.json, accuracy.png and model.pt into `out`; return the folder."""
     path = check_writable(out)
     try:
-        _atomic_write(path / "results.json", lambda p: p.write_text(json.dumps(result.to_json(), indent=2) + "\n"))
-        _atomic_write(path / "accuracy.png", lambda p: plot_accuracy(result, p))
-        _atomic_write(path / "model.pt", lambda p: torch.save(result.state_dict, p))
+        atomic_write(path / "results.json", lambda p: p.write_text(json.dumps(result.to_json(), indent=2) + "\n"))
+        atomic_write(path / "accuracy.png", lambda p: plot_accuracy(result, p))
+        atomic_write(path / "model.pt", lambda p: torch.save(result.state_dict, p))
     except OSError as e:
         raise OutputDirError(f"cannot write results into {path}: {e.strerror or e}") from None
     return path

@@ -1,0 +1,585 @@
+"""`run_check(spec)`: a model under every strategy and device count, against single-device training.
+
+    python -m mgpu check examples/tiny_lm.py:spec --devices 2,3 --json check.json
+    >>> report = run_check(load_spec("examples/tiny_lm.py:spec"))
+    >>> check_data_parallel(spec)          # in a pytest test: AssertionError with the first divergence
+
+What it does, in order (docs/check.md says what each check means):
+
+1. validates the spec (bad input: SpecError) and probes the model (mgpu/parity/probe.py): random
+   layers, layers that mix the examples of a batch, buffers its forward writes or reassigns,
+   parameters some shards leave without a gradient, a loss that is a mean;
+2. runs the single-device reference in float64 and float32 for each device count
+   (mgpu/parity/record.py), and each strategy for each device count: a few steps on the same
+   global batches (`plan`), again on a batch the device count does not divide (`uneven`), and
+   with gradient accumulation (`accumulate`); DDP ranks in one spawn per world size, each rank
+   building the model from a different seed;
+3. compares (mgpu/parity/compare.py) and reports a `CheckResult` per check and strategy: pass,
+   fail with the first divergence and a command that reproduces it, finding, or skipped (why).
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import shlex
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import torch
+
+from mgpu.config import CHECK_STRATEGIES, CheckOptions
+from mgpu.errors import LaunchError, ParityError, SpecError
+from mgpu.parity.compare import Divergence, compare_bitwise, compare_to_reference, error
+from mgpu.parity.probe import (find_buffer_updates, find_mixing_layers, find_random_layers, loss_is_a_sum,
+                               switch_off_dropout)
+from mgpu.parity.record import (Plan, Recording, check_ties, load_snapshot, record_strategy, reference_run,
+                                reference_step, snapshot)
+from mgpu.spec import ModelSpec, builtin_spec, load_spec, validate_spec
+
+__all__ = ["CheckOptions", "CheckResult", "Report", "run_check", "check_data_parallel", "CHECK_STRATEGIES"]
+
+STATUSES = ("pass", "fail", "finding", "skipped")
+
+
+def make_plans(options: CheckOptions) -> dict[str, Plan]:
+    """The runs of each strategy: plain steps, a batch the device counts do not divide, accumulation."""
+    return {"plain": Plan(options.batch_size, options.steps, options.seed),
+            "uneven": Plan(options.uneven_batch(), options.steps, options.seed),
+            "accumulate": Plan(options.batch_size, options.steps, options.seed, micro_steps=options.accumulate)}
+
+
+def make_optimizer(options: CheckOptions, spec: ModelSpec):
+    """The spec's optimizer, or the check's SGD with momentum and weight decay (so that optimizer
+    state and decay are exercised)."""
+    return spec.optimizer or SGDFactory(options.lr, options.momentum, options.weight_decay)
+
+
+@dataclass(frozen=True)
+class SGDFactory:
+    lr: float
+    momentum: float
+    weight_decay: float
+
+    def __call__(self, params):
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+
+
+@dataclass
+class CheckResult:
+    name: str                      # start, gradients, weights, buffers, optimizer, replicas, ties, statistics, uneven, accumulation; or a finding's name
+    strategy: str | None
+    devices: int | None
+    status: str                    # pass | fail | finding | skipped
+    reason: str = ""               # why skipped, what a finding means and what to do, a failure's cause
+    errors: dict = field(default_factory=dict)   # worst error seen: max_abs, max_rel, ratio to the allowed
+    first_divergence: Divergence | None = None
+    reproduce: str | None = None
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "strategy": self.strategy, "devices": self.devices, "status": self.status,
+                "reason": self.reason, "errors": self.errors,
+                "first_divergence": self.first_divergence.to_json() if self.first_divergence else None,
+                "reproduce": self.reproduce}
+
+
+@dataclass
+class Report:
+    model: str
+    options: CheckOptions
+    results: list[CheckResult]
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[CheckResult]:
+        return [r for r in self.results if r.status == "fail"]
+
+    @property
+    def findings(self) -> list[CheckResult]:
+        return [r for r in self.results if r.status == "finding"]
+
+    def exit_code(self, strict: bool = False) -> int:
+        """0 when every check passes (findings too, unless strict), 1 otherwise."""
+        return 1 if self.failures or (strict and self.findings) else 0
+
+    def to_json(self) -> dict:
+        from dataclasses import asdict
+
+        return {"model": self.model, "options": asdict(self.options), "seconds": round(self.seconds, 3),
+                "notes": self.notes, "exit_code": self.exit_code(), "checks": [r.to_json() for r in self.results]}
+
+
+# -- the model's traits -----------------------------------------------------------------------------
+
+@dataclass
+class Traits:
+    dropout: list[str]
+    other_randomness: bool
+    mixing: bool
+    mixing_layers: list[str]
+    changed_buffers: list[str]
+    reassigned_buffers: list[str]
+    mean_loss: str | None
+    ties: list[list[str]]
+    unused: list[str] = field(default_factory=list)
+
+
+def _probe(spec: ModelSpec, model: torch.nn.Module, plan: Plan, n: int) -> Traits:
+    inputs, target = plan.batch(spec, 1)
+    dropout, other = find_random_layers(spec, model, inputs)
+    switch_off_dropout(model)
+    mixing, layers = find_mixing_layers(model, inputs, n=n)
+    changed, reassigned = find_buffer_updates(model, inputs)
+    return Traits(dropout, other, mixing, layers, changed, reassigned, loss_is_a_sum(spec, model, inputs, target),
+                  check_ties(model))
+
+
+# -- running ------------------------------------------------------------------------------------------
+
+def _strategy_for(name: str, n: int, timeout: float):
+    from mgpu.config import TrainConfig
+    from mgpu.strategies import get_strategy
+
+    return get_strategy(name).create(TrainConfig(strategy=name, devices=n, out=None, progress=False, timeout=timeout))
+
+
+def _run_in_process(spec, model, name: str, n: int, plan: Plan, options: CheckOptions) -> Recording:
+    strategy = _strategy_for(name, n, options.step_timeout or 60.0)
+    strategy.use_objective(spec.objective)
+    strategy.setup(copy.deepcopy(model), make_optimizer(options, spec))
+    try:
+        return record_strategy(strategy, spec, plan, label=_label(name, n), timeout_s=options.step_timeout)
+    finally:
+        strategy.teardown()
+
+
+def _label(name: str, n: int) -> str:
+    return f"{name} on {n} {'ranks' if name == 'ddp' else 'devices' if n > 1 else 'device'}"
+
+
+@dataclass
+class RankJob:
+    """What each DDP rank of a check runs (picklable: the ranks are fresh processes)."""
+
+    source: str | None
+    spec_options: dict
+    spec_blob: bytes | None
+    initial: dict              # rank 0's weights and buffers (other ranks build their own from other seeds)
+    plans: list
+    options: CheckOptions
+    find_unused: bool
+
+    def spec(self) -> ModelSpec:
+        if self.spec_blob is not None:
+            return pickle.loads(self.spec_blob)
+        return load_spec(self.source, **self.spec_options)
+
+
+def ddp_rank_main(job: RankJob):
+    """In each rank: the plans under DDP; rank 0 returns every rank's recordings, [plan][rank]."""
+    import torch.distributed as dist
+
+    from mgpu.strategies import DistributedDataParallel
+
+    spec = job.spec()
+    strategy = _strategy_for("ddp", int(__import__("os").environ["WORLD_SIZE"]), job.options.step_timeout or 60.0)
+    try:
+        strategy.find_unused_parameters = job.find_unused
+        rank, world = strategy.rank, strategy.world_size
+        out = []
+        for plan in job.plans:
+            model = spec.build_seeded(job.options.seed + 7919 * rank)  # ranks start apart: DDP must make them equal
+            switch_off_dropout(model)
+            if rank == 0:
+                load_snapshot(model, job.initial)
+            strategy.use_objective(spec.objective)
+            DistributedDataParallel.setup(strategy, model, job.make_optimizer(options, spec))
+            rec = record_strategy(strategy, spec, plan, label=f"{_label('ddp', world)} (rank {rank})",
+                                  timeout_s=job.options.step_timeout)
+            gathered = [None] * world
+            dist.all_gather_object(gathered, rec)
+            out.append(gathered)
+        return out if rank == 0 else None
+    finally:
+        strategy.teardown()
+
+
+def _spec_blob(spec: ModelSpec) -> tuple[bytes | None, str | None]:
+    """(the pickled spec, None) or (None, why it cannot travel) when it has no source to load from."""
+    if spec.source:
+        return None, None
+    try:
+        return pickle.dumps(spec), None
+    except Exception as e:
+        return None, (f"the spec cannot be sent to DDP ranks ({type(e).__name__}: {e}): give it as MODULE:FUNCTION "
+                      "or build it from module-level functions")
+
+
+# -- comparing ----------------------------------------------------------------------------------------
+
+CAUSE_REASSIGNED = ("buffer {name} is reassigned in forward (self.{leaf} = ...): DDP broadcasts only the buffer "
+                    "tensors it found when it wrapped the model, so the new one never reaches the other ranks; "
+                    "update it in place (self.{leaf}.copy_(...))")
+
+
+def _worst(pairs) -> dict:
+    worst = {"max_abs": 0.0, "max_rel": 0.0}
+    for abs_err, rel_err in pairs:
+        worst["max_abs"] = max(worst["max_abs"], abs_err)
+        worst["max_rel"] = max(worst["max_rel"], rel_err)
+    return worst
+
+
+def _errors_vs(rec_states: list[dict], ref_states: list[dict], prefix_filter: str) -> dict:
+    pairs = []
+    for got, ref in zip(rec_states, ref_states):
+        for name, r in ref.items():
+            if name.startswith(prefix_filter) and r is not None and r.is_floating_point() and name in got:
+                pairs.append(error(got[name], r))
+    return _worst(pairs)
+
+
+def _only(state: dict, kind: str) -> dict:
+    return {k: v for k, v in state.items() if k.startswith(kind)}
+
+
+@dataclass
+class _Refs:
+    """Reference recordings, computed once per (plan, device count, dtype)."""
+
+    spec: ModelSpec
+    model: torch.nn.Module
+    options: CheckOptions
+    cache: dict = field(default_factory=dict)
+
+    def initial(self) -> dict:
+        if "initial" not in self.cache:
+            self.cache["initial"] = snapshot(self.model)
+        return self.cache["initial"]
+
+    def step(self, state: dict, optimizer_state: dict, plan: Plan, step: int, n: int, dtype):
+        return reference_step(self.spec, self.model, state, optimizer_state, plan, step, n, dtype,
+                              make_optimizer(self.options, self.spec), timeout_s=self.options.step_timeout,
+                              label=f"the single-device reference ({dtype}, {n} shards)")
+
+    def get(self, plan: Plan, n: int, dtype) -> Recording:
+        key = (plan, n, dtype)
+        if key not in self.cache:
+            self.cache[key] = reference_run(self.spec, self.model, plan, n, dtype, make_optimizer(self.options, self.spec),
+                                            timeout_s=self.options.step_timeout,
+                                            label=f"the single-device reference ({dtype}, {n} shards)")
+        return self.cache[key]
+
+
+def named_optimizer_state(state_dict: dict, names: list[str]) -> dict:
+    """An optimizer's state_dict as {"param name: key": tensor} (parameters in `names` order)."""
+    out = {}
+    for index, state in state_dict.get("state", {}).items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                out[f"{names[index]}: {key}"] = value
+    return out
+
+
+def _compare_run(kind: str, rec: Recording, refs: "_Refs", plan: Plan, n: int) -> list[tuple[str, Divergence | None, dict]]:
+    """(check name, first divergence or None, worst errors) for one strategy run.
+
+    Step by step: step s of the run is compared with one reference step (float64; float32 for the
+    error's scale) taken from the run's own state entering step s (replica 0's weights, buffers and
+    optimizer state). Errors then cannot pile up over steps, and a ReLU that a float32 rounding
+    flips in one run and not in another cannot make a correct run look wrong; a bug shows in the
+    step where it happens.
+    """
+    names = [name for name, _ in refs.model.named_parameters()]
+    replicas = len(rec.states[0])
+    steps = []
+    for s in range(1, plan.steps + 1):
+        state, opt = rec.states[s - 1][0], rec.optimizer_states[s - 1]
+        steps.append((refs.step(state, opt, plan, s, n, torch.float64), refs.step(state, opt, plan, s, n, torch.float32)))
+    first64, first32 = steps[0]
+
+    def gradients():
+        div, pairs = None, []
+        for r in range(replicas):
+            div = div or compare_to_reference(rec.grads[r], first64.grads, first32.grads, 1, r, prefix="gradient ")
+            pairs += [error(rec.grads[r][k], g) for k, g in first64.grads.items()
+                      if g is not None and rec.grads[r].get(k) is not None]
+        return div, _worst(pairs)
+
+    def states(kind_prefix: str):
+        div, pairs = None, []
+        for s, (r64, r32) in enumerate(steps, start=1):
+            got = _only(rec.states[s][0], kind_prefix)
+            div = div or compare_to_reference(got, _only(r64.state, kind_prefix), _only(r32.state, kind_prefix), s, 0)
+            pairs += [error(got[k], v) for k, v in _only(r64.state, kind_prefix).items()
+                      if v.is_floating_point() and k in got]
+        return div, _worst(pairs)
+
+    def optimizer():
+        div, pairs = None, []
+        for s, (r64, r32) in enumerate(steps, start=1):
+            got = named_optimizer_state(rec.optimizer_states[s], names)
+            want = named_optimizer_state(r64.optimizer_state, names)
+            div = div or compare_to_reference(got, want, named_optimizer_state(r32.optimizer_state, names), s, 0,
+                                              prefix="optimizer state ")
+            pairs += [error(got[k], v) for k, v in want.items() if k in got and v.is_floating_point()]
+        return div, _worst(pairs)
+
+    def statistics():
+        for s, (r64, r32) in enumerate(steps, start=1):
+            div = _compare_stats(s, rec.stats[s - 1], r64.stats, r32.stats)
+            if div:
+                return div, {}
+        return None, {}
+
+    if kind == "plain":
+        out = [("gradients", *gradients()), ("weights", *states("weight "))]
+        out.append(("buffers", *states("buffer ")) if any(k.startswith("buffer ") for k in rec.states[0][0])
+                   else ("buffers", "none", {}))
+        return out + [("optimizer", *optimizer()), ("statistics", *statistics())]
+    div, errs = gradients() if kind == "uneven" else (None, {})
+    div2, errs2 = states("")
+    return [(kind, div or div2, _worst([(errs.get("max_abs", 0.0), errs.get("max_rel", 0.0)),
+                                        (errs2["max_abs"], errs2["max_rel"])]))]
+
+
+def _compare_stats(step: int, got: list, r64: list, r32: list) -> Divergence | None:
+    """The step's reported loss within tolerance, its count of correct examples the reference's."""
+    as_t = lambda v: {"loss_sum": torch.tensor(v, dtype=torch.float64)}  # noqa: E731
+    loss = compare_to_reference(as_t(got[0]), as_t(r64[0]), as_t(r32[0]), step, None, prefix="reported ")
+    if loss:
+        return loss
+    if abs(got[1] - r64[1]) > 1e-6 and abs(got[1] - r32[1]) > 1e-6:
+        return Divergence(step, "reported correct count", None, abs(got[1] - r32[1]),
+                          abs(got[1] - r32[1]) / max(abs(r32[1]), 1e-12), 0.0,
+                          f"the count of correct examples of the single-device run ({r32[1]:g})")
+    return None
+
+
+def _replicas_agree(rec: Recording) -> Divergence | None:
+    """Every replica/rank bitwise equal to replica 0 at every step (start included)."""
+    for s, states in enumerate(rec.states):
+        for r in range(1, len(states)):
+            div = compare_bitwise(states[r], states[0], s, r)
+            if div:
+                return div
+    return None
+
+
+# -- the whole check ----------------------------------------------------------------------------------
+
+def run_check(spec: ModelSpec, options: CheckOptions | None = None,
+              progress: Callable[[str], None] | None = None) -> Report:
+    """Check `spec` under options.strategies x options.devices; see the module docstring.
+
+    Bad input (the spec, the options) raises an MgpuError before anything runs; a model that hangs
+    raises CheckTimeout naming the strategy and step. Parity failures are in the report.
+    """
+    start_time = time.perf_counter()
+    options = (options or CheckOptions()).validate()
+    if not isinstance(spec, ModelSpec):
+        raise SpecError(f"run_check needs an mgpu.ModelSpec, got {type(spec).__name__} (load_spec('MODULE:FUNCTION') makes one)")
+    say = progress or (lambda line: None)
+    validate_spec(spec, batch_size=min(options.batch_size, 4), seed=options.seed)
+    plans = make_plans(options)
+    model = spec.build_seeded(options.seed)
+    traits = _probe(spec, model, plans["plain"], n=max(options.devices))
+    refs = _Refs(spec, model, options)
+    results: list[CheckResult] = []
+    repro = _reproducer(spec, options)
+
+    def add(result: CheckResult) -> None:
+        results.append(result)
+        where = "" if result.strategy is None else f" {_label(result.strategy, result.devices)}:"
+        detail = f" ({result.first_divergence.describe()})" if result.first_divergence else ""
+        say(f"check:{where} {result.name}: {result.status}{detail}")
+
+    # Unused parameters: some device's shard leaves them without a gradient in some step.
+    for n in sorted({n for _, n in options.runs()} | {1}):
+        for rec in (refs.get(plans["plain"], n, torch.float64), refs.get(plans["uneven"], n, torch.float64)):
+            for unused in rec.unused:
+                traits.unused.extend(sorted(set(unused) - set(traits.unused)))
+    for finding in _findings(spec, traits, refs, plans["plain"], options):
+        add(finding)
+    skip_exact = ("the model draws random numbers in forward beyond dropout: the runs cannot be compared exactly"
+                  if traits.other_randomness else None)
+
+    ddp_records = {}
+    ddp_failure = None
+    for name, n in options.runs():
+        if name != "ddp":
+            continue
+        blob, why_not = _spec_blob(spec)
+        if why_not:
+            ddp_failure = why_not
+            break
+        say(f"check: {_label('ddp', n)}: starting {n} ranks")
+        job = RankJob(spec.source, dict(spec.options), blob, snapshot(model), list(plans.values()), options,
+                      find_unused=bool(traits.unused))
+        ddp_records[n] = _spawn_ddp(job, n, options)
+
+    for name, n in options.runs():
+        if name == "ddp" and ddp_failure:
+            add(CheckResult("all", name, n, "skipped", ddp_failure))
+            continue
+        recs = {}
+        for kind, plan in plans.items():
+            if name == "ddp":
+                recs[kind] = _ddp_recording(ddp_records[n][list(plans).index(kind)])
+            else:
+                recs[kind] = _run_in_process(spec, model, name, n, plan, options)
+        _judge(name, n, recs, plans, refs, traits, skip_exact, add, repro)
+    report = Report(spec.name, options, results, seconds=time.perf_counter() - start_time, notes=_notes(options))
+    return report
+
+
+def _ddp_recording(per_rank: list[Recording]) -> Recording:
+    """One Recording whose replicas are the ranks."""
+    first = per_rank[0]
+    return Recording(states=[[rec.states[s][0] for rec in per_rank] for s in range(len(first.states))],
+                     grads=[rec.grads[0] for rec in per_rank], optimizer=[rec.optimizer[0] for rec in per_rank],
+                     optimizer_states=first.optimizer_states, stats=first.stats,
+                     ties=[rec.ties[0] for rec in per_rank], shards=first.shards * len(per_rank))
+
+
+def _spawn_ddp(job: RankJob, n: int, options: CheckOptions):
+    from mgpu.launch import spawn
+
+    steps = sum(p.steps + 1 for p in job.plans)
+    deadline = None if options.step_timeout is None else 60.0 + steps * options.step_timeout
+    try:
+        return spawn(ddp_rank_main, job, nprocs=n, deadline_s=deadline)
+    except LaunchError as e:
+        text = str(e)
+        if "CheckTimeout" in text.splitlines()[0]:
+            from mgpu.errors import CheckTimeout
+
+            raise CheckTimeout(text.splitlines()[0].split("CheckTimeout: ", 1)[-1]) from None
+        if "SpecError" in text.splitlines()[0]:
+            raise SpecError(text.splitlines()[0].split("SpecError: ", 1)[-1]) from None
+        raise
+
+
+def _judge(name, n, recs, plans, refs, traits, skip_exact, add, repro) -> None:
+    label_n = n
+    for kind in ("plain", "uneven", "accumulate"):
+        plan, rec = plans[kind], recs[kind]
+        if kind == "plain":
+            start, initial = None, refs.initial()
+            for r, state in enumerate(rec.states[0]):
+                start = start or compare_bitwise(state, initial, 0, r, against="the model as built (rank 0's seed)")
+            add(_result("start", name, label_n, start, {}, repro(name, n, plan),
+                        cause="the replicas do not start from the same weights and buffers"))
+            replicas = _replicas_agree(rec)
+            cause = None
+            if replicas and replicas.tensor.startswith("buffer "):
+                buf = replicas.tensor.split(" ", 1)[1]
+                if buf in traits.reassigned_buffers:
+                    cause = CAUSE_REASSIGNED.format(name=buf, leaf=buf.rpartition(".")[2])
+                else:
+                    cause = f"buffer {buf} is not synchronised between {'ranks' if name == 'ddp' else 'replicas'}"
+            add(_result("replicas", name, label_n, replicas, {}, repro(name, n, plan), cause=cause))
+            if traits.ties:
+                untied = next(((r, t) for r, t in enumerate(rec.ties) if t != traits.ties), None)
+                div = None if untied is None else Divergence(
+                    None, "tied weights " + " = ".join(traits.ties[0]), untied[0], float("inf"), float("inf"), 0.0,
+                    f"the model as built, where they are one tensor (now: {untied[1] or 'none tied'})")
+                add(_result("ties", name, label_n, div, {}, repro(name, n, plan), cause="tied weights came apart"))
+        if skip_exact:
+            for check in (("gradients", "weights", "buffers", "optimizer", "statistics") if kind == "plain" else (kind,)):
+                add(CheckResult(check, name, label_n, "skipped", skip_exact))
+            continue
+        for check, div, errs in _compare_run(kind, rec, refs, plan, rec.shards):
+            if div == "none":
+                add(CheckResult(check, name, label_n, "skipped", "the model has no buffers"))
+                continue
+            cause = traits.mean_loss if div is not None and traits.mean_loss else None
+            add(_result(check, name, label_n, div, errs, repro(name, n, plan), cause=cause))
+
+
+def _result(check, name, n, div, errs, reproduce, cause=None) -> CheckResult:
+    if div is None:
+        return CheckResult(check, name, n, "pass", errors=errs)
+    return CheckResult(check, name, n, "fail", reason=cause or "", errors=errs, first_divergence=div,
+                       reproduce=reproduce)
+
+
+def _findings(spec, traits: Traits, refs: _Refs, plan: Plan, options: CheckOptions) -> list[CheckResult]:
+    out = []
+    if traits.unused:
+        out.append(CheckResult("unused-parameters", None, None, "finding", (
+            f"parameters with no gradient in some steps or on some devices: {', '.join(traits.unused[:8])}"
+            + (f" and {len(traits.unused) - 8} more" if len(traits.unused) > 8 else "")
+            + ": DDP stops with 'Expected to have finished reduction' unless find_unused_parameters=True "
+              "(the ddp runs here used it); remove the parameters if they are never used, or keep the flag (it costs "
+              "a graph traversal per step)")))
+    if traits.dropout:
+        out.append(CheckResult("random-layers", None, None, "finding", (
+            f"dropout layers ({', '.join(traits.dropout[:6])}) draw different masks on each device: every check ran "
+            "with them switched off; parity with them on cannot be exact, only statistical")))
+    if traits.other_randomness:
+        out.append(CheckResult("randomness", None, None, "finding", (
+            "the forward draws random numbers outside dropout layers (two forwards of the same input differ): the "
+            "comparisons with single-device training are skipped; make the randomness a module mgpu can switch "
+            "off, or seed it from the input")))
+    if traits.mixing:
+        n = max(options.devices)
+        ref_whole, ref_sharded = refs.get(plan, 1, torch.float64), refs.get(plan, n, torch.float64)
+        worst = _worst(error(ref_sharded.states[-1][0][k], v) for k, v in ref_whole.states[-1][0].items()
+                       if k.startswith("weight ") and v.is_floating_point())
+        layers = ", ".join(traits.mixing_layers[:8]) or "(the model as a whole)"
+        out.append(CheckResult("batch-mixing", None, None, "finding", (
+            f"layers mix the examples of a batch: {layers}. On N devices each computes over its shard, which is by "
+            f"design not the whole batch's computation: the checks compare with the single-device run over the same "
+            f"shards. After {plan.steps} steps on {n} shards the weights differ from the unsharded run by up to "
+            f"{worst['max_abs']:.2e} (relative {worst['max_rel']:.2e}); SyncBatchNorm (ddp --sync-bn, CUDA) computes "
+            "over the global batch"), errors=worst))
+    if traits.reassigned_buffers:
+        out.append(CheckResult("reassigned-buffers", None, None, "finding", (
+            f"buffers reassigned in forward: {', '.join(traits.reassigned_buffers)}: DDP never broadcasts the new "
+            "tensors (ranks drift apart); assign in place with .copy_()")))
+    if traits.mean_loss:
+        out.append(CheckResult("loss-not-a-sum", None, None, "finding", traits.mean_loss))
+    return out
+
+
+def _notes(options: CheckOptions) -> list[str]:
+    from mgpu import devices as devmod
+
+    notes = []
+    if devmod.gpu_count() < max(options.devices):
+        notes.append(f"{max(options.devices)} devices asked, {devmod.gpu_count()} CUDA device(s) found: manual "
+                     "runs on emulated CPU devices, ddp on gloo processes, dataparallel as a pass-through on one CPU "
+                     "device (nn.DataParallel needs CUDA)")
+    return notes
+
+
+def _reproducer(spec: ModelSpec, options: CheckOptions):
+    def command(strategy: str, n: int, plan: Plan) -> str:
+        parts = ["python", "-m", "mgpu", "check", spec.source or "MODULE:FUNCTION"]
+        for key in ("input_shape", "classes"):
+            if key in spec.options:
+                parts += [f"--{key.replace('_', '-')}", str(spec.options[key])]
+        parts += ["--strategies", strategy, "--devices", str(n), "--batch-size", str(plan.batch_size),
+                  "--steps", str(plan.steps), "--seed", str(plan.seed), "--accumulate", str(options.accumulate)]
+        return " ".join(shlex.quote(p) for p in parts)
+    return command
+
+
+def check_data_parallel(spec: ModelSpec | str, strict: bool = False, input_shape=None, classes=None,
+                        **options) -> Report:
+    """For a user's own tests: run the check and raise ParityError (an AssertionError) naming the
+    first divergence of the first failing check (with strict, a finding fails too); else return
+    the report. `spec` may be a ModelSpec, a `MODULE:FUNCTION` string, or `resnet18` / `lenet`."""
+    if isinstance(spec, str):
+        spec = builtin_spec(spec) if ":" not in spec else load_spec(spec, input_shape=input_shape, classes=classes)
+    opts = replace(CheckOptions(), **options)
+    report = run_check(spec, opts)
+    failing = report.failures or (report.findings if strict else [])
+    if failing:
+        from mgpu.parity.report import failure_message
+
+        raise ParityError(failure_message(report, failing[0]), report)
+    return report

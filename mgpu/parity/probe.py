@@ -1,0 +1,197 @@
+"""What a model does that data parallelism must know about, found by running it.
+
+Each probe runs copies of the model on the CPU in training mode; none changes the model given.
+
+* `find_random_layers`: the forward run twice on the same input and state gives different outputs.
+  `nn.Dropout` and its family (and attention dropout) can be switched off for the checks
+  (`switch_off_dropout`); anything random that is left is other randomness.
+* `find_mixing_layers`: modules whose output for an example depends on the other examples of the
+  batch (BatchNorm, or a home-made layer that subtracts the batch mean): run on the whole batch and
+  on its shards, in float64, and compared.
+* `find_buffer_updates`: buffers a training forward writes (BatchNorm's running statistics), and
+  those it *reassigns* (`self.buf = ...`), which DDP's buffer broadcast never reaches.
+* `loss_is_a_sum`: loss(all) = loss(part) + loss(rest); a mean makes each shard's examples weigh
+  differently from the whole batch's.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import nn
+
+from mgpu.comm import shard_bounds
+from mgpu.spec import ModelSpec
+
+__all__ = ["flatten_output", "switch_off_dropout", "find_random_layers", "find_mixing_layers",
+           "find_buffer_updates", "loss_is_a_sum", "MIXING_REL_TOL"]
+
+# Float64 outputs of the whole batch and of its shards differing by more than this (relative to the
+# output's magnitude) mean the examples interact; float64 rounding of the same arithmetic is ~1e-15.
+MIXING_REL_TOL = 1e-9
+
+
+def flatten_output(output) -> list[torch.Tensor]:
+    """The tensors in a model's output (a tensor, or tuples, lists and dicts of them), in order."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, dict):
+        return [t for v in output.values() for t in flatten_output(v)]
+    if isinstance(output, (tuple, list)):
+        return [t for v in output for t in flatten_output(v)]
+    return []
+
+
+def _same(a, b) -> bool:
+    fa, fb = flatten_output(a), flatten_output(b)
+    return len(fa) == len(fb) and all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(fa, fb))
+
+
+def _dropout_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    found = []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            found.append((name, m))
+        elif isinstance(m, nn.MultiheadAttention) and m.dropout > 0:
+            found.append((name, m))
+    return found
+
+
+def switch_off_dropout(model: nn.Module) -> list[str]:
+    """Dropout layers (nn.Dropout family, attention dropout) made the identity, in place; their names.
+
+    A Dropout module is put in eval mode, which mgpu's parity runs never undo; attention's dropout
+    probability is set to 0.
+    """
+    names = []
+    for name, m in _dropout_modules(model):
+        if isinstance(m, nn.MultiheadAttention):
+            m.dropout = 0.0
+        else:
+            m.eval()
+        names.append(name or type(m).__name__)
+    return names
+
+
+def find_random_layers(spec: ModelSpec, model: nn.Module, inputs: tuple) -> tuple[list[str], bool]:
+    """(dropout layers found, whether the forward is random even without them).
+
+    Both runs start from the same state (copies of `model`), on the same input, so a difference
+    can only come from random numbers drawn in forward.
+    """
+    def run(m):
+        with torch.no_grad():
+            return copy.deepcopy(m)(*inputs)
+
+    model = copy.deepcopy(model).train()
+    if _same(run(model), run(model)):
+        return [], False
+    dropout = switch_off_dropout(model)
+    return dropout, not _same(run(model), run(model))
+
+
+def _rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.shape != b.shape:
+        return math.inf
+    if a.numel() == 0:
+        return 0.0
+    scale = float(b.abs().max())
+    diff = float((a - b).abs().max())
+    return diff / scale if scale > 0 else diff
+
+
+def _shards(args: tuple, batch: int, n: int) -> list[tuple]:
+    out = []
+    for i in range(n):
+        start, stop = shard_bounds(batch, n, i)
+        out.append(tuple(a[start:stop] if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == batch else a
+                         for a in args))
+    return out
+
+
+def _mixes(module: nn.Module, args: tuple, output, batch: int, n: int) -> bool | None:
+    """Whether `module`'s output on the whole batch differs from the concatenation of its outputs
+    on n shards; None when that cannot be told (outputs not batch-first, or it fails on shards)."""
+    outs = flatten_output(output)
+    if not outs or any(o.dim() == 0 or o.shape[0] != batch or not o.is_floating_point() for o in outs):
+        return None
+    try:
+        with torch.no_grad():
+            parts = [flatten_output(copy.deepcopy(module)(*shard)) for shard in _shards(args, batch, n)]
+    except Exception:
+        return None
+    if any(len(p) != len(outs) for p in parts):
+        return None
+    return any(_rel_diff(torch.cat([p[j] for p in parts]), outs[j]) > MIXING_REL_TOL for j in range(len(outs)))
+
+
+def find_mixing_layers(model: nn.Module, inputs: tuple, n: int = 2) -> tuple[bool, list[str]]:
+    """(whether the model's output mixes the examples of a batch, the innermost modules that do).
+
+    In float64 and training mode, on copies; a module is named when it mixes and none of its
+    submodules does (so a BatchNorm is named, not every block around it).
+    """
+    model = copy.deepcopy(model).double().train()
+    batch = inputs[0].shape[0]
+    inputs = tuple(t.double() if t.is_floating_point() else t for t in inputs)
+    if batch < n:
+        return False, []
+    seen: dict[str, tuple] = {}
+    hooks = []
+    for name, m in model.named_modules():
+        def hook(module, args, output, name=name):
+            if name not in seen:  # a module called twice (tied, reused) is judged on its first call
+                seen[name] = (copy.deepcopy(module), tuple(a.detach() if isinstance(a, torch.Tensor) else a
+                                                           for a in args), output)
+        hooks.append(m.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            whole = copy.deepcopy(model)(*inputs)  # the hooks were copied along: `seen` fills from this run
+    finally:
+        for h in hooks:
+            h.remove()
+    mixes_overall = _mixes(model, inputs, whole, batch, n)
+    mixing = {name for name, (module, args, output) in seen.items()
+              if name and _mixes(module, args, output, batch, n)}
+    innermost = sorted(name for name in mixing if not any(o != name and o.startswith(name + ".") for o in mixing))
+    return bool(mixes_overall) or bool(innermost), innermost
+
+
+def find_buffer_updates(model: nn.Module, inputs: tuple) -> tuple[list[str], list[str]]:
+    """(buffers a training forward changes, buffers it reassigns to a new tensor)."""
+    model = copy.deepcopy(model).train()
+    before = {n: (b, b.detach().clone()) for n, b in model.named_buffers()}
+    with torch.no_grad():
+        model(*inputs)
+    after = dict(model.named_buffers())
+    changed, reassigned = [], []
+    for name, (obj, value) in before.items():
+        now = after.get(name)
+        if now is None:
+            continue
+        if now is not obj:
+            reassigned.append(name)
+        if now.shape != value.shape or not torch.equal(now, value):
+            changed.append(name)
+    return changed, reassigned
+
+
+def loss_is_a_sum(spec: ModelSpec, model: nn.Module, inputs: tuple, target: torch.Tensor) -> str | None:
+    """None when loss(all) = loss(first example) + loss(the rest), in float64; else what was seen."""
+    if target.shape[0] < 2:
+        return None
+    model = copy.deepcopy(model).double().eval()  # eval: a BatchNorm must not make the parts differ
+    with torch.no_grad():
+        output = model(*(t.double() if t.is_floating_point() else t for t in inputs))
+    if not isinstance(output, torch.Tensor) or output.shape[:1] != target.shape[:1]:
+        return None
+    with torch.no_grad():
+        whole = float(spec.loss(output, target))
+        parts = float(spec.loss(output[:1], target[:1])) + float(spec.loss(output[1:], target[1:]))
+    if math.isclose(whole, parts, rel_tol=1e-9, abs_tol=1e-12):
+        return None
+    return (f"the loss is not a sum over examples: loss of {target.shape[0]} examples {whole:.6g}, loss of 1 plus "
+            f"loss of the other {target.shape[0] - 1} {parts:.6g} (a mean per device weighs a smaller shard's "
+            "examples more): return the sum (reduction='sum'); mgpu divides by the global batch size")

@@ -1,0 +1,310 @@
+"""Runs to compare: a strategy's steps as they happen, and the single-device reference.
+
+    plan = Plan(batch_size=12, steps=3, seed=0)
+    strategy_run = record_strategy(strategy, spec, plan)           # every replica, every step
+    reference = reference_run(spec, model, plan, devices=2, dtype=torch.float64)
+
+A `Recording` holds, for every replica (or DDP rank) of a run: its weights and buffers entering
+each step and after the last (`states[step][replica]`, step 0 = the start), its gradients after
+step 1's backward, its optimizer state after the last step, and the step's global [loss_sum,
+correct]. The strategy is driven through the calls the Trainer makes (`forward_backward`,
+`all_sum`, `optimizer_step`), so what is recorded is what training does.
+
+A replica's state after step s is read where the next step sees it: at the entry of its model's
+forward in step s + 1 (a forward pre-hook; one extra forward and backward after the last step).
+That is after DDP's buffer broadcast, which runs at the start of DDP's forward: BatchNorm
+statistics that each rank updated from its own shard agree again there, while a buffer the model
+reassigned in forward (which DDP does not broadcast) still differs. Where the model's own forward
+is not called (nn.DataParallel on GPUs runs replicas of it), the state right after the step is used.
+
+The reference (`reference_run`) is plain PyTorch on one device, in float64 or float32, and
+computes what data parallelism computes: each device's contiguous shard of the global batch, in
+its micro-step pieces, forward and backward one after the other with the buffers each device
+starts the step with, the loss summed and scaled by 1 / global batch size, device 0's pieces
+last, so that its buffers are the ones kept (what DDP's broadcast and mgpu's manual strategy
+keep). For a model whose examples do not interact in the batch this equals one step on the whole
+batch (up to rounding); for one with BatchNorm it is the exact single-device equivalent of the
+sharded computation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from mgpu.comm import shard_bounds
+from mgpu.errors import CheckTimeout
+from mgpu.spec import ModelSpec, slice_inputs
+
+__all__ = ["Plan", "Recording", "ReferenceStep", "snapshot", "load_snapshot", "record_strategy", "reference_step",
+           "reference_run", "step_timeout", "check_ties", "device_pieces"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run does: `steps` optimizer steps on global batches of `batch_size` drawn with
+    `seed`, each in `micro_steps` pieces per device."""
+
+    batch_size: int
+    steps: int
+    seed: int
+    micro_steps: int = 1
+
+    def batch(self, spec: ModelSpec, step: int) -> tuple[tuple, torch.Tensor]:
+        """The global batch of step `step` (1-based; step steps + 1 is the probe after the last)."""
+        return spec.batch(self.batch_size, self.seed * 1_000_003 + step)
+
+
+@dataclass
+class Recording:
+    states: list[list[dict]] = field(default_factory=list)   # [step 0..k][replica] -> {"weight a.b": t, "buffer c": t}
+    grads: list[dict] = field(default_factory=list)          # [replica] -> {param name: grad or None}, after step 1
+    optimizer: list[dict] = field(default_factory=list)      # [replica] -> {"param name: state key": t}, after step k
+    optimizer_states: list = field(default_factory=list)     # [step 0..k] -> replica 0's optimizer.state_dict()
+    stats: list[list[float]] = field(default_factory=list)   # [step] -> [loss_sum, correct] over the global batch
+    unused: list[set] = field(default_factory=list)          # [step] -> parameters some device's piece did not use (reference)
+    ties: list[list[list[str]]] = field(default_factory=list)  # [replica] -> names still sharing one tensor (whole run)
+    shards: int = 1  # how many shards the global batch was cut into (a DataParallel pass-through: 1)
+
+
+def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer (persistent or not), detached CPU float copies, by kind and name."""
+    state = {f"weight {n}": p.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
+    state.update({f"buffer {n}": b.detach().to("cpu", copy=True) for n, b in model.named_buffers()})
+    return state
+
+
+def _grads(model: nn.Module) -> dict:
+    return {n: None if p.grad is None else p.grad.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
+
+
+def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's per-parameter state (momentum buffers, Adam moments, ...) by parameter name."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    out = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for key, value in optimizer.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor):
+                    out[f"{names.get(id(p), '?')}: {key}"] = value.detach().to("cpu", copy=True)
+    return out
+
+
+def _cpu_copy(obj):
+    """A deep copy with every tensor on the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+def load_snapshot(model: nn.Module, state: dict) -> None:
+    """Weights and every buffer (non-persistent ones too) from a `snapshot`, cast to the model's dtypes."""
+    modules = dict(model.named_modules())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(state[f"weight {name}"])
+        for name, b in list(model.named_buffers()):
+            value = state[f"buffer {name}"]
+            if b.shape == value.shape:
+                b.copy_(value)
+            else:  # a buffer the model reassigns with another shape
+                owner, _, leaf = name.rpartition(".")
+                modules[owner]._buffers[leaf] = value.to(b.dtype if value.is_floating_point() else value.dtype).clone()
+
+
+def check_ties(model: nn.Module) -> list[list[str]]:
+    """Groups of parameter names that are one tensor (tied weights), as the model has them now."""
+    groups: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    return sorted(names for names in groups.values() if len(names) > 1)
+
+
+@contextlib.contextmanager
+def step_timeout(seconds: float | None, what: str):
+    """CheckTimeout naming `what` if the block runs longer than `seconds` (SIGALRM: main thread
+    only; elsewhere, and with None, no limit)."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise CheckTimeout(f"{what} did not finish within {seconds:g} s: the model hangs in forward or backward "
+                           "(or is too slow for --step-timeout)")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def record_strategy(strategy, spec: ModelSpec, plan: Plan, label: str, timeout_s: float | None = None) -> Recording:
+    """Run `plan` on a set-up strategy (setup done, objective set) and record every replica.
+
+    Under DDP each rank records its own replica; the caller gathers them. `label` names the run
+    in timeout messages ("manual on 2 devices").
+    """
+    modules = strategy.modules()
+    captured: dict[int, dict] = {}
+
+    def capture(i):
+        def hook(module, args):
+            if module is modules[i] and i not in captured:
+                captured[i] = snapshot(module)
+        return hook
+
+    handles = [m.register_forward_pre_hook(capture(i)) for i, m in enumerate(modules)]
+    rec = Recording(optimizer_states=[_cpu_copy(strategy.optimizers()[0].state_dict())],
+                    shards=len(strategy.devices))  # per process: DDP's ranks are gathered by the caller
+    after_last = [snapshot(m) for m in modules]  # the start, in case no forward pre-hook fires
+    try:
+        for step in range(1, plan.steps + 2):
+            inputs, target = plan.batch(spec, step)
+            local = strategy.local_indices(torch.arange(plan.batch_size))
+            X, y = slice_inputs(inputs, int(local[0]), int(local[-1]) + 1), target[int(local[0]):int(local[-1]) + 1]
+            captured.clear()
+            with step_timeout(timeout_s, f"{label}: step {step}" if step <= plan.steps else f"{label}: after step {step - 1}"):
+                stats = strategy.all_sum(strategy.forward_backward(X, y, plan.batch_size, plan.micro_steps)).tolist()
+                rec.states.append([captured.get(i, after_last[i]) for i in range(len(modules))])
+                if step > plan.steps:
+                    break  # the probe: only the state entering it was wanted
+                if step == 1:
+                    rec.grads = [_grads(m) for m in modules]
+                rec.stats.append([float(v) for v in stats])
+                strategy.optimizer_step()
+                strategy.synchronize()
+                rec.optimizer_states.append(_cpu_copy(strategy.optimizers()[0].state_dict()))
+            after_last = [snapshot(m) for m in modules]
+        rec.optimizer = [_optimizer_state(m, o) for m, o in zip(modules, strategy.optimizers())]
+        rec.ties = [check_ties(m) for m in modules]
+    finally:
+        for h in handles:
+            h.remove()
+    return rec
+
+
+def _cast(t, dtype):
+    return t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+
+def _restore_buffers(model: nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    """Put back the buffers a device starts the step with (assigned anew: a model may have
+    reassigned them in forward)."""
+    modules = dict(model.named_modules())
+    for name, value in saved.items():
+        owner, _, leaf = name.rpartition(".")
+        modules[owner]._buffers[leaf] = value.clone()
+
+
+def device_pieces(batch_size: int, devices: int, micro_steps: int) -> list[list[tuple[int, int]]]:
+    """[device][micro-step] -> [start, stop) in the global batch: each device's contiguous shard,
+    cut into micro_steps contiguous pieces (as the strategies cut it)."""
+    pieces = []
+    for d in range(devices):
+        start, stop = shard_bounds(batch_size, devices, d)
+        cuts = [shard_bounds(stop - start, micro_steps, k) for k in range(micro_steps)]
+        pieces.append([(start + a, start + b) for a, b in cuts if b > a])
+    return pieces
+
+
+@dataclass
+class ReferenceStep:
+    grads: dict          # name -> gradient or None
+    state: dict          # snapshot after the step
+    optimizer_state: dict  # optimizer.state_dict() after the step
+    optimizer: dict      # {"param name: key": tensor} after the step
+    stats: list          # [loss_sum, correct]
+    unused: set          # parameters some device's piece did not use
+
+
+def reference_step(spec: ModelSpec, template: nn.Module, state: dict, optimizer_state: dict, plan: Plan, step: int,
+                   devices: int, dtype: torch.dtype, make_optimizer, timeout_s: float | None = None,
+                   label: str = "reference", scale_after: bool = False) -> ReferenceStep:
+    """One step of single-device plain PyTorch in `dtype`, computing what `devices` devices
+    compute (see the module docstring), from `state` (a snapshot) and `optimizer_state` (an
+    optimizer's state_dict). `template` gives the model's structure and is not changed.
+
+    scale_after: backpropagate the summed loss and divide the summed gradients by the batch size
+    afterwards (as the manual strategy's allreduce does), instead of scaling the loss first.
+    """
+    model = copy.deepcopy(template).to(dtype)
+    load_snapshot(model, state)
+    params = list(model.parameters())
+    named = [n for n, _ in model.named_parameters()]
+    optimizer = make_optimizer(params)
+    if optimizer_state.get("state"):
+        optimizer.load_state_dict(copy.deepcopy(optimizer_state))  # casts floating state to the parameters' dtype
+    pieces = device_pieces(plan.batch_size, devices, plan.micro_steps)
+    inputs, target = plan.batch(spec, step)
+    inputs = tuple(_cast(t, dtype) for t in inputs)
+    start_buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    unused = set()
+    loss_sum = correct = 0.0
+    with step_timeout(timeout_s, f"{label}: step {step}"):
+        for d in reversed(range(devices)):  # device 0 last: its buffers are the ones every replica keeps
+            _restore_buffers(model, start_buffers)
+            for start, stop in pieces[d]:
+                output = model(*slice_inputs(inputs, start, stop))
+                y = target[start:stop]
+                loss = spec.loss(output, y)
+                scaled = loss if scale_after else loss * (1.0 / plan.batch_size)
+                grads = torch.autograd.grad(scaled, params, allow_unused=True)
+                for name, p, g in zip(named, params, grads):
+                    if g is None:
+                        unused.add(name)
+                        continue
+                    p.grad = g.detach().clone() if p.grad is None else p.grad + g.detach()
+                loss_sum += float(loss.detach())
+                correct += float(spec.correct(output, y))
+    if scale_after:
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    p.grad.div_(plan.batch_size)
+    grads = _grads(model)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return ReferenceStep(grads, snapshot(model), _cpu_copy(optimizer.state_dict()), _optimizer_state(model, optimizer),
+                         [loss_sum, correct], unused)
+
+
+def reference_run(spec: ModelSpec, model: nn.Module, plan: Plan, devices: int, dtype: torch.dtype,
+                  make_optimizer, timeout_s: float | None = None, label: str = "reference") -> Recording:
+    """`plan.steps` reference steps, each from the last one's result (a free-running run)."""
+    state = snapshot(model)
+    optimizer_state = _cpu_copy(make_optimizer(list(copy.deepcopy(model).parameters())).state_dict())
+    rec = Recording(states=[[state]], optimizer_states=[optimizer_state])
+    for step in range(1, plan.steps + 1):
+        result = reference_step(spec, model, state, optimizer_state, plan, step, devices, dtype, make_optimizer,
+                                timeout_s, label)
+        state, optimizer_state = result.state, result.optimizer_state
+        if step == 1:
+            rec.grads = [result.grads]
+        rec.states.append([state])
+        rec.optimizer_states.append(optimizer_state)
+        rec.stats.append(result.stats)
+        rec.unused.append(result.unused)
+        rec.optimizer = [result.optimizer]
+    rec.ties = [check_ties(model)]
+    return rec
+
+
+def timed(fn, *args, **kwargs):
+    """(fn's result, seconds it took)."""
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - start
