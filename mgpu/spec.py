@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from mgpu.errors import SpecError, one_line
+from mgpu.errors import MgpuError, SpecError, one_line
 
 __all__ = ["ModelSpec", "Objective", "ImageBatches", "image_spec", "builtin_spec", "load_spec", "parse_input_shape",
            "as_inputs", "batch_length", "slice_inputs", "cross_entropy_sum", "argmax_correct", "validate_spec"]
@@ -239,7 +239,7 @@ def load_spec(target: str, input_shape: str | Sequence[int] | None = None, class
         if options:
             raise SpecError(f"{target} returns a ModelSpec, which says how to draw its batches itself: "
                             "leave out --input-shape and --classes")
-        return replace(result, source=target, name=result.name if result.name != "model" else target)
+        return replace(result, source=target, options={}, name=result.name if result.name != "model" else target)
     if isinstance(result, nn.Module):
         if input_shape is None:
             raise SpecError(f"{target} returns an nn.Module ({type(result).__name__}): give the shape of one input "
@@ -309,6 +309,8 @@ def validate_spec(spec: ModelSpec, batch_size: int = 4, seed: int = 0) -> None:
     model.train()
     try:
         output = model(*inputs)
+    except MgpuError:
+        raise
     except Exception as e:
         shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
         raise SpecError(f"{spec.name}: inputs of shape {shapes} do not fit the model: {one_line(e, with_type=True)}") from None

@@ -30,12 +30,13 @@ from typing import Callable
 import torch
 
 from mgpu.config import CHECK_STRATEGIES, CheckOptions
-from mgpu.errors import LaunchError, ParityError, SpecError
+from mgpu.devices import torch_threads
+from mgpu.errors import LaunchError, MgpuError, ParityError, SpecError, one_line
 from mgpu.parity.compare import Divergence, compare_bitwise, compare_to_reference, error
 from mgpu.parity.probe import (find_buffer_updates, find_mixing_layers, find_random_layers, loss_is_a_sum,
                                switch_off_dropout)
 from mgpu.parity.record import (Plan, Recording, check_ties, load_snapshot, record_strategy, reference_run,
-                                reference_step, snapshot)
+                                reference_step, snapshot, step_timeout)
 from mgpu.spec import ModelSpec, builtin_spec, load_spec, validate_spec
 
 __all__ = ["CheckOptions", "CheckResult", "Report", "run_check", "check_data_parallel", "CHECK_STRATEGIES"]
@@ -130,7 +131,7 @@ def _probe(spec: ModelSpec, model: torch.nn.Module, plan: Plan, n: int) -> Trait
     inputs, target = plan.batch(spec, 1)
     dropout, other = find_random_layers(spec, model, inputs)
     switch_off_dropout(model)
-    mixing, layers = find_mixing_layers(model, inputs, n=n)
+    mixing, layers = (False, []) if other else find_mixing_layers(model, inputs, n=n)
     changed, reassigned = find_buffer_updates(model, inputs)
     return Traits(dropout, other, mixing, layers, changed, reassigned, loss_is_a_sum(spec, model, inputs, target),
                   check_ties(model))
@@ -195,7 +196,7 @@ def ddp_rank_main(job: RankJob):
             if rank == 0:
                 load_snapshot(model, job.initial)
             strategy.use_objective(spec.objective)
-            DistributedDataParallel.setup(strategy, model, job.make_optimizer(options, spec))
+            DistributedDataParallel.setup(strategy, model, make_optimizer(job.options, spec))
             rec = record_strategy(strategy, spec, plan, label=f"{_label('ddp', world)} (rank {rank})",
                                   timeout_s=job.options.step_timeout)
             gathered = [None] * world
@@ -253,6 +254,9 @@ class _Refs:
     model: torch.nn.Module
     options: CheckOptions
     cache: dict = field(default_factory=dict)
+
+    def fresh_optimizer_state(self) -> dict:
+        return make_optimizer(self.options, self.spec)(list(copy.deepcopy(self.model).parameters())).state_dict()
 
     def initial(self) -> dict:
         if "initial" not in self.cache:
@@ -377,15 +381,21 @@ def run_check(spec: ModelSpec, options: CheckOptions | None = None,
     Bad input (the spec, the options) raises an MgpuError before anything runs; a model that hangs
     raises CheckTimeout naming the strategy and step. Parity failures are in the report.
     """
+    with torch_threads(1):  # emulated devices run one after the other; spinning threads only slow a busy machine
+        return _run_check(spec, options, progress)
+
+
+def _run_check(spec: ModelSpec, options: CheckOptions | None, progress) -> Report:
     start_time = time.perf_counter()
     options = (options or CheckOptions()).validate()
     if not isinstance(spec, ModelSpec):
         raise SpecError(f"run_check needs an mgpu.ModelSpec, got {type(spec).__name__} (load_spec('MODULE:FUNCTION') makes one)")
     say = progress or (lambda line: None)
-    validate_spec(spec, batch_size=min(options.batch_size, 4), seed=options.seed)
     plans = make_plans(options)
-    model = spec.build_seeded(options.seed)
-    traits = _probe(spec, model, plans["plain"], n=max(options.devices))
+    with step_timeout(options.step_timeout and 4 * options.step_timeout, f"{spec.name}: the first forwards (probing the model)"):
+        validate_spec(spec, batch_size=min(options.batch_size, 4), seed=options.seed)
+        model = spec.build_seeded(options.seed)
+        traits = _probe(spec, model, plans["plain"], n=max(options.devices))
     refs = _Refs(spec, model, options)
     results: list[CheckResult] = []
     repro = _reproducer(spec, options)
@@ -396,10 +406,13 @@ def run_check(spec: ModelSpec, options: CheckOptions | None = None,
         detail = f" ({result.first_divergence.describe()})" if result.first_divergence else ""
         say(f"check:{where} {result.name}: {result.status}{detail}")
 
-    # Unused parameters: some device's shard leaves them without a gradient in some step.
+    # Unused parameters: some device's shard leaves them without a gradient on some step's batch
+    # (float32 steps from the initial weights: which parameters a batch uses depends on the data).
+    initial, fresh_optimizer = refs.initial(), refs.fresh_optimizer_state()
     for n in sorted({n for _, n in options.runs()} | {1}):
-        for rec in (refs.get(plans["plain"], n, torch.float64), refs.get(plans["uneven"], n, torch.float64)):
-            for unused in rec.unused:
+        for plan in (plans["plain"], plans["uneven"]):
+            for step in range(1, plan.steps + 1):
+                unused = refs.step(initial, fresh_optimizer, plan, step, n, torch.float32).unused
                 traits.unused.extend(sorted(set(unused) - set(traits.unused)))
     for finding in _findings(spec, traits, refs, plans["plain"], options):
         add(finding)
@@ -418,18 +431,31 @@ def run_check(spec: ModelSpec, options: CheckOptions | None = None,
         say(f"check: {_label('ddp', n)}: starting {n} ranks")
         job = RankJob(spec.source, dict(spec.options), blob, snapshot(model), list(plans.values()), options,
                       find_unused=bool(traits.unused))
-        ddp_records[n] = _spawn_ddp(job, n, options)
+        try:
+            ddp_records[n] = _spawn_ddp(job, n, options)
+        except LaunchError as e:  # a rank crashed in the model's code: that run fails, the others go on
+            ddp_records[n] = f"the run crashed: {str(e).splitlines()[0]}"
 
     for name, n in options.runs():
         if name == "ddp" and ddp_failure:
             add(CheckResult("all", name, n, "skipped", ddp_failure))
             continue
+        if name == "ddp" and isinstance(ddp_records[n], str):
+            add(CheckResult("all", name, n, "fail", ddp_records[n], reproduce=repro(name, n, plans["plain"])))
+            continue
         recs = {}
-        for kind, plan in plans.items():
-            if name == "ddp":
-                recs[kind] = _ddp_recording(ddp_records[n][list(plans).index(kind)])
-            else:
-                recs[kind] = _run_in_process(spec, model, name, n, plan, options)
+        try:
+            for kind, plan in plans.items():
+                if name == "ddp":
+                    recs[kind] = _ddp_recording(ddp_records[n][list(plans).index(kind)])
+                else:
+                    recs[kind] = _run_in_process(spec, model, name, n, plan, options)
+        except MgpuError:
+            raise
+        except Exception as e:  # the model or the strategy crashed: that run fails, the others go on
+            add(CheckResult("all", name, n, "fail", f"the run crashed: {one_line(e, with_type=True)}",
+                            reproduce=repro(name, n, plans["plain"])))
+            continue
         _judge(name, n, recs, plans, refs, traits, skip_exact, add, repro)
     report = Report(spec.name, options, results, seconds=time.perf_counter() - start_time, notes=_notes(options))
     return report
@@ -491,11 +517,22 @@ def _judge(name, n, recs, plans, refs, traits, skip_exact, add, repro) -> None:
             for check in (("gradients", "weights", "buffers", "optimizer", "statistics") if kind == "plain" else (kind,)):
                 add(CheckResult(check, name, label_n, "skipped", skip_exact))
             continue
-        for check, div, errs in _compare_run(kind, rec, refs, plan, rec.shards):
+        # The single-device run is the whole batch at once, unless the model mixes the examples of a
+        # batch or takes branches by what a batch holds (unused parameters): then it is the same
+        # shards, one after the other, the first device's buffers kept.
+        shards = rec.shards if traits.mixing or traits.unused else 1
+        for check, div, errs in _compare_run(kind, rec, refs, plan, shards):
             if div == "none":
                 add(CheckResult(check, name, label_n, "skipped", "the model has no buffers"))
                 continue
             cause = traits.mean_loss if div is not None and traits.mean_loss else None
+            if div is not None and div.tensor.startswith("buffer ") and div.tensor[7:] in traits.changed_buffers:
+                buf = div.tensor[7:]
+                how = (f" (reassigned: self.{buf.rpartition('.')[2]} = ...)" if buf in traits.reassigned_buffers else "")
+                cause = (f"buffer {buf} is computed from the batch in forward{how}: each device computes it from its "
+                         "own shard, so it is not the single-device value; torch's DDP copies rank 0's only at the "
+                         "start of the next forward (after the last step the ranks hold different values); make it a "
+                         "statistic of the global batch (all_reduce it), or keep it out of the model's state")
             add(_result(check, name, label_n, div, errs, repro(name, n, plan), cause=cause))
 
 
@@ -529,7 +566,8 @@ def _findings(spec, traits: Traits, refs: _Refs, plan: Plan, options: CheckOptio
         ref_whole, ref_sharded = refs.get(plan, 1, torch.float64), refs.get(plan, n, torch.float64)
         worst = _worst(error(ref_sharded.states[-1][0][k], v) for k, v in ref_whole.states[-1][0].items()
                        if k.startswith("weight ") and v.is_floating_point())
-        layers = ", ".join(traits.mixing_layers[:8]) or "(the model as a whole)"
+        kinds = {name: type(m).__name__ for name, m in refs.model.named_modules()}
+        layers = ", ".join(f"{name} ({kinds.get(name, '?')})" for name in traits.mixing_layers[:8]) or "(the model as a whole)"
         out.append(CheckResult("batch-mixing", None, None, "finding", (
             f"layers mix the examples of a batch: {layers}. On N devices each computes over its shard, which is by "
             f"design not the whole batch's computation: the checks compare with the single-device run over the same "

@@ -134,6 +134,7 @@ def find_mixing_layers(model: nn.Module, inputs: tuple, n: int = 2) -> tuple[boo
     submodules does (so a BatchNorm is named, not every block around it).
     """
     model = copy.deepcopy(model).double().train()
+    switch_off_dropout(model)  # train() switched them back on
     batch = inputs[0].shape[0]
     inputs = tuple(t.double() if t.is_floating_point() else t for t in inputs)
     if batch < n:
@@ -162,6 +163,7 @@ def find_mixing_layers(model: nn.Module, inputs: tuple, n: int = 2) -> tuple[boo
 def find_buffer_updates(model: nn.Module, inputs: tuple) -> tuple[list[str], list[str]]:
     """(buffers a training forward changes, buffers it reassigns to a new tensor)."""
     model = copy.deepcopy(model).train()
+    switch_off_dropout(model)
     before = {n: (b, b.detach().clone()) for n, b in model.named_buffers()}
     with torch.no_grad():
         model(*inputs)

@@ -10,12 +10,10 @@ step 1's backward, its optimizer state after the last step, and the step's globa
 correct]. The strategy is driven through the calls the Trainer makes (`forward_backward`,
 `all_sum`, `optimizer_step`), so what is recorded is what training does.
 
-A replica's state after step s is read where the next step sees it: at the entry of its model's
-forward in step s + 1 (a forward pre-hook; one extra forward and backward after the last step).
-That is after DDP's buffer broadcast, which runs at the start of DDP's forward: BatchNorm
-statistics that each rank updated from its own shard agree again there, while a buffer the model
-reassigned in forward (which DDP does not broadcast) still differs. Where the model's own forward
-is not called (nn.DataParallel on GPUs runs replicas of it), the state right after the step is used.
+A replica's state after step s is read right after the step: every replica (or rank) of mgpu's
+strategies must hold the same weights and buffers then (manual and ddp copy the first device's
+buffers to the others after each step; torch's DDP alone would do so only at the start of the next
+forward, so that after the last step BatchNorm statistics differ between ranks).
 
 The reference (`reference_run`) is plain PyTorch on one device, in float64 or float32, and
 computes what data parallelism computes: each device's contiguous shard of the global batch, in
@@ -159,41 +157,25 @@ def record_strategy(strategy, spec: ModelSpec, plan: Plan, label: str, timeout_s
     in timeout messages ("manual on 2 devices").
     """
     modules = strategy.modules()
-    captured: dict[int, dict] = {}
-
-    def capture(i):
-        def hook(module, args):
-            if module is modules[i] and i not in captured:
-                captured[i] = snapshot(module)
-        return hook
-
-    handles = [m.register_forward_pre_hook(capture(i)) for i, m in enumerate(modules)]
-    rec = Recording(optimizer_states=[_cpu_copy(strategy.optimizers()[0].state_dict())],
+    rec = Recording(states=[[snapshot(m) for m in modules]],
+                    optimizer_states=[_cpu_copy(strategy.optimizers()[0].state_dict())],
                     shards=len(strategy.devices))  # per process: DDP's ranks are gathered by the caller
-    after_last = [snapshot(m) for m in modules]  # the start, in case no forward pre-hook fires
-    try:
-        for step in range(1, plan.steps + 2):
-            inputs, target = plan.batch(spec, step)
-            local = strategy.local_indices(torch.arange(plan.batch_size))
-            X, y = slice_inputs(inputs, int(local[0]), int(local[-1]) + 1), target[int(local[0]):int(local[-1]) + 1]
-            captured.clear()
-            with step_timeout(timeout_s, f"{label}: step {step}" if step <= plan.steps else f"{label}: after step {step - 1}"):
-                stats = strategy.all_sum(strategy.forward_backward(X, y, plan.batch_size, plan.micro_steps)).tolist()
-                rec.states.append([captured.get(i, after_last[i]) for i in range(len(modules))])
-                if step > plan.steps:
-                    break  # the probe: only the state entering it was wanted
-                if step == 1:
-                    rec.grads = [_grads(m) for m in modules]
-                rec.stats.append([float(v) for v in stats])
-                strategy.optimizer_step()
-                strategy.synchronize()
-                rec.optimizer_states.append(_cpu_copy(strategy.optimizers()[0].state_dict()))
-            after_last = [snapshot(m) for m in modules]
-        rec.optimizer = [_optimizer_state(m, o) for m, o in zip(modules, strategy.optimizers())]
-        rec.ties = [check_ties(m) for m in modules]
-    finally:
-        for h in handles:
-            h.remove()
+    for step in range(1, plan.steps + 1):
+        inputs, target = plan.batch(spec, step)
+        local = strategy.local_indices(torch.arange(plan.batch_size))
+        start, stop = int(local[0]), int(local[-1]) + 1
+        with step_timeout(timeout_s, f"{label}: step {step}"):
+            stats = strategy.all_sum(strategy.forward_backward(slice_inputs(inputs, start, stop), target[start:stop],
+                                                              plan.batch_size, plan.micro_steps)).tolist()
+            if step == 1:
+                rec.grads = [_grads(m) for m in modules]
+            rec.stats.append([float(v) for v in stats])
+            strategy.optimizer_step()
+            strategy.synchronize()
+        rec.states.append([snapshot(m) for m in modules])
+        rec.optimizer_states.append(_cpu_copy(strategy.optimizers()[0].state_dict()))
+    rec.optimizer = [_optimizer_state(m, o) for m, o in zip(modules, strategy.optimizers())]
+    rec.ties = [check_ties(m) for m in modules]
     return rec
 
 

@@ -68,7 +68,7 @@ def table(report: Report) -> str:
         lines += ["", f"{len(failures)} check(s) FAILED; the first divergence of each:"]
         for r in failures:
             lines.append(f"  {_who(r)}, {r.name}: {r.first_divergence.describe(_unit(r)) if r.first_divergence else r.reason}")
-            if r.reason:
+            if r.reason and r.first_divergence:
                 lines.append(f"    cause: {r.reason}")
             if r.reproduce:
                 lines.append(f"    reproduce: {r.reproduce}")

@@ -145,6 +145,19 @@ class DistributedDataParallel(SingleDevice):
     def evaluation_net(self) -> nn.Module:
         return self.model
 
+    def optimizer_step(self) -> None:
+        super().optimizer_step()
+        self._broadcast_buffers()
+
+    def _broadcast_buffers(self) -> None:
+        # Each rank updated its BatchNorm statistics (and any buffer its forward writes) from its own
+        # shard. DDP copies rank 0's at the start of the next forward only, so after the last step the
+        # ranks would differ; copy them now, as the manual strategy does: every rank then holds the
+        # same weights and buffers after every step (model.pt, evaluation, the parity check).
+        with torch.no_grad():
+            for b in self.model.buffers():
+                dist.broadcast(b, src=0)
+
     def all_sum(self, t: torch.Tensor) -> torch.Tensor:
         return all_sum(t.to(self.devices[0]))  # stays on the device: the caller reads it once
 
@@ -152,10 +165,6 @@ class DistributedDataParallel(SingleDevice):
         return all_max(t.to(self.devices[0]))
 
     def eval_mode(self) -> None:
-        # Each rank updated its BatchNorm statistics with its own shard in the last forward;
-        # evaluate everywhere with rank 0's, the ones model.pt holds.
-        with torch.no_grad():
-            for b in self.model.buffers():
-                dist.broadcast(b, src=0)
+        self._broadcast_buffers()  # after a skipped step too: evaluate everywhere with rank 0's, as model.pt holds
         super().eval_mode()
 

@@ -1,0 +1,181 @@
+"""Small models with one data-parallel pitfall each, for the tests of `python -m mgpu check`
+(correctness/test_check.py): `python -m mgpu check correctness/check_models.py:NAME ...`.
+
+Every function returns a ModelSpec (or an nn.Module) on 1x8x8 images or token ids, tiny enough
+that a check of one strategy takes a second.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from mgpu.spec import ModelSpec, image_spec
+
+SHAPE = (1, 8, 8)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int = 16):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(64, hidden), nn.Linear(hidden, 4)
+
+    def forward(self, x):  # (B, 1, 8, 8) -> (B, 4)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def mlp() -> ModelSpec:
+    return image_spec(MLP, SHAPE, 4, name="mlp")
+
+
+def plain_module() -> nn.Module:
+    """A bare nn.Module: the check needs --input-shape 1,8,8."""
+    return MLP()
+
+
+class Branchy(MLP):
+    """A head used only for examples whose first pixel is bright: some shards never use it."""
+
+    def __init__(self):
+        super().__init__()
+        self.rare = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = F.relu(self.fc1(x.flatten(1)))
+        out = self.fc2(h)
+        if bool((x[:, 0, 0, 0] > 0.9).any()):  # data-dependent: taken by some shards only
+            out = out + self.rare(h)
+        return out
+
+
+def unused_branch() -> ModelSpec:
+    return image_spec(Branchy, SHAPE, 4, name="unused_branch")
+
+
+class WithDropout(MLP):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.fc2(self.drop(F.relu(self.fc1(x.flatten(1)))))
+
+
+def dropout() -> ModelSpec:
+    return image_spec(WithDropout, SHAPE, 4, name="dropout")
+
+
+class Noisy(MLP):
+    def forward(self, x):
+        h = F.relu(self.fc1(x.flatten(1)))
+        return self.fc2(h + 0.1 * torch.randn_like(h))  # randomness that is no Dropout module
+
+
+def noisy() -> ModelSpec:
+    return image_spec(Noisy, SHAPE, 4, name="noisy")
+
+
+class BatchCentred(MLP):
+    """A home-made layer that mixes the examples: it subtracts the batch mean."""
+
+    def forward(self, x):
+        h = self.fc1(x.flatten(1))
+        return self.fc2(F.relu(h - h.mean(dim=0, keepdim=True)))
+
+
+def batch_centred() -> ModelSpec:
+    return image_spec(BatchCentred, SHAPE, 4, name="batch_centred")
+
+
+def batchnorm() -> ModelSpec:
+    def build():
+        return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                             nn.Linear(4 * 64, 4))
+    return image_spec(build, SHAPE, 4, name="batchnorm")
+
+
+class ReassignedBuffer(MLP):
+    """A statistic of the batch kept by *reassigning* a buffer: DDP never broadcasts the new tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("seen_scale", torch.ones(()))
+
+    def forward(self, x):
+        if self.training:
+            self.seen_scale = 0.9 * self.seen_scale + 0.1 * x.detach().abs().mean()
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def reassigned_buffer() -> ModelSpec:
+    return image_spec(ReassignedBuffer, SHAPE, 4, name="reassigned_buffer")
+
+
+class RandomNonPersistent(MLP):
+    """A non-persistent buffer drawn at construction: each rank (seeded differently) draws another."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("projection", torch.randn(64, 64), persistent=False)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.fc1(x.flatten(1) @ self.projection * 0.1)))
+
+
+def random_non_persistent() -> ModelSpec:
+    return image_spec(RandomNonPersistent, SHAPE, 4, name="random_non_persistent")
+
+
+def mean_loss() -> ModelSpec:
+    """The loss averaged over the examples, not summed: a mean per device."""
+    return image_spec(MLP, SHAPE, 4, name="mean_loss", loss=lambda out, y: F.cross_entropy(out, y))
+
+
+class TiedLM(nn.Module):
+    def __init__(self, vocab: int = 11, dim: int = 8):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.mix = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight  # tied
+
+    def forward(self, tokens):  # (B, T) -> (B, T, V)
+        return self.head(torch.tanh(self.mix(self.embed(tokens))))
+
+
+def _tokens(n: int, g: torch.Generator):
+    seq = torch.randint(0, 11, (n, 6), generator=g)
+    return seq, (seq + 1) % 11
+
+
+def tied_lm() -> ModelSpec:
+    return ModelSpec(build=TiedLM, draw=_tokens, name="tied_lm")
+
+
+class Hangs(MLP):
+    def forward(self, x):
+        time.sleep(3600)
+        return super().forward(x)
+
+
+def hangs() -> ModelSpec:
+    return image_spec(Hangs, SHAPE, 4, name="hangs")
+
+
+def no_parameters() -> nn.Module:
+    return nn.Flatten()
+
+
+def raises() -> nn.Module:
+    raise ValueError("width must be even")
+
+
+def returns_int():
+    return 3
+
+
+def wrong_classes() -> ModelSpec:
+    return image_spec(MLP, SHAPE, 7, name="wrong_classes")  # targets up to 6, the model scores 4 classes

@@ -1,0 +1,293 @@
+"""`python -m mgpu check` and `check_data_parallel`: the right verdict for each pitfall, a failure
+with the first divergence for each planted defect, one line and exit 2 for bad input.
+
+The models are in correctness/check_models.py, one pitfall each. Most checks here run the manual
+strategy on 2 emulated devices (a second each); DDP runs are few, since each starts processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mgpu.cli import main
+from mgpu.config import CheckOptions
+from mgpu.errors import CheckTimeout, ParityError, SpecError
+from mgpu.parity import check_data_parallel, run_check
+from mgpu.spec import load_spec
+from mgpu.strategies import Manual
+from mgpu.strategies.base import micro_batches
+
+MODELS = "correctness/check_models.py"
+MANUAL_2 = CheckOptions(strategies=("manual",), devices=(2,), step_timeout=30)
+
+
+def check(name: str, options: CheckOptions = MANUAL_2):
+    return run_check(load_spec(f"{MODELS}:{name}"), options)
+
+
+def statuses(report) -> dict:
+    return {(r.name, r.strategy, r.devices): r for r in report.results}
+
+
+def by_name(report, name: str):
+    found = [r for r in report.results if r.name == name]
+    assert found, f"no check named {name!r} in {[r.name for r in report.results]}"
+    return found[0]
+
+
+# -- verdicts on models with one pitfall each ---------------------------------------------------------
+
+@pytest.mark.parametrize("model, finding", [
+    ("unused_branch", "unused-parameters"),
+    ("dropout", "random-layers"),
+    ("batch_centred", "batch-mixing"),
+    ("batchnorm", "batch-mixing"),
+])
+def test_a_pitfall_of_the_model_is_a_finding_and_parity_still_holds(model, finding):
+    report = check(model)
+    assert by_name(report, finding).status == "finding", by_name(report, finding)
+    assert not report.failures, [r.first_divergence.describe() for r in report.failures]
+    assert report.exit_code() == 0 and report.exit_code(strict=True) == 1
+    assert by_name(report, "weights").status == "pass" and by_name(report, "accumulate").status == "pass"
+
+
+def test_batch_mixing_names_the_layer_and_the_size_of_the_difference():
+    result = by_name(check("batchnorm"), "batch-mixing")
+    assert "1 (BatchNorm2d)" in result.reason, result.reason
+    assert result.errors["max_abs"] > 1e-4, "sharded BatchNorm must differ visibly from the unsharded run"
+
+
+def test_randomness_outside_dropout_skips_the_exact_checks_with_the_reason():
+    report = check("noisy")
+    assert by_name(report, "randomness").status == "finding"
+    for name in ("gradients", "weights", "accumulate"):
+        result = by_name(report, name)
+        assert result.status == "skipped" and "random" in result.reason, result
+    assert by_name(report, "replicas").status == "pass", "replicas must still agree with each other"
+
+
+def test_a_mean_loss_fails_with_the_cause():
+    report = check("mean_loss")
+    assert by_name(report, "loss-not-a-sum").status == "finding"
+    failed = by_name(report, "gradients")
+    assert failed.status == "fail" and "not a sum" in failed.reason, failed
+    assert report.exit_code() == 1
+
+
+def test_tied_weights_stay_tied_and_token_models_pass():
+    report = check("tied_lm")
+    assert by_name(report, "ties").status == "pass" and not report.failures
+
+
+# -- planted defects in mgpu itself: each is a failure with its first divergence -----------------------
+
+def _first(report, name):
+    result = by_name(report, name)
+    assert result.status == "fail", f"{name} should fail: {result}"
+    assert result.first_divergence is not None and result.reproduce.startswith("python -m mgpu check")
+    return result.first_divergence
+
+
+def test_a_replica_that_skips_the_optimizer_step_is_named(monkeypatch):
+    def skipping_step(self):
+        for i, opt in enumerate(self.opts):
+            if i != 1:
+                opt.step()
+            opt.zero_grad(set_to_none=True)
+        self._broadcast_buffers()
+
+    monkeypatch.setattr(Manual, "optimizer_step", skipping_step)
+    div = _first(check("mlp"), "replicas")
+    assert (div.step, div.replica) == (1, 1) and div.tensor.startswith("weight "), div
+
+
+def test_a_loss_averaged_per_shard_by_the_strategy_is_caught(monkeypatch):
+    from mgpu.comm import split_batch
+
+    def per_shard_mean(self, X, y, global_batch_size, micro_steps=1):
+        stats = torch.zeros(2)
+        for replica, device, X_shard, y_shard in zip(self.replicas, self.devices, *split_batch(X, y, self.devices)):
+            loss, s = self.objective.loss_and_stats(replica(*self.inputs(X_shard, device)), y_shard,
+                                                    1.0 / y_shard.shape[0])  # each shard's mean ...
+            loss.backward()
+            stats += s
+        self.sync_gradients(len(self.devices))  # ... averaged over the devices: wrong when shards are uneven
+        return stats
+
+    monkeypatch.setattr(Manual, "forward_backward", per_shard_mean)
+    div = _first(check("mlp"), "uneven")  # 13 examples: shards of 7 and 6
+    assert div.step == 1 and div.tensor.startswith("gradient "), div
+
+
+def test_accumulation_that_syncs_every_micro_step_without_dividing_is_caught(monkeypatch):
+    def sync_each_micro_step(self, X, y, global_batch_size, micro_steps=1):
+        from mgpu.comm import split_batch
+
+        Xs, ys = split_batch(X, y, self.devices)
+        pieces = [list(micro_batches(a, b, micro_steps)) for a, b in zip(Xs, ys)]
+        stats = torch.zeros(2)
+        for k in range(micro_steps):
+            for replica, device, shard in zip(self.replicas, self.devices, pieces):
+                loss, s = self.objective.loss_and_stats(replica(*self.inputs(shard[k][0], device)), shard[k][1], 1.0)
+                loss.backward()
+                stats += s
+            self.sync_gradients(global_batch_size // micro_steps)  # every micro-step, loss not divided by K
+        return stats
+
+    monkeypatch.setattr(Manual, "forward_backward", sync_each_micro_step)
+    report = check("mlp")
+    assert by_name(report, "weights").status == "pass", "without accumulation the plant does nothing"
+    div = _first(report, "accumulate")
+    assert div.step == 1, div
+
+
+def test_a_step_that_reports_each_shards_mean_correctness_is_caught(monkeypatch):
+    from mgpu import spec as specmod
+
+    monkeypatch.setattr(specmod.Objective, "loss_and_stats", _mean_correct_stats)
+    div = _first(check("mlp"), "statistics")
+    assert div.tensor == "reported correct count", div
+
+
+def _mean_correct_stats(self, output, target, scale):
+    loss_sum = self.loss(output, target)
+    correct = self.correct(output, target).detach() / target.shape[0]
+    return loss_sum * scale, torch.stack([loss_sum.detach().float(), correct.float()])
+
+
+# -- DDP: ranks that start apart, a reassigned buffer ---------------------------------------------------
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_buffer_reassigned_from_the_batch_fails_naming_buffer_step_and_cause():
+    report = check("reassigned_buffer", CheckOptions(strategies=("manual", "ddp"), devices=(2,), step_timeout=30))
+    for strategy in ("manual", "ddp"):
+        assert statuses(report)[("replicas", strategy, 2)].status == "pass", "mgpu copies rank 0's buffers every step"
+        failed = statuses(report)[("buffers", strategy, 2)]
+        assert failed.status == "fail", failed
+        div = failed.first_divergence
+        assert (div.tensor, div.step, div.replica) == ("buffer seen_scale", 1, 0), div
+        assert "computed from the batch" in failed.reason and "reassigned" in failed.reason, failed.reason
+    assert report.exit_code() == 1
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_ddp_ranks_seeded_apart_start_equal_non_persistent_buffers_included(tmp_path, capsys):
+    out = tmp_path / "check.json"
+    code = main(["check", f"{MODELS}:random_non_persistent", "--strategies", "ddp", "--devices", "2,3",
+                 "--json", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.out + captured.err
+    data = json.loads(out.read_text())
+    assert {(c["strategy"], c["devices"]) for c in data["checks"] if c["name"] == "start"} == {("ddp", 2), ("ddp", 3)}
+    assert all(c["status"] in ("pass", "skipped") for c in data["checks"]), data["checks"]
+    assert "starting 2 ranks" in captured.err and "ddp on 3 ranks: start: pass" in captured.err
+
+
+# -- the command: table, JSON, exit codes ----------------------------------------------------------------
+
+def test_cli_table_json_and_exit_codes(tmp_path, capsys):
+    out = tmp_path / "report.json"
+    assert main(["check", f"{MODELS}:mean_loss", "--strategies", "manual,dataparallel", "--devices", "2",
+                 "--json", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert "FAILED" in captured.out and "reproduce: python -m mgpu check" in captured.out, captured.out
+    data = json.loads(out.read_text())
+    record = data["checks"][0]
+    assert set(record) == {"name", "strategy", "devices", "status", "reason", "errors", "first_divergence", "reproduce"}
+    failed = [c for c in data["checks"] if c["status"] == "fail"]
+    assert failed and set(failed[0]["first_divergence"]) >= {"step", "tensor", "replica", "max_abs", "max_rel"}
+    assert main(["check", f"{MODELS}:dropout", "--strategies", "manual", "--devices", "2"]) == 0
+    assert main(["check", f"{MODELS}:dropout", "--strategies", "manual", "--devices", "2", "--strict"]) == 1
+
+
+def test_a_bare_module_with_input_shape_reads_the_classes_off_its_output(capsys):
+    assert main(["check", f"{MODELS}:plain_module", "--input-shape", "1,8,8", "--strategies", "manual",
+                 "--devices", "3", "--batch-size", "7", "--accumulate", "2"]) == 0, capsys.readouterr().err
+
+
+def test_check_data_parallel_raises_an_assertion_with_the_first_divergence():
+    with pytest.raises(ParityError) as info:
+        check_data_parallel(f"{MODELS}:mean_loss", strategies=("manual",), devices=(2,))
+    assert isinstance(info.value, AssertionError)
+    message = str(info.value)
+    assert "differs" in message and "reproduce:" in message and "not a sum" in message, message
+    assert check_data_parallel(f"{MODELS}:mlp", strategies=("manual",), devices=(2, 3)).exit_code() == 0
+
+
+# -- bad input: one line, exit 2 ---------------------------------------------------------------------------
+
+BAD = [
+    (["nosuchmodule_xyz:f"], "cannot import nosuchmodule_xyz: ModuleNotFoundError"),
+    ([f"{MODELS}:nothing_here"], "has no function 'nothing_here'"),
+    ([f"{MODELS}:raises"], "raised ValueError: width must be even"),
+    ([f"{MODELS}:returns_int"], "returned int"),
+    ([f"{MODELS}:wrong_classes"], "does not fit the loss"),
+    ([f"{MODELS}:plain_module", "--input-shape", "3,8,8"], "do not fit the model"),
+    ([f"{MODELS}:no_parameters", "--input-shape", "1,8,8", "--classes", "4"], "no parameters"),
+    ([f"{MODELS}:plain_module", "--input-shape", "1,8"], "input shape must be C,H,W"),
+    ([f"{MODELS}:plain_module", "--input-shape", "1,8,-8"], "input shape must be C,H,W"),
+    ([f"{MODELS}:plain_module"], "give the shape of one input image with --input-shape"),
+    ([f"{MODELS}:mlp", "--accumulate", "0"], "accumulate must be a positive integer"),
+    ([f"{MODELS}:mlp", "--batch-size", "2", "--devices", "3"], "smaller than 3 devices"),
+    ([f"{MODELS}:mlp", "--strategies", "fsdp"], "unknown strategy 'fsdp'"),
+    ([f"{MODELS}:mlp", "--devices", "two"], "devices must be comma-separated integers"),
+    (["nocolon"], "model must be MODULE:FUNCTION"),
+    ([f"{MODELS}:hangs", "--strategies", "manual", "--devices", "2", "--step-timeout", "0.5"],
+     "did not finish within 2 s"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD, ids=[m for _, m in BAD])
+def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        code = main(["check", *args])
+        raise SystemExit(code)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2, err
+    assert err and err[-1].startswith("mgpu: error: ") and message in err[-1], err
+
+
+def test_a_hanging_model_names_the_strategy_and_step():
+    options = CheckOptions(strategies=("manual",), devices=(2,), step_timeout=0.5)
+    spec = load_spec(f"{MODELS}:mlp")
+    calls = {"n": 0}
+    original = Manual.optimizer_step
+
+    def hang_in_step_two(self):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            import time
+            time.sleep(60)
+        original(self)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(Manual, "optimizer_step", hang_in_step_two)
+    try:
+        with pytest.raises(CheckTimeout, match=r"manual on 2 devices: step 2 did not finish"):
+            run_check(spec, options)
+    finally:
+        mp.undo()
+
+
+@pytest.mark.timeout(60)
+def test_a_real_process_prints_one_line_leaves_nothing_behind(tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "mgpu", "check", f"{MODELS}:hangs", "--strategies", "ddp",
+                           "--devices", "2", "--step-timeout", "0.5"], capture_output=True, text=True, timeout=50,
+                          env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("mgpu: error: "), proc.stderr
+    assert list(tmp_path.iterdir()) == [], "a temporary file or folder was left behind"
+
+
+def test_spec_errors_from_the_api_are_spec_errors():
+    with pytest.raises(SpecError, match="returned int"):
+        load_spec(f"{MODELS}:returns_int")
