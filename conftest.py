@@ -14,18 +14,14 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+from mgpu.devices import gpu_count
+
 # -- hypothesis profiles: `ci` (chosen when CI is set) is derandomized so CI runs are repeatable.
 settings.register_profile("dev", max_examples=20, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
-
-
-def gpu_count() -> int:
-    """CUDA devices visible to this process. A plain function, no cache of its own: torch keeps
-    the driver's answer, so asking again costs nothing."""
-    return torch.cuda.device_count()
 
 
 def requires_gpus(n: int = 1):

@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from mgpu.devices import torch_threads
+
 
 @pytest.fixture(autouse=True, scope="package")
 def one_thread():
@@ -12,10 +14,8 @@ def one_thread():
     comparing against them bitwise use the same thread count (it changes the order of float
     reductions), and the oneDNN bound in test_gradients holds (it was measured with one thread).
     DDP ranks choose their own (cores / ranks)."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture

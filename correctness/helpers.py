@@ -12,7 +12,6 @@ conftest.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 from dataclasses import dataclass, field
@@ -33,17 +32,6 @@ from mgpu.strategies import DistributedDataParallel, Manual
 DDP_DEADLINE_S = 120.0
 # A test of the suite's ResNet-18 uses this width: the same architecture, (64/4)^2 = 256 times fewer multiply-adds.
 RESNET_WIDTH = 4
-
-
-# -- threads -----------------------------------------------------------------------------------
-@contextlib.contextmanager
-def torch_threads(n: int):
-    saved = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 # -- models and data ---------------------------------------------------------------------------
@@ -219,15 +207,15 @@ def run_jobs_in_rank(jobs: list) -> list:
 
 def run_job_in_this_process(job):
     """A world of one rank in the test process itself (no spawn); the environment is restored."""
-    saved_env, saved_threads = dict(os.environ), torch.get_num_threads()
+    saved_env = dict(os.environ)
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(job.port))
     try:
-        return job.run()
+        with devmod.torch_threads():  # the ddp strategy sets its own count
+            return job.run()
     finally:
         os.environ.clear()
         os.environ.update(saved_env)
-        torch.set_num_threads(saved_threads)
 
 
 def eval_cases(seed: int = 11) -> tuple[dict, list[EvalCase]]:

@@ -17,9 +17,9 @@ from correctness.helpers import assert_tensors_close
 from mgpu import checkpoint
 from mgpu.config import TrainConfig
 from mgpu.errors import CheckpointError, OutputDirError
+from mgpu.faults import FAULT_ENV
 from mgpu.train import train
 
-FAULT_ENV = "MGPU_FAULT"  # the test hook that fails a run on purpose (mgpu Fault)
 
 pytestmark = pytest.mark.reliability
 

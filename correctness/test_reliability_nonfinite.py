@@ -15,9 +15,9 @@ import torch
 from mgpu.cli import main
 from mgpu.config import TrainConfig
 from mgpu.errors import NonFiniteLossError
+from mgpu.faults import FAULT_ENV
 from mgpu.train import train
 
-FAULT_ENV = "MGPU_FAULT"  # the test hook that fails a run on purpose (mgpu Fault)
 
 pytestmark = pytest.mark.reliability
 

@@ -2,7 +2,7 @@
 
 Whatever a rank does (raises, is SIGKILLed, hangs in a collective) or the user does (Ctrl-C),
 the whole run must exit non-zero within 30 s, say which rank failed and why, and leave no process
-behind. Faults come from the MGPU_FAULT test hook (mgpu/train.py, `Fault`). Each run carries a
+behind. Faults come from the MGPU_FAULT test hook (mgpu/faults.py, `Fault`). Each run carries a
 unique environment variable that every process it starts inherits, so leftovers are found by
 scanning /proc. Every test has a hard timeout; every run is killed (its whole session) in the end.
 
@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from mgpu import launch
+from mgpu.faults import FAULT_ENV
 
 # Hard limits: the module's runs share one fixture (started together); a test's own limit covers it.
 pytestmark = [pytest.mark.reliability, pytest.mark.multiprocess, pytest.mark.timeout(300),
@@ -59,10 +60,10 @@ class Run:
     def __init__(self, args: list[str], fault: str | None = None, code: str | None = None,
                  sigint_ignored: bool = False):
         self.tag = uuid.uuid4().hex
-        env = {k: v for k, v in os.environ.items() if k not in ("MGPU_FAULT", "RANK", "WORLD_SIZE")}
+        env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, "RANK", "WORLD_SIZE")}
         env[TAG] = self.tag
         if fault:
-            env["MGPU_FAULT"] = fault
+            env[FAULT_ENV] = fault
         self.started = time.monotonic()
         command = ["-c", code, *args] if code else ["-m", "mgpu", "train", *args]
         command = [sys.executable, "-c", SIGINT_SHIM.format("IGN" if sigint_ignored else "DFL"), *command]

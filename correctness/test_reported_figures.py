@@ -30,11 +30,11 @@ import torch
 
 from correctness.helpers import run_config
 from mgpu.data import synthetic_fashion_mnist
+from mgpu.faults import FAULT_ENV
 from mgpu.models import build_model
 from mgpu.train import train
 
-FAULT_ENV = "MGPU_FAULT"  # the test hook (mgpu Fault); kind=delay sleeps `ms` ms at one rank and step
-DELAY_MS = 2000
+DELAY_MS = 2000  # how long rank 1 of the DDP run sleeps in its first step (FAULT_ENV, kind=delay)
 
 # 1024 training examples in global batches of 32 (shards of 11, 11, 10 over 3 devices), images
 # resized to 10x10 to keep it cheap, momentum so that one epoch leaves the chapter's tiny initial

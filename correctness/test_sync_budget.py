@@ -18,6 +18,7 @@ import torch
 from conftest import requires_gpus
 from mgpu.config import TrainConfig
 from mgpu.data import BatchLoader
+from mgpu.devices import torch_threads
 from mgpu.launch import free_port
 from mgpu.models import build_model
 from mgpu.strategies import get_strategy
@@ -107,9 +108,8 @@ def session(request, monkeypatch):
         monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
     cfg = TrainConfig(strategy=name, devices=n, model="resnet18", width=4, batch_size=12, train_size=12 * STEPS,
                       test_size=30, epochs=1, out=None, progress=False).validate()
-    threads = torch.get_num_threads()
-    strategy = get_strategy(name).create(cfg)
-    torch.set_num_threads(threads)  # ddp's create() takes the cores it would share with other ranks
+    with torch_threads():  # ddp's create() takes the cores it would share with other ranks: not here
+        strategy = get_strategy(name).create(cfg)
     try:
         train_loader, test_loader = make_loaders(cfg)
         strategy.setup(build_model("resnet18", width=4, seed=0), make_optimizer_factory(cfg))
@@ -142,10 +142,10 @@ def test_evaluation_reads_at_most_once_per_batch_and_never_between_devices(sessi
     strategy, trainer, recorder = session
     batches = len(trainer.test_loader)
     recorder.on = True
-    accuracy = trainer.evaluate()
+    trainer.evaluate()
     recorder.on = False
     events = recorder.take()
-    assert 0 <= accuracy <= 1 and batches == 4
+    assert batches == 4, f"{batches} test batches, not the 4 this test means to read"
     assert len(reads_of(events)) <= batches, f"{len(reads_of(events))} reads over {batches} test batches"
     assert not reads_between_devices(events), f"reads between devices: {reads_between_devices(events)} in {events}"
 

@@ -17,6 +17,9 @@ import sys
 from contextlib import ExitStack
 from typing import Callable
 
+from mgpu.cli import OneLineParser
+from mgpu.devices import torch_threads
+from mgpu.errors import one_line
 from perf.workloads import (BareStep, DDPRankPool, IndependentPool, RankPoolError, TrainBench, TrainSession, cpu_cores,
                             interleaved_ratio, interleaved_step_times, scaling_rows)
 
@@ -51,15 +54,10 @@ def measure_hot_path(width: int = 64, batch: int = 32, rounds: int = 12, warmup:
       steps with no communication at all (the physical limit here): throughput of DDP / independent."""
     threads = max(1, cpu_cores() // ranks)
     bench = TrainBench("single", 1, per_device_batch=batch, width=width, threads_per_device=threads, steps_per_epoch=4)
-    import torch
-
-    saved = torch.get_num_threads()
-    try:
+    with torch_threads(threads):  # the sessions set it too; the caller's count comes back after
         mgpu_step, bare = TrainSession(bench), BareStep(bench)
         single = interleaved_ratio(mgpu_step.step, bare.step, rounds, warmup)
         mgpu_step.close()
-    finally:
-        torch.set_num_threads(saved)
     ddp_bench = TrainBench("ddp", ranks, per_device_batch=batch, width=width, threads_per_device=threads,
                            steps_per_epoch=4)
     with DDPRankPool(ddp_bench) as ddp:
@@ -107,16 +105,9 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"{e} (--devices {n}, --batch {args.batch}, --width {args.width})") from None
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse, but an error is one line (no usage dump) and exit code 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{PROG}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     p = sub.add_parser("ddp-scaling", help="DDP step throughput at 1, 2, ... ranks (weak scaling)")
     p.add_argument("--devices", type=_counts, default=(1, 2), help="rank counts, e.g. 1,2 (default)")
     p.add_argument("--width", type=int, default=64, help="ResNet-18 width (64: the full network)")
@@ -152,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         (check_hot_path_args if args.command == "hot-path" else check_args)(args)
     except ValueError as e:
-        parser.error(str(e))
+        parser.error(one_line(e))
     if args.command == "hot-path":
         try:
             measure_hot_path(args.width, args.batch, args.rounds, args.warmup, args.ranks)

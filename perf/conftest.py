@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mgpu.devices import torch_threads
 from perf.workloads import cpu_cores
 from perf import ab, scaling
 from perf.sweep import DEFAULT_OUT, ENV_OUT, ROWS_KEY, SWEEP_KEY, make_sweep
@@ -62,11 +63,8 @@ def scaling_rows(pytestconfig) -> list[dict]:
 @pytest.fixture
 def cpu_threads(sweep):
     """Give this test `sweep.threads_per_device` torch threads on a CPU machine; restore after."""
-    saved = torch.get_num_threads()
-    if sweep.threads_per_device:
-        torch.set_num_threads(sweep.threads_per_device)
-    yield sweep.threads_per_device
-    torch.set_num_threads(saved)
+    with torch_threads(sweep.threads_per_device or None):
+        yield sweep.threads_per_device
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
