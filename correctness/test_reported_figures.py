@@ -12,9 +12,16 @@
    slowest rank's time from rank 0's own; it pins that the figure covers the slow rank's delay
    and is no sum.)
 
-The runs are tiny (1 epoch of 32 steps on 10x10 images, 61 test examples) and shared: each
-strategy runs once per module (fixture), the DDP one with the delay, so that both properties ride
-on it.
+3. The training accuracy a step reports (StepResult.correct) is the number of examples of the
+   global batch the model predicted right before the step, recounted with plain PyTorch on the
+   whole batch; an epoch's train_acc is those counts over the examples seen. A strategy that
+   reported each shard's mean correctness instead of its count fails both. LeNet (no BatchNorm:
+   a shard predicts as the whole batch does), labels on which it is right for a seeded part of
+   the examples only, batches that do not split evenly over 2 or 3 devices.
+
+The runs of 1 and 2 are tiny (1 epoch of 32 steps on 10x10 images, 61 test examples) and shared:
+each strategy runs once per module (fixture), the DDP one with the delay, so that both properties
+ride on it.
 """
 
 from __future__ import annotations
@@ -28,11 +35,13 @@ import time
 import pytest
 import torch
 
-from correctness.helpers import run_config
-from mgpu.data import synthetic_fashion_mnist
+from correctness.helpers import labelled_by, make_model, random_batch, run_config, sgd
+from mgpu.data import BatchLoader, ImageDataset, synthetic_fashion_mnist
 from mgpu.faults import FAULT_ENV
 from mgpu.models import build_model
+from mgpu.strategies import get_strategy
 from mgpu.train import train
+from mgpu.trainer import Trainer
 
 DELAY_MS = 2000  # how long rank 1 of the DDP run sleeps in its first step (FAULT_ENV, kind=delay)
 
@@ -126,3 +135,67 @@ def test_ddp_epoch_time_is_the_slowest_ranks(runs):
     # Every rank waits for the slow one at the step's collectives, so each rank's own time covers
     # the delay: a sum over the 2 ranks would be at least twice the delay.
     assert epoch.seconds < 2 * delay, f"{what}: twice the delay or more, as a sum over the ranks would be"
+
+
+# -- 3. the training accuracy a step and an epoch report ------------------------------------------
+
+IN_PROCESS = [("single", 1), ("manual", 2), ("manual", 3), ("dataparallel", 2)]
+BATCH = 29  # 15 + 14 over 2 devices, 10 + 10 + 9 over 3
+
+
+def recount(model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor) -> tuple[int, int]:
+    """(examples the model predicts right, near ties): plain PyTorch, the whole batch at once, in
+    train mode, as a training step's forward runs. Near ties (top two logits within 1e-4) are
+    examples whose prediction the float rounding of another batch split (or device) may flip."""
+    with torch.no_grad():
+        logits = model.train()(X.to(next(model.parameters()).device)).cpu()
+    top2 = logits.topk(2, dim=1).values
+    return int((logits.argmax(1) == y).sum()), int((top2[:, 0] - top2[:, 1] < 1e-4).sum())
+
+
+def trainer_for(strategy_name: str, n: int, model: torch.nn.Module, images, labels, batch_size: int,
+                shuffle: bool = False) -> Trainer:
+    """A Trainer over (images, labels) for a strategy holding a copy of `model`, SGD with momentum."""
+    strategy = get_strategy(strategy_name).create(run_config(strategy_name, n, model="lenet"))
+    strategy.setup(copy.deepcopy(model), sgd(lr=0.05, momentum=0.9))
+    loader = BatchLoader(ImageDataset(images, labels), batch_size, shuffle=shuffle, seed=5, drop_last=True)
+    return Trainer(strategy, loader, loader, epochs=1, progress=False, log=lambda _: None)
+
+
+@pytest.mark.parametrize("strategy, n", IN_PROCESS)
+def test_a_step_reports_the_number_of_examples_it_predicted_right(strategy, n):
+    model = make_model("lenet", seed=21)
+    images, _ = random_batch(BATCH, seed=21)
+    labels = labelled_by(model, images, seed=21)
+    right, near_ties = recount(model, images, labels)
+    assert 0 < right < BATCH, f"{right} of {BATCH} right: a count that is all or nothing shows little"
+    result = trainer_for(strategy, n, model, images, labels, BATCH).step(torch.arange(BATCH))
+    assert not result.skipped and result.examples == BATCH, result
+    assert abs(result.correct - right) <= near_ties, (
+        f"{strategy} over {n} device(s): the step reports {result.correct} correct of {BATCH}, a recount of the "
+        f"model's predictions before the step finds {right} ({near_ties} near ties)")
+
+
+@pytest.mark.parametrize("strategy, n", IN_PROCESS)
+def test_an_epochs_train_acc_is_its_steps_correct_over_the_examples_seen(strategy, n):
+    model = make_model("lenet", seed=22)
+    images, _ = random_batch(100, seed=22)  # 3 batches of 29; the last 13 examples are dropped
+    labels = labelled_by(model, images, seed=22)
+    trainer = trainer_for(strategy, n, model, images, labels, BATCH, shuffle=True)
+    original_step, take, main = trainer.step, trainer.train_loader.dataset.take, trainer.strategy.modules()[0]
+    steps, recounts = [], []
+
+    def recorded_step(indices, *args):
+        recounts.append(recount(main, *take(indices)))  # the weights before this step
+        steps.append(original_step(indices, *args))
+        return steps[-1]
+    trainer.step = recorded_step  # run_epoch calls self.step
+    stats = trainer.run_epoch(0)
+    seen = sum(r.examples for r in steps)
+    assert len(steps) == 3 and seen == 3 * BATCH, steps
+    assert stats.train_acc == sum(r.correct for r in steps) / seen, (stats.train_acc, steps)
+    right, near_ties = sum(r for r, _ in recounts), sum(t for _, t in recounts)
+    assert 0 < right < seen
+    assert abs(stats.train_acc * seen - right) <= near_ties + 1e-9, (
+        f"{strategy} over {n} device(s): train_acc {stats.train_acc:.4f} of {seen} examples, a recount of each "
+        f"step's predictions before it finds {right} right ({near_ties} near ties)")
