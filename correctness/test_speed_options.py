@@ -69,7 +69,7 @@ def test_channels_last_places_weights_and_inputs_in_that_layout():
     # The first convolution has one input channel (both layouts coincide there): take the next.
     conv = next(m.weight for m in strategy.model.modules() if isinstance(m, torch.nn.Conv2d) and m.in_channels > 1)
     assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous(), conv.stride()
-    X = strategy.inputs(torch.rand(2, 3, 8, 8), strategy.devices[0])
+    (X,) = strategy.inputs(torch.rand(2, 3, 8, 8), strategy.devices[0])
     assert X.is_contiguous(memory_format=torch.channels_last) and not X.is_contiguous(), X.stride()
 
 
