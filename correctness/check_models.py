@@ -98,35 +98,22 @@ def batchnorm() -> ModelSpec:
 
 
 class ReassignedBuffer(MLP):
-    """A statistic of the batch kept by *reassigning* a buffer: DDP never broadcasts the new tensor."""
+    """A statistic of the batch kept by *reassigning* a buffer (each device computes it from its
+    shard), and a non-persistent buffer drawn at construction (DDP ranks seeded apart draw others)."""
 
     def __init__(self):
         super().__init__()
         self.register_buffer("seen_scale", torch.ones(()))
+        self.register_buffer("projection", torch.randn(64, 64), persistent=False)
 
     def forward(self, x):
         if self.training:
             self.seen_scale = 0.9 * self.seen_scale + 0.1 * x.detach().abs().mean()
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+        return self.fc2(F.relu(self.fc1(x.flatten(1) @ self.projection * 0.1)))
 
 
 def reassigned_buffer() -> ModelSpec:
     return image_spec(ReassignedBuffer, SHAPE, 4, name="reassigned_buffer")
-
-
-class RandomNonPersistent(MLP):
-    """A non-persistent buffer drawn at construction: each rank (seeded differently) draws another."""
-
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("projection", torch.randn(64, 64), persistent=False)
-
-    def forward(self, x):
-        return self.fc2(F.relu(self.fc1(x.flatten(1) @ self.projection * 0.1)))
-
-
-def random_non_persistent() -> ModelSpec:
-    return image_spec(RandomNonPersistent, SHAPE, 4, name="random_non_persistent")
 
 
 def mean_loss() -> ModelSpec:
