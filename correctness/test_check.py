@@ -184,7 +184,7 @@ def test_ddp_ranks_seeded_apart_start_equal_and_a_buffer_computed_from_the_batch
         div = failed["first_divergence"]
         assert (div["tensor"], div["step"], div["replica"]) == ("buffer seen_scale", 1, 0), div
         assert "computed from the batch" in failed["reason"] and "reassigned" in failed["reason"], failed["reason"]
-    assert checks[("reassigned-buffers", None)]["status"] == "finding"
+    assert checks[("forward-buffers", None)]["status"] == "finding"
 
 
 # -- the command: table, JSON, exit codes ----------------------------------------------------------------

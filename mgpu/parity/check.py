@@ -199,10 +199,12 @@ def ddp_rank_main(job: RankJob):
             DistributedDataParallel.setup(strategy, model, make_optimizer(job.options, spec))
             rec = record_strategy(strategy, spec, plan, label=f"{_label('ddp', world)} (rank {rank})",
                                   timeout_s=job.options.step_timeout)
-            gathered = [None] * world
-            dist.all_gather_object(gathered, rec)
+            gathered = [None] * world if rank == 0 else None
+            dist.gather_object(rec, gathered, dst=0)  # to rank 0 only: every rank's copy of all would cost memory
             out.append(gathered)
-        return out if rank == 0 else None
+        # Bytes, not tensors: torch's multiprocessing would pass each tensor as a file descriptor to
+        # the launcher, and a model of a few hundred tensors runs out of them.
+        return pickle.dumps(out) if rank == 0 else None
     finally:
         strategy.teardown()
 
@@ -220,9 +222,8 @@ def _spec_blob(spec: ModelSpec) -> tuple[bytes | None, str | None]:
 
 # -- comparing ----------------------------------------------------------------------------------------
 
-CAUSE_REASSIGNED = ("buffer {name} is reassigned in forward (self.{leaf} = ...): DDP broadcasts only the buffer "
-                    "tensors it found when it wrapped the model, so the new one never reaches the other ranks; "
-                    "update it in place (self.{leaf}.copy_(...))")
+def _listed(names: list[str], most: int = 8) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _worst(pairs) -> dict:
@@ -476,7 +477,7 @@ def _spawn_ddp(job: RankJob, n: int, options: CheckOptions):
     steps = sum(p.steps + 1 for p in job.plans)
     deadline = None if options.step_timeout is None else 60.0 + steps * options.step_timeout
     try:
-        return spawn(ddp_rank_main, job, nprocs=n, deadline_s=deadline)
+        return pickle.loads(spawn(ddp_rank_main, job, nprocs=n, deadline_s=deadline))
     except LaunchError as e:
         text = str(e)
         if "CheckTimeout" in text.splitlines()[0]:
@@ -502,10 +503,7 @@ def _judge(name, n, recs, plans, refs, traits, skip_exact, add, repro) -> None:
             cause = None
             if replicas and replicas.tensor.startswith("buffer "):
                 buf = replicas.tensor.split(" ", 1)[1]
-                if buf in traits.reassigned_buffers:
-                    cause = CAUSE_REASSIGNED.format(name=buf, leaf=buf.rpartition(".")[2])
-                else:
-                    cause = f"buffer {buf} is not synchronised between {'ranks' if name == 'ddp' else 'replicas'}"
+                cause = f"buffer {buf} is not synchronised between {'ranks' if name == 'ddp' else 'replicas'}"
             add(_result("replicas", name, label_n, replicas, {}, repro(name, n, plan), cause=cause))
             if traits.ties:
                 untied = next(((r, t) for r, t in enumerate(rec.ties) if t != traits.ties), None)
@@ -530,8 +528,7 @@ def _judge(name, n, recs, plans, refs, traits, skip_exact, add, repro) -> None:
                 buf = div.tensor[7:]
                 how = (f" (reassigned: self.{buf.rpartition('.')[2]} = ...)" if buf in traits.reassigned_buffers else "")
                 cause = (f"buffer {buf} is computed from the batch in forward{how}: each device computes it from its "
-                         "own shard, so it is not the single-device value; torch's DDP copies rank 0's only at the "
-                         "start of the next forward (after the last step the ranks hold different values); make it a "
+                         "own shard and the first device's is kept, so it is not the single-device value; make it a "
                          "statistic of the global batch (all_reduce it), or keep it out of the model's state")
             add(_result(check, name, label_n, div, errs, repro(name, n, plan), cause=cause))
 
@@ -547,14 +544,12 @@ def _findings(spec, traits: Traits, refs: _Refs, plan: Plan, options: CheckOptio
     out = []
     if traits.unused:
         out.append(CheckResult("unused-parameters", None, None, "finding", (
-            f"parameters with no gradient in some steps or on some devices: {', '.join(traits.unused[:8])}"
-            + (f" and {len(traits.unused) - 8} more" if len(traits.unused) > 8 else "")
-            + ": DDP stops with 'Expected to have finished reduction' unless find_unused_parameters=True "
+            f"parameters with no gradient in some steps or on some devices: {_listed(traits.unused)}: DDP stops with 'Expected to have finished reduction' unless find_unused_parameters=True "
               "(the ddp runs here used it); remove the parameters if they are never used, or keep the flag (it costs "
               "a graph traversal per step)")))
     if traits.dropout:
         out.append(CheckResult("random-layers", None, None, "finding", (
-            f"dropout layers ({', '.join(traits.dropout[:6])}) draw different masks on each device: every check ran "
+            f"dropout layers ({_listed(traits.dropout)}) draw different masks on each device: every check ran "
             "with them switched off; parity with them on cannot be exact, only statistical")))
     if traits.other_randomness:
         out.append(CheckResult("randomness", None, None, "finding", (
@@ -567,17 +562,22 @@ def _findings(spec, traits: Traits, refs: _Refs, plan: Plan, options: CheckOptio
         worst = _worst(error(ref_sharded.states[-1][0][k], v) for k, v in ref_whole.states[-1][0].items()
                        if k.startswith("weight ") and v.is_floating_point())
         kinds = {name: type(m).__name__ for name, m in refs.model.named_modules()}
-        layers = ", ".join(f"{name} ({kinds.get(name, '?')})" for name in traits.mixing_layers[:8]) or "(the model as a whole)"
+        layers = _listed([f"{name} ({kinds.get(name, '?')})" for name in traits.mixing_layers]) or "(the model as a whole)"
         out.append(CheckResult("batch-mixing", None, None, "finding", (
             f"layers mix the examples of a batch: {layers}. On N devices each computes over its shard, which is by "
             f"design not the whole batch's computation: the checks compare with the single-device run over the same "
             f"shards. After {plan.steps} steps on {n} shards the weights differ from the unsharded run by up to "
             f"{worst['max_abs']:.2e} (relative {worst['max_rel']:.2e}); SyncBatchNorm (ddp --sync-bn, CUDA) computes "
             "over the global batch"), errors=worst))
-    if traits.reassigned_buffers:
-        out.append(CheckResult("reassigned-buffers", None, None, "finding", (
-            f"buffers reassigned in forward: {', '.join(traits.reassigned_buffers)}: DDP never broadcasts the new "
-            "tensors (ranks drift apart); assign in place with .copy_()")))
+    if traits.changed_buffers and not traits.mixing:
+        reassigned = [b for b in traits.changed_buffers if b in traits.reassigned_buffers]
+        out.append(CheckResult("forward-buffers", None, None, "finding", (
+            f"buffers written by a training forward: {_listed(traits.changed_buffers)}"
+            + (f" (reassigned: {_listed(reassigned)})" if reassigned else "")
+            + ": each device writes them from its own shard; mgpu's strategies copy the first device's after every "
+              "step, torch's DDP at the start of the next forward (it re-reads reassigned buffers), so after the last "
+              "step torch's DDP ranks hold different values; where they depend on the batch, the buffers check "
+              "fails")))
     if traits.mean_loss:
         out.append(CheckResult("loss-not-a-sum", None, None, "finding", traits.mean_loss))
     return out

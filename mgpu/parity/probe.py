@@ -9,7 +9,7 @@ Each probe runs copies of the model on the CPU in training mode; none changes th
   batch (BatchNorm, or a home-made layer that subtracts the batch mean): run on the whole batch and
   on its shards, in float64, and compared.
 * `find_buffer_updates`: buffers a training forward writes (BatchNorm's running statistics), and
-  those it *reassigns* (`self.buf = ...`), which DDP's buffer broadcast never reaches.
+  those it *reassigns* (`self.buf = ...`).
 * `loss_is_a_sum`: loss(all) = loss(part) + loss(rest); a mean makes each shard's examples weigh
   differently from the whole batch's.
 """
@@ -102,24 +102,29 @@ def _rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return diff / scale if scale > 0 else diff
 
 
-def _shards(args: tuple, batch: int, n: int) -> list[tuple]:
-    out = []
-    for i in range(n):
-        start, stop = shard_bounds(batch, n, i)
-        out.append(tuple(a[start:stop] if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == batch else a
-                         for a in args))
-    return out
+def _cut(value, batch: int, start: int, stop: int):
+    return value[start:stop] if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == batch else value
 
 
-def _mixes(module: nn.Module, args: tuple, output, batch: int, n: int) -> bool | None:
+def _clone(value):
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+def _mixes(module: nn.Module, args: tuple, kwargs: dict, output, batch: int, n: int) -> bool | None:
     """Whether `module`'s output on the whole batch differs from the concatenation of its outputs
-    on n shards; None when that cannot be told (outputs not batch-first, or it fails on shards)."""
+    on n shards (keyword arguments, such as an attention mask, passed along); None when that cannot
+    be told (outputs not batch-first, or it fails on shards)."""
     outs = flatten_output(output)
     if not outs or any(o.dim() == 0 or o.shape[0] != batch or not o.is_floating_point() for o in outs):
         return None
     try:
+        parts = []
         with torch.no_grad():
-            parts = [flatten_output(copy.deepcopy(module)(*shard)) for shard in _shards(args, batch, n)]
+            for i in range(n):
+                start, stop = shard_bounds(batch, n, i)
+                shard_args = tuple(_cut(a, batch, start, stop) for a in args)
+                shard_kwargs = {k: _cut(v, batch, start, stop) for k, v in kwargs.items()}
+                parts.append(flatten_output(copy.deepcopy(module)(*shard_args, **shard_kwargs)))
     except Exception:
         return None
     if any(len(p) != len(outs) for p in parts):
@@ -131,7 +136,9 @@ def find_mixing_layers(model: nn.Module, inputs: tuple, n: int = 2) -> tuple[boo
     """(whether the model's output mixes the examples of a batch, the innermost modules that do).
 
     In float64 and training mode, on copies; a module is named when it mixes and none of its
-    submodules does (so a BatchNorm is named, not every block around it).
+    submodules does (so a BatchNorm is named, not every block around it). Each module's inputs
+    are copied before it runs and its output right after, so in-place layers later in the model
+    (ReLU(inplace=True), Hardswish) cannot change what is compared.
     """
     model = copy.deepcopy(model).double().train()
     switch_off_dropout(model)  # train() switched them back on
@@ -139,25 +146,30 @@ def find_mixing_layers(model: nn.Module, inputs: tuple, n: int = 2) -> tuple[boo
     inputs = tuple(t.double() if t.is_floating_point() else t for t in inputs)
     if batch < n:
         return False, []
+    work = copy.deepcopy(model)
     seen: dict[str, tuple] = {}
-    hooks = []
-    for name, m in model.named_modules():
-        def hook(module, args, output, name=name):
-            if name not in seen:  # a module called twice (tied, reused) is judged on its first call
-                seen[name] = (copy.deepcopy(module), tuple(a.detach() if isinstance(a, torch.Tensor) else a
-                                                           for a in args), output)
-        hooks.append(m.register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            whole = copy.deepcopy(model)(*inputs)  # the hooks were copied along: `seen` fills from this run
-    finally:
-        for h in hooks:
-            h.remove()
-    mixes_overall = _mixes(model, inputs, whole, batch, n)
-    mixing = {name for name, (module, args, output) in seen.items()
-              if name and _mixes(module, args, output, batch, n)}
-    innermost = sorted(name for name in mixing if not any(o != name and o.startswith(name + ".") for o in mixing))
-    return bool(mixes_overall) or bool(innermost), innermost
+    pending: dict[str, tuple] = {}
+    for name, m in work.named_modules():
+        def before(module, args, kwargs, name=name):
+            if name not in seen and name not in pending:  # a module called twice is judged on its first call
+                pending[name] = (copy.deepcopy(module), tuple(_clone(a) for a in args),
+                                 {k: _clone(v) for k, v in kwargs.items()})
+
+        def after(module, args, kwargs, output, name=name):
+            if name in pending:
+                module_copy, a, k = pending.pop(name)
+                seen[name] = (module_copy, a, k, [_clone(o) for o in flatten_output(output)])
+
+        m.register_forward_pre_hook(before, with_kwargs=True)
+        m.register_forward_hook(after, with_kwargs=True)
+    with torch.no_grad():
+        whole = work(*inputs)
+    mixes_overall = _mixes(model, inputs, {}, whole, batch, n)
+    mixing = {name for name, (module, args, kwargs, output) in seen.items()
+              if name and _mixes(module, args, kwargs, output, batch, n)}
+    innermost = [name for name in mixing if not any(o != name and o.startswith(name + ".") for o in mixing)]
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
+    return bool(mixes_overall) or bool(innermost), sorted(innermost, key=lambda name: order.get(name, 0))
 
 
 def find_buffer_updates(model: nn.Module, inputs: tuple) -> tuple[list[str], list[str]]:
