@@ -187,6 +187,22 @@ def test_ddp_ranks_seeded_apart_start_equal_and_a_buffer_computed_from_the_batch
     assert checks[("forward-buffers", None)]["status"] == "finding"
 
 
+# -- the examples run through the check -------------------------------------------------------------------
+
+@pytest.mark.parametrize("target, extra, code", [
+    ("examples/tiny_lm.py:spec", [], 0),
+    ("examples/planted_defect.py:defect", ["--input-shape", "3,8,8", "--classes", "4"], 1),
+    ("examples/planted_defect.py:fixed", ["--input-shape", "3,8,8", "--classes", "4"], 0),
+    ("examples/torchvision_classifier.py:shufflenet", ["--input-shape", "3,32,32", "--classes", "10"], 0),
+])
+def test_the_examples_get_their_verdicts(target, extra, code, capsys):
+    got = main(["check", target, *extra, "--strategies", "manual", "--devices", "2"])
+    out = capsys.readouterr().out
+    assert got == code, out
+    if code:
+        assert "buffer batch_scale differs after step 1" in out and "computed from the batch" in out, out
+
+
 # -- the command: table, JSON, exit codes ----------------------------------------------------------------
 
 def test_cli_table_json_and_exit_codes(tmp_path, capsys):
