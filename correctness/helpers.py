@@ -26,6 +26,7 @@ from mgpu.config import TrainConfig
 from mgpu.data import BatchLoader, ImageDataset
 from mgpu.launch import free_port, spawn
 from mgpu.models import lenet, resnet18
+from mgpu.parity.compare import assert_tensors_close, max_abs_diff  # noqa: F401  (one copy: the check's)
 from mgpu.strategies import DistributedDataParallel, Manual
 
 # A DDP run of the suite gets this long before spawn() stops every rank and names the stragglers.
@@ -115,21 +116,6 @@ def manual_gradients(model: nn.Module, X: torch.Tensor, y: torch.Tensor, n: int,
 
 
 # -- comparisons that say what, where and by how much ------------------------------------------
-def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
-
-
-def assert_tensors_close(actual: dict, expected: dict, where: str, exact: bool = False) -> None:
-    """assert_close on every entry (float32 defaults; bitwise when exact), the message naming
-    `where` (device / rank / step) and the entry; assert_close adds how much and where inside."""
-    assert actual.keys() == expected.keys(), f"{where}: entries differ: {sorted(actual.keys() ^ expected.keys())}"
-    tol = dict(rtol=0.0, atol=0.0) if exact else {}
-    for name, value in expected.items():
-        torch.testing.assert_close(
-            actual[name].cpu(), value.cpu(), **tol, equal_nan=exact,
-            msg=lambda m, name=name: f"{where}: {name} differs ({'bitwise' if exact else 'float32 tolerance'}); {m}")
-
-
 def assert_every_parameter_changed(final: dict, initial: dict, where: str) -> None:
     """Negative control: a comparison of weights proves nothing if training never moved them."""
     for name, value in initial.items():

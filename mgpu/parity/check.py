@@ -21,6 +21,8 @@ What it does, in order (docs/check.md says what each check means):
 from __future__ import annotations
 
 import copy
+import functools
+import os
 import pickle
 import shlex
 import time
@@ -31,7 +33,7 @@ import torch
 
 from mgpu.config import CHECK_STRATEGIES, CheckOptions
 from mgpu.devices import torch_threads
-from mgpu.errors import LaunchError, MgpuError, ParityError, SpecError, one_line
+from mgpu.errors import CheckTimeout, LaunchError, MgpuError, ParityError, SpecError, one_line
 from mgpu.parity.compare import Divergence, compare_bitwise, compare_to_reference, error
 from mgpu.parity.probe import (find_buffer_updates, find_mixing_layers, find_random_layers, loss_is_a_sum,
                                switch_off_dropout)
@@ -185,7 +187,7 @@ def ddp_rank_main(job: RankJob):
     from mgpu.strategies import DistributedDataParallel
 
     spec = job.spec()
-    strategy = _strategy_for("ddp", int(__import__("os").environ["WORLD_SIZE"]), job.options.step_timeout or 60.0)
+    strategy = _strategy_for("ddp", int(os.environ["WORLD_SIZE"]), job.options.step_timeout or 60.0)
     try:
         strategy.find_unused_parameters = job.find_unused
         rank, world = strategy.rank, strategy.world_size
@@ -234,15 +236,6 @@ def _worst(pairs) -> dict:
     return worst
 
 
-def _errors_vs(rec_states: list[dict], ref_states: list[dict], prefix_filter: str) -> dict:
-    pairs = []
-    for got, ref in zip(rec_states, ref_states):
-        for name, r in ref.items():
-            if name.startswith(prefix_filter) and r is not None and r.is_floating_point() and name in got:
-                pairs.append(error(got[name], r))
-    return _worst(pairs)
-
-
 def _only(state: dict, kind: str) -> dict:
     return {k: v for k, v in state.items() if k.startswith(kind)}
 
@@ -259,10 +252,9 @@ class _Refs:
     def fresh_optimizer_state(self) -> dict:
         return make_optimizer(self.options, self.spec)(list(copy.deepcopy(self.model).parameters())).state_dict()
 
+    @functools.cached_property
     def initial(self) -> dict:
-        if "initial" not in self.cache:
-            self.cache["initial"] = snapshot(self.model)
-        return self.cache["initial"]
+        return snapshot(self.model)
 
     def step(self, state: dict, optimizer_state: dict, plan: Plan, step: int, n: int, dtype):
         return reference_step(self.spec, self.model, state, optimizer_state, plan, step, n, dtype,
@@ -409,7 +401,7 @@ def _run_check(spec: ModelSpec, options: CheckOptions | None, progress) -> Repor
 
     # Unused parameters: some device's shard leaves them without a gradient on some step's batch
     # (float32 steps from the initial weights: which parameters a batch uses depends on the data).
-    initial, fresh_optimizer = refs.initial(), refs.fresh_optimizer_state()
+    initial, fresh_optimizer = refs.initial, refs.fresh_optimizer_state()
     for n in sorted({n for _, n in options.runs()} | {1}):
         for plan in (plans["plain"], plans["uneven"]):
             for step in range(1, plan.steps + 1):
@@ -466,8 +458,7 @@ def _ddp_recording(per_rank: list[Recording]) -> Recording:
     """One Recording whose replicas are the ranks."""
     first = per_rank[0]
     return Recording(states=[[rec.states[s][0] for rec in per_rank] for s in range(len(first.states))],
-                     grads=[rec.grads[0] for rec in per_rank], optimizer=[rec.optimizer[0] for rec in per_rank],
-                     optimizer_states=first.optimizer_states, stats=first.stats,
+                     grads=[rec.grads[0] for rec in per_rank], optimizer_states=first.optimizer_states, stats=first.stats,
                      ties=[rec.ties[0] for rec in per_rank], shards=first.shards * len(per_rank))
 
 
@@ -481,8 +472,6 @@ def _spawn_ddp(job: RankJob, n: int, options: CheckOptions):
     except LaunchError as e:
         text = str(e)
         if "CheckTimeout" in text.splitlines()[0]:
-            from mgpu.errors import CheckTimeout
-
             raise CheckTimeout(text.splitlines()[0].split("CheckTimeout: ", 1)[-1]) from None
         if "SpecError" in text.splitlines()[0]:
             raise SpecError(text.splitlines()[0].split("SpecError: ", 1)[-1]) from None
@@ -490,30 +479,29 @@ def _spawn_ddp(job: RankJob, n: int, options: CheckOptions):
 
 
 def _judge(name, n, recs, plans, refs, traits, skip_exact, add, repro) -> None:
-    label_n = n
     for kind in ("plain", "uneven", "accumulate"):
         plan, rec = plans[kind], recs[kind]
         if kind == "plain":
-            start, initial = None, refs.initial()
+            start, initial = None, refs.initial
             for r, state in enumerate(rec.states[0]):
                 start = start or compare_bitwise(state, initial, 0, r, against="the model as built (rank 0's seed)")
-            add(_result("start", name, label_n, start, {}, repro(name, n, plan),
+            add(_result("start", name, n, start, {}, repro(name, n, plan),
                         cause="the replicas do not start from the same weights and buffers"))
             replicas = _replicas_agree(rec)
             cause = None
             if replicas and replicas.tensor.startswith("buffer "):
                 buf = replicas.tensor.split(" ", 1)[1]
                 cause = f"buffer {buf} is not synchronised between {'ranks' if name == 'ddp' else 'replicas'}"
-            add(_result("replicas", name, label_n, replicas, {}, repro(name, n, plan), cause=cause))
+            add(_result("replicas", name, n, replicas, {}, repro(name, n, plan), cause=cause))
             if traits.ties:
                 untied = next(((r, t) for r, t in enumerate(rec.ties) if t != traits.ties), None)
                 div = None if untied is None else Divergence(
                     None, "tied weights " + " = ".join(traits.ties[0]), untied[0], float("inf"), float("inf"), 0.0,
                     f"the model as built, where they are one tensor (now: {untied[1] or 'none tied'})")
-                add(_result("ties", name, label_n, div, {}, repro(name, n, plan), cause="tied weights came apart"))
+                add(_result("ties", name, n, div, {}, repro(name, n, plan), cause="tied weights came apart"))
         if skip_exact:
             for check in (("gradients", "weights", "buffers", "optimizer", "statistics") if kind == "plain" else (kind,)):
-                add(CheckResult(check, name, label_n, "skipped", skip_exact))
+                add(CheckResult(check, name, n, "skipped", skip_exact))
             continue
         # The single-device run is the whole batch at once, unless the model mixes the examples of a
         # batch or takes branches by what a batch holds (unused parameters): then it is the same
@@ -521,7 +509,7 @@ def _judge(name, n, recs, plans, refs, traits, skip_exact, add, repro) -> None:
         shards = rec.shards if traits.mixing or traits.unused else 1
         for check, div, errs in _compare_run(kind, rec, refs, plan, shards):
             if div == "none":
-                add(CheckResult(check, name, label_n, "skipped", "the model has no buffers"))
+                add(CheckResult(check, name, n, "skipped", "the model has no buffers"))
                 continue
             cause = traits.mean_loss if div is not None and traits.mean_loss else None
             if div is not None and div.tensor.startswith("buffer ") and div.tensor[7:] in traits.changed_buffers:
@@ -530,7 +518,7 @@ def _judge(name, n, recs, plans, refs, traits, skip_exact, add, repro) -> None:
                 cause = (f"buffer {buf} is computed from the batch in forward{how}: each device computes it from its "
                          "own shard and the first device's is kept, so it is not the single-device value; make it a "
                          "statistic of the global batch (all_reduce it), or keep it out of the model's state")
-            add(_result(check, name, label_n, div, errs, repro(name, n, plan), cause=cause))
+            add(_result(check, name, n, div, errs, repro(name, n, plan), cause=cause))
 
 
 def _result(check, name, n, div, errs, reproduce, cause=None) -> CheckResult:

@@ -31,7 +31,6 @@ import contextlib
 import copy
 import signal
 import threading
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -64,10 +63,8 @@ class Plan:
 class Recording:
     states: list[list[dict]] = field(default_factory=list)   # [step 0..k][replica] -> {"weight a.b": t, "buffer c": t}
     grads: list[dict] = field(default_factory=list)          # [replica] -> {param name: grad or None}, after step 1
-    optimizer: list[dict] = field(default_factory=list)      # [replica] -> {"param name: state key": t}, after step k
     optimizer_states: list = field(default_factory=list)     # [step 0..k] -> replica 0's optimizer.state_dict()
     stats: list[list[float]] = field(default_factory=list)   # [step] -> [loss_sum, correct] over the global batch
-    unused: list[set] = field(default_factory=list)          # [step] -> parameters some device's piece did not use (reference)
     ties: list[list[list[str]]] = field(default_factory=list)  # [replica] -> names still sharing one tensor (whole run)
     shards: int = 1  # how many shards the global batch was cut into (a DataParallel pass-through: 1)
 
@@ -81,18 +78,6 @@ def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def _grads(model: nn.Module) -> dict:
     return {n: None if p.grad is None else p.grad.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
-
-
-def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """The optimizer's per-parameter state (momentum buffers, Adam moments, ...) by parameter name."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    out = {}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            for key, value in optimizer.state.get(p, {}).items():
-                if isinstance(value, torch.Tensor):
-                    out[f"{names.get(id(p), '?')}: {key}"] = value.detach().to("cpu", copy=True)
-    return out
 
 
 def _cpu_copy(obj):
@@ -174,7 +159,6 @@ def record_strategy(strategy, spec: ModelSpec, plan: Plan, label: str, timeout_s
             strategy.synchronize()
         rec.states.append([snapshot(m) for m in modules])
         rec.optimizer_states.append(_cpu_copy(strategy.optimizers()[0].state_dict()))
-    rec.optimizer = [_optimizer_state(m, o) for m, o in zip(modules, strategy.optimizers())]
     rec.ties = [check_ties(m) for m in modules]
     return rec
 
@@ -208,7 +192,6 @@ class ReferenceStep:
     grads: dict          # name -> gradient or None
     state: dict          # snapshot after the step
     optimizer_state: dict  # optimizer.state_dict() after the step
-    optimizer: dict      # {"param name: key": tensor} after the step
     stats: list          # [loss_sum, correct]
     unused: set          # parameters some device's piece did not use
 
@@ -260,7 +243,7 @@ def reference_step(spec: ModelSpec, template: nn.Module, state: dict, optimizer_
     grads = _grads(model)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return ReferenceStep(grads, snapshot(model), _cpu_copy(optimizer.state_dict()), _optimizer_state(model, optimizer),
+    return ReferenceStep(grads, snapshot(model), _cpu_copy(optimizer.state_dict()),
                          [loss_sum, correct], unused)
 
 
@@ -279,14 +262,5 @@ def reference_run(spec: ModelSpec, model: nn.Module, plan: Plan, devices: int, d
         rec.states.append([state])
         rec.optimizer_states.append(optimizer_state)
         rec.stats.append(result.stats)
-        rec.unused.append(result.unused)
-        rec.optimizer = [result.optimizer]
     rec.ties = [check_ties(model)]
     return rec
-
-
-def timed(fn, *args, **kwargs):
-    """(fn's result, seconds it took)."""
-    start = time.perf_counter()
-    result = fn(*args, **kwargs)
-    return result, time.perf_counter() - start
