@@ -150,12 +150,12 @@ def evaluate(strategy, model: nn.Module, loader: BatchLoader) -> float:
 # -- DDP runs, shared by the suite -------------------------------------------------------------
 @dataclass
 class TrainJob:
-    """`mgpu.train.train(cfg)` inside the ranks: the code path of `python -m mgpu train --strategy ddp`."""
+    """`mgpu.run.train(cfg)` inside the ranks: the code path of `python -m mgpu train --strategy ddp`."""
     cfg: TrainConfig
     port: int = field(default_factory=free_port)
 
     def run(self):
-        from mgpu.train import train
+        from mgpu.run import train
 
         return train(self.cfg)
 

@@ -30,7 +30,7 @@ import pytest
 
 from correctness.helpers import DDP_DEADLINE_S, TrainJob, run_config, run_jobs_in_rank
 from mgpu.launch import spawn
-from mgpu.train import train
+from mgpu.run import train
 
 RUN = dict(model="resnet18", width=4, resize=14, epochs=6, train_size=8192, test_size=500, seed=0)
 COMPARED = 2  # the last epochs whose accuracies must agree

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import requires_gpus, requires_no_cuda
 from correctness.helpers import assert_tensors_close, weights_config
-from mgpu.train import train
+from mgpu.run import train
 
 
 @requires_no_cuda("with CUDA, dataparallel really scatters over GPUs (test_weights checks it)")

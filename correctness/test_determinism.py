@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from correctness.helpers import assert_tensors_close, weights_config
-from mgpu.train import train
+from mgpu.run import train
 
 
 def assert_some_weight_differs(a: dict, b: dict, what: str) -> None:

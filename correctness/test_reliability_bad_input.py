@@ -34,7 +34,7 @@ from mgpu.devices import devices
 from mgpu.errors import (CheckpointError, ConfigError, DataError, DataNotFoundError, DeviceError, LaunchError,
                          MgpuError, OutputDirError, ShapeError)
 from mgpu.launch import spawn
-from mgpu.train import train
+from mgpu.run import train
 
 pytestmark = pytest.mark.reliability
 

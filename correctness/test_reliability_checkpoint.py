@@ -18,7 +18,7 @@ from mgpu import checkpoint
 from mgpu.config import TrainConfig
 from mgpu.errors import CheckpointError, OutputDirError
 from mgpu.faults import FAULT_ENV
-from mgpu.train import train
+from mgpu.run import train
 
 
 pytestmark = pytest.mark.reliability

@@ -16,7 +16,7 @@ from mgpu.cli import main
 from mgpu.config import TrainConfig
 from mgpu.errors import NonFiniteLossError
 from mgpu.faults import FAULT_ENV
-from mgpu.train import train
+from mgpu.run import train
 
 
 pytestmark = pytest.mark.reliability

@@ -403,11 +403,12 @@ def test_ranks_meet_on_ports_the_launcher_already_holds(launchers):
 
 
 def test_cli_reports_sigterm_with_exit_code_143(monkeypatch, capsys):
-    from mgpu import cli, train
+    from mgpu import cli
+    from mgpu import run as run_module
 
     def stopped(cfg):
         raise launch.Terminated(signal.SIGTERM)
 
-    monkeypatch.setattr(train, "train", stopped)
+    monkeypatch.setattr(run_module, "train", stopped)
     assert cli.main(["train", "--out", ""]) == 143
     assert capsys.readouterr().err == "mgpu: terminated: every rank stopped\n"

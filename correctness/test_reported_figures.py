@@ -40,7 +40,7 @@ from mgpu.data import BatchLoader, ImageDataset, synthetic_fashion_mnist
 from mgpu.faults import FAULT_ENV
 from mgpu.models import build_model
 from mgpu.strategies import get_strategy
-from mgpu.train import train
+from mgpu.run import train
 from mgpu.trainer import Trainer
 
 DELAY_MS = 2000  # how long rank 1 of the DDP run sleeps in its first step (FAULT_ENV, kind=delay)

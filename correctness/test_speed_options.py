@@ -19,7 +19,7 @@ from mgpu import devices as devmod
 from mgpu.cli import main
 from mgpu.config import TrainConfig
 from mgpu.errors import ConfigError, DeviceError
-from mgpu.train import train
+from mgpu.run import train
 
 BASE = TrainConfig(strategy="single", model="resnet18", width=4, epochs=1, batch_size=16, train_size=64,
                    test_size=40, lr=0.05, out=None, progress=False, seed=3)

@@ -23,7 +23,7 @@ from mgpu.launch import free_port
 from mgpu.models import build_model
 from mgpu.strategies import get_strategy
 from mgpu.data import make_loaders
-from mgpu.train import make_optimizer_factory
+from mgpu.run import make_optimizer_factory
 from mgpu.trainer import Trainer
 
 READS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__")

@@ -14,7 +14,7 @@ from conftest import requires_no_cuda
 from mgpu.cli import main
 from mgpu.config import TrainConfig
 from mgpu.models import build_model
-from mgpu.train import train
+from mgpu.run import train
 
 SUMMARY = re.compile(r"^test acc: \d\.\d\d, \d+\.\d sec/epoch on \[.+\]$")
 TINY = dict(model="lenet", epochs=2, batch_size=32, lr=0.3, train_size=512, test_size=200, out=None, progress=False)

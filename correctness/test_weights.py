@@ -2,7 +2,7 @@
 steps, the weights of single, manual (2 and 3 emulated devices), DDP (2 and 3 gloo processes)
 and, on 2+ GPUs, DataParallel agree within float32 tolerance.
 
-The runs go through `mgpu.train.train`, the code behind `python -m mgpu train`. Batches of 25 over
+The runs go through `mgpu.run.train`, the code behind `python -m mgpu train`. Batches of 25 over
 2 and 3 devices make uneven shards (13 + 12, 9 + 8 + 8): averaging per-shard mean losses, or DDP
 averaging gradients without scaling each rank's loss by its share, would show up here.
 LeNet, not ResNet-18: with BatchNorm in training mode multi-device weights legitimately differ
@@ -19,7 +19,7 @@ from conftest import requires_gpus
 from correctness.draws import batch_sizes_for, seeds, training_steps
 from correctness.helpers import assert_every_parameter_changed, assert_tensors_close, run_config, weights_config
 from mgpu.models import build_model
-from mgpu.train import train
+from mgpu.run import train
 
 
 @pytest.fixture(scope="module")

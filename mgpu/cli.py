@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         return _check_main(parser, args)
     cfg = config_or_exit(parser, **{k: v for k, v in vars(args).items() if k != "command"})
-    from mgpu.train import train  # after checking: `--help`, typos and bad values answer without importing torch
+    from mgpu.run import train  # after checking: `--help`, typos and bad values answer without importing torch
 
     try:
         train(cfg)

@@ -561,14 +561,14 @@ def scaling_rows(times: dict[int, list[float]], per_rank_batch: int) -> list[dic
 
 def run_builders():
     """(make_loaders, make_optimizer_factory) of the mgpu this process imports: a baseline arm
-    may run an older mgpu, where make_loaders lived in mgpu.train beside the optimizer factory."""
+    may run an older mgpu, where make_loaders lived in mgpu.train (now mgpu.run) beside the optimizer factory."""
     try:
         from mgpu.data import make_loaders
     except ImportError:
         from mgpu.train import make_loaders
     try:
         from mgpu.run import make_optimizer_factory
-    except ImportError:
+    except ImportError:  # before the run module was named for what it is
         from mgpu.train import make_optimizer_factory
     return make_loaders, make_optimizer_factory
 

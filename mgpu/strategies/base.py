@@ -1,4 +1,4 @@
-"""What a strategy must provide so that one training loop (mgpu/train.py) runs them all.
+"""What a strategy must provide so that one training loop (mgpu/trainer.py) runs them all.
 
 A strategy owns the model replica(s) and optimizer(s) and knows where the data goes. The loop
 hands it global batches and never asks which strategy it is:

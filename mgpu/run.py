@@ -1,7 +1,7 @@
 """`train(cfg)`: the whole job behind `python -m mgpu train`.
 
     >>> from mgpu.config import TrainConfig
-    >>> from mgpu.train import train
+    >>> from mgpu.run import train
     >>> result = train(TrainConfig(strategy="manual", devices=2, model="lenet", epochs=1,
     ...                            train_size=2048, test_size=512, out=None))
     >>> result.summary_line()
