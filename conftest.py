@@ -1,5 +1,5 @@
 """Root conftest: device facts, the GPU gates (`requires_gpus(n)`, `requires_no_cuda(why)`), hypothesis
-profiles, benchmark machine info.
+profiles, benchmark machine info, and `--model MODULE:FUNCTION` (your model instead of mgpu's own).
 
 Nothing here initialises CUDA: `torch.cuda.device_count()` asks the driver (NVML) only, so
 test collection stays cheap and forked test helpers stay safe.
@@ -22,6 +22,42 @@ settings.register_profile("dev", max_examples=20, deadline=None,
 settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("mgpu", "mgpu: your own model")
+    group.addoption("--model", metavar="MODULE:FUNCTION", default=None,
+                    help="run the parity properties (correctness/test_parity.py) on this model instead of mgpu's "
+                         "LeNet and ResNet-18, every other correctness test deselected (the contract: docs/check.md)")
+    group.addoption("--input-shape", metavar="C,H,W", default=None,
+                    help="with --model returning an nn.Module of images: the shape of one input")
+    group.addoption("--classes", metavar="N", type=int, default=None,
+                    help="with --model returning an nn.Module of images: the number of classes")
+    group.addoption("--parity-examples", metavar="N", type=int, default=8,
+                    help="hypothesis examples per parity property for --model (default 8; each is a few steps "
+                         "of every strategy it draws)")
+
+
+def pytest_configure(config):
+    """A bad --model is a usage error of one line, before anything is collected."""
+    from mgpu.errors import MgpuError, one_line
+
+    target = config.getoption("model")
+    if target is None:
+        if config.getoption("input_shape") is not None or config.getoption("classes") is not None:
+            raise pytest.UsageError("--input-shape and --classes describe the inputs of --model MODULE:FUNCTION: "
+                                    "give --model too")
+        return
+    if config.getoption("parity_examples") < 1:
+        raise pytest.UsageError(f"--parity-examples must be at least 1, got {config.getoption('parity_examples')}")
+    from mgpu.spec import load_spec, validate_spec
+
+    try:
+        spec = load_spec(target, input_shape=config.getoption("input_shape"), classes=config.getoption("classes"))
+        validate_spec(spec, batch_size=4, seed=0)
+    except MgpuError as e:
+        raise pytest.UsageError(f"--model {target}: {one_line(e)}") from None
+    config.mgpu_model_spec = spec
 
 
 def requires_gpus(n: int = 1):

@@ -1,5 +1,7 @@
 """Fixtures for the whole correctness suite."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -65,3 +67,18 @@ def _no_tf32():
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def pytest_collection_modifyitems(config, items):
+    """With --model, this folder runs the parity properties on that model and nothing else (they
+    are what applies to any model; the rest of the suite tests mgpu itself)."""
+    if config.getoption("model") is None:
+        return
+    here = Path(__file__).parent
+    keep, drop = [], []
+    for item in items:
+        inside = here in Path(str(item.path)).parents
+        (drop if inside and item.get_closest_marker("parity") is None else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

@@ -13,7 +13,9 @@ conftest.
 from __future__ import annotations
 
 import copy
+import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -25,7 +27,7 @@ from mgpu import devices as devmod
 from mgpu.config import TrainConfig
 from mgpu.data import BatchLoader, ImageDataset
 from mgpu.launch import free_port, spawn
-from mgpu.models import lenet, resnet18
+from mgpu.models import build_model, lenet, resnet18
 from mgpu.parity.compare import assert_tensors_close, max_abs_diff  # noqa: F401  (one copy: the check's)
 from mgpu.strategies import DistributedDataParallel, Manual
 
@@ -276,3 +278,31 @@ def write_idx(path, array: torch.Tensor, compress: bool = False, magic: int | No
     else:
         path.write_bytes(payload)
     return path
+
+
+# -- what a training run wrote -----------------------------------------------------------------
+SUMMARY = re.compile(r"^test acc: \d\.\d\d, \d+\.\d sec/epoch on \[.+\]$")
+# A run small enough for every strategy to learn in two epochs (LeNet beats chance clearly).
+TINY = dict(model="lenet", epochs=2, batch_size=32, lr=0.3, train_size=512, test_size=200, out=None, progress=False)
+
+
+def assert_trained(losses: list[float], test_acc: float, state_dict: dict, summary: str, what: str) -> None:
+    """The loss fell from the first epoch to the last, the model beats chance, the weights moved."""
+    assert losses[-1] < losses[0], f"{what}: loss went {losses[0]:.4f} -> {losses[-1]:.4f}"
+    assert test_acc > 0.3, f"{what}: test acc {test_acc:.3f} after {len(losses)} epochs (chance: 0.1)"
+    initial = build_model("lenet", seed=0).state_dict()
+    assert any(not torch.equal(initial[k], v) for k, v in state_dict.items()), f"{what}: weights never changed"
+    assert SUMMARY.match(summary), summary
+
+
+def check_run_outputs(out_dir, stdout: str, strategy: str, epochs: int) -> dict:
+    last_line = stdout.strip().splitlines()[-1]
+    assert SUMMARY.match(last_line), f"{strategy}: last line is not the chapter's: {last_line!r}"
+    data = json.loads((out_dir / "results.json").read_text())
+    assert data["config"]["strategy"] == strategy and len(data["epochs"]) == epochs, data
+    assert data["summary"] == last_line and {"torch", "python"} <= set(data["versions"])
+    assert all({"loss", "train_acc", "test_acc", "seconds"} <= set(e) for e in data["epochs"])
+    assert (out_dir / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{strategy}: accuracy.png is no PNG"
+    state = torch.load(out_dir / "model.pt")
+    assert all(t.device.type == "cpu" for t in state.values()) and not any(k.startswith("module.") for k in state)
+    return data

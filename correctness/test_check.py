@@ -303,3 +303,20 @@ def test_a_real_process_prints_one_line_leaves_nothing_behind(tmp_path):
 def test_spec_errors_from_the_api_are_spec_errors():
     with pytest.raises(SpecError, match="returned int"):
         load_spec(f"{MODELS}:returns_int")
+
+
+# -- pytest correctness --model: the parity properties on a user's model ---------------------------------
+
+@pytest.mark.timeout(180)
+def test_pytest_model_option_runs_the_parity_properties_and_fails_a_planted_defect_with_its_first_divergence():
+    """`pytest correctness --model ...` deselects the rest of the suite and fails the defect's
+    property with the check's message (the buffer, the step, the command that reproduces it)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "correctness", "--model", "examples/planted_defect.py:defect",
+         "--input-shape", "3,8,8", "--classes", "4", "--parity-examples", "2", "-k", "in_process", "-p",
+         "no:cacheprovider", "-q"], cwd=root, capture_output=True, text=True, timeout=170)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, f"exit {proc.returncode}:\n{out[-3000:]}"
+    assert "1 failed" in out and "deselected" in out and " passed" not in out, out[-3000:]
+    assert "buffer batch_scale differs after step" in out and "python -m mgpu check examples/planted_defect.py:defect" in out, out[-3000:]

@@ -41,14 +41,11 @@ def test_resnet18_allreduced_gradient_equals_single_device_gradient(reduction, c
 # so the allreduced gradient and the single-device one differ by rounding that float32 defaults
 # are not meant for; the tolerance is instead a multiple of each gradient tensor's own size:
 #   |manual - single| <= ONEDNN_TOL * max|single|, elementwise, per tensor.
-# Measured bound (torch 2.14.1, x86-64 CPU, one thread, width-4 ResNet-18 in eval mode as below):
-# over 2,040 cases (seeds 0..29, mean and sum loss, batch sizes 1, 2, 3, 4, 5, 7, 8, 12, 16 and
-# 24, 1..4 devices; every replica, every parameter) the largest |manual - single| / max|single|
-# was 7.4e-5; ONEDNN_TOL is 5x that. Measured by running manual_gradients and reference_gradients
-# with oneDNN on over that grid and taking the maximum of the ratio. A wrong divisor (B - 1 or
-# B + 1 instead of B, a shard's size, the device count) is off by at least 1/13 for the batch
-# sizes drawn here (up to 12): far outside.
-ONEDNN_TOL = 4e-4
+# The ratio has a heavy tail: `python docs/measure/onednn_bound.py` (docs/perf.md, "The oneDNN
+# bound") draws cases as this test does; the bound sits a few times above its largest ratio and
+# well below what the test must catch: a wrong divisor (B - 1 or B + 1 instead of B, a shard's
+# size, the device count) is off by at least 1/13 for the batch sizes drawn here (up to 12).
+ONEDNN_TOL = 2e-2
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])

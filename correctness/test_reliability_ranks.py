@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from correctness.helpers import TINY, assert_trained, check_run_outputs
 from mgpu import launch
 from mgpu.faults import FAULT_ENV
 
@@ -42,9 +43,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TAG = "MGPU_TEST_RUN_TAG"
 EXIT_WITHIN_S = 30.0
 HANG_TIMEOUT_S = 12  # --timeout of the hang run: long enough for the ranks to meet on a busy machine
-# 4 steps an epoch; LeNet on two gloo ranks of one thread each.
-DDP_ARGS = ["--strategy", "ddp", "--devices", "2", "--model", "lenet", "--batch-size", "64", "--lr", "0.05",
-            "--momentum", "0.9", "--train-size", "256", "--test-size", "64", "--no-progress"]
+# LeNet on two gloo ranks of one thread each, 16 steps an epoch: the settings (TINY) on which
+# test_training checks that every strategy learns, so that the reference run checks ddp's case.
+DDP_ARGS = ["--strategy", "ddp", "--devices", "2", "--model", TINY["model"], "--batch-size", str(TINY["batch_size"]),
+            "--lr", str(TINY["lr"]), "--train-size", str(TINY["train_size"]), "--test-size", str(TINY["test_size"])]
 
 
 # Runs the rest of its command line with SIGINT's disposition set first (default, or ignored).
@@ -171,7 +173,7 @@ def runs(tmp_path_factory):
     kept for the tests below. Once the Ctrl-C run has got its signal, the launchers of the tests
     of the launcher itself (`launchers`) start too, overlapping the end of these runs."""
     tmp = tmp_path_factory.mktemp("ddp")
-    args = [*DDP_ARGS, "--epochs", "2"]
+    args = [*DDP_ARGS, "--epochs", str(TINY["epochs"]), "--no-progress"]
     hang = "rank=1,epoch=1,step=2,kind=hang"
     checkpointed = ["--out", str(tmp / "resumed"), "--checkpoint-dir", str(tmp / "ckpt")]
     started = {
@@ -180,7 +182,8 @@ def runs(tmp_path_factory):
         "hang": Run([*args, "--out", "", "--timeout", str(HANG_TIMEOUT_S)], fault=hang),
         # Rank 1 hangs, so rank 0 sits inside a collective (the hardest place to interrupt) when Ctrl-C comes.
         "ctrl-c": Run([*args, "--out", "", "--timeout", "300"], fault=hang),
-        "reference": Run([*args, "--out", str(tmp / "reference")]),
+        # With its progress bar: it is also the end-to-end run of `python -m mgpu train --strategy ddp`.
+        "reference": Run([*DDP_ARGS, "--epochs", str(TINY["epochs"]), "--out", str(tmp / "reference")]),
         "killed": Run([*args, *checkpointed], fault="rank=1,epoch=2,step=2,kind=kill"),
     }
 
@@ -254,6 +257,22 @@ def test_concurrent_ddp_runs_do_not_collide(runs):
     everything = "\n".join(run.stderr for run in runs[2].values()).lower()
     assert "address already in use" not in everything and "eaddrinuse" not in everything
     assert any(line.startswith("epoch 1/2") for line in killed.out), f"a run never trained an epoch:\n{killed.stderr}"
+
+
+def test_python_dash_m_mgpu_train_ddp_end_to_end(runs):
+    """The whole job as users start it, on the settings of test_training (TINY), read from what
+    the run wrote: the chapter's line, results.json, accuracy.png, model.pt; it learned."""
+    import torch
+
+    run = _run(runs, "reference")
+    assert run.code == 0, f"exit {run.code}; stderr:\n{run.stderr}"
+    out = runs[0] / "reference"
+    data = check_run_outputs(out, "\n".join(run.out), "ddp", epochs=TINY["epochs"])
+    assert_trained([e["loss"] for e in data["epochs"]], data["test_acc"], torch.load(out / "model.pt"),
+                   data["summary"], "ddp on 2 ranks")
+    assert data["devices"] == "[cpu (rank 0), cpu (rank 1)]"
+    assert f"epoch 1/{TINY['epochs']}" in run.stderr, "the progress bar goes to stderr"
+    assert sum("test acc:" in line for line in run.out) == 1, "only rank 0 prints"
 
 
 def test_ddp_resume_after_sigkill_is_bitwise_exact(runs):
@@ -412,3 +431,24 @@ def test_cli_reports_sigterm_with_exit_code_143(monkeypatch, capsys):
     monkeypatch.setattr(run_module, "train", stopped)
     assert cli.main(["train", "--out", ""]) == 143
     assert capsys.readouterr().err == "mgpu: terminated: every rank stopped\n"
+
+
+def _rank_view(_):
+    """Runs in each rank: what the test below asks about this rank's process."""
+    return {"env": {k: os.environ.get(k) for k in ("MGPU_TEST_ADDED", "MGPU_TEST_REMOVED", "RANK", "WORLD_SIZE")},
+            "ppid": os.getppid(), "torch_preloaded": "torch" in sys.modules}
+
+
+@pytest.mark.timeout(120)
+def test_ranks_see_the_launchers_environment_of_the_moment_they_start(monkeypatch):
+    """Ranks are forked from a fork server that lives as long as the launcher (mgpu.launch.START_METHOD):
+    a variable the launcher set or removed after the server started must reach the ranks as it is
+    now (a test that sets MGPU_FAULT before its run, say), beside what the agent sets for each rank."""
+    monkeypatch.setenv("MGPU_TEST_REMOVED", "stale")
+    first = launch.spawn(_rank_view, None, nprocs=2, deadline_s=60)  # the server starts here, if not before
+    assert first["env"]["MGPU_TEST_REMOVED"] == "stale", first
+    monkeypatch.delenv("MGPU_TEST_REMOVED")
+    monkeypatch.setenv("MGPU_TEST_ADDED", "now")
+    second = launch.spawn(_rank_view, None, nprocs=2, deadline_s=60)
+    assert second["env"] == {"MGPU_TEST_ADDED": "now", "MGPU_TEST_REMOVED": None, "RANK": "0", "WORLD_SIZE": "2"}, second
+    assert second["ppid"] == first["ppid"] != os.getpid(), "the second spawn should fork from the same server"

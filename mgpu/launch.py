@@ -4,8 +4,8 @@
 
 `spawn` runs `torch.distributed.launcher.api.elastic_launch` in this process: one node, no
 restarts, a c10d rendezvous on 127.0.0.1 port 0 (the agent binds free ports itself, for the
-rendezvous and for the ranks' MASTER_PORT, so concurrent runs never race for one), ranks started
-with "spawn". The ranks see torchrun's environment variables, so the code they run is the code
+rendezvous and for the ranks' MASTER_PORT, so concurrent runs never race for one), ranks forked
+from multiprocessing's fork server, which has imported torch once (see START_METHOD). The ranks see torchrun's environment variables, so the code they run is the code
 torchrun runs (MASTER_PORT is a store the agent hosts, TORCHELASTIC_USE_AGENT_STORE=True: a rank
 that starts a process group on a port of its own must set that to False). The agent watches the
 ranks, stops them all when one fails, and raises ChildFailedError; the rank entry carries
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
 import os
 import signal
 import socket
@@ -61,6 +62,17 @@ TERMINATE_GRACE_S = 3
 REPORT_GRACE_S = 0.5
 # Exit code of a rank ended by spawn's deadline_s.
 DEADLINE_EXIT = 124
+# Ranks are forked from one server process that imported torch when it started (multiprocessing's
+# "forkserver"), not started as fresh interpreters ("spawn") that import torch each: a rank then
+# costs a fork instead of an import of torch, and later spawns from the same launcher (a test
+# session, `mgpu check` over several world sizes) reuse the server. The server is a fresh,
+# single-threaded process that never touched CUDA, so forking it is safe.
+START_METHOD = "forkserver"
+# torch._dynamo: DDP's constructor and the optimizers import it (about 1 s of a rank's start).
+_SERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "mgpu.launch"]
+# The environment this module was imported with. In a rank forked from the server it is the
+# server's (the launcher's when the server started), before the agent added RANK, WORLD_SIZE, ...
+_ENV_AT_IMPORT = dict(os.environ)
 
 _SECONDARY_WORDS = ("connection", "peer", "closed", "timed out", "timeout", "broken pipe", "reset by")
 _AGENT_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
@@ -98,21 +110,55 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
 
 # -- inside a rank ---------------------------------------------------------------------------------
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Have the kernel SIGKILL this rank when the launcher dies, however it dies."""
+def _die_with_parent(launcher_pid: int) -> None:
+    """Have the kernel SIGKILL this rank when its parent dies, however it dies: the parent is the
+    fork server, which exits when the launcher does."""
     try:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
     except Exception:  # no prctl (not Linux): the agent's own clean-up still applies
         pass
-    if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+    _release_fork_server()
+    try:
+        os.kill(launcher_pid, 0)
+    except ProcessLookupError:  # the launcher died before prctl took effect
         os._exit(1)
+    except PermissionError:
+        pass
+
+
+def _release_fork_server() -> None:
+    """Close this rank's copy of the fork server's liveness pipe. multiprocessing hands one to
+    every process the server forks, so that the server outlives all of them; but the server must
+    exit when the launcher does, taking the ranks with it (their parent-death signal). With the
+    copy held, a SIGKILLed launcher would leave server and ranks waiting for each other."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None and getattr(server, "_forkserver_pid", None) is None:  # a process the server forked
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        server._forkserver_alive_fd = None
+
+
+def _adopt_environment(launcher_env: dict) -> None:
+    """os.environ := the launcher's at spawn time, plus what the agent set for this rank. A rank
+    forked from the fork server starts with the server's environment, which is older when the
+    launcher changed its own since the server started (a test setting MGPU_FAULT, say)."""
+    from_agent = {k: v for k, v in os.environ.items() if _ENV_AT_IMPORT.get(k) != v}
+    os.environ.clear()
+    os.environ.update(launcher_env)
+    os.environ.update(from_agent)
 
 
 @record
-def _rank_main(fn: Callable, cfg: Any, parent_pid: int, end_time: float | None) -> Any:
-    _die_with_parent(parent_pid)
+def _rank_main(fn: Callable, cfg: Any, launcher_pid: int, end_time: float | None, launcher_env: dict) -> Any:
+    _adopt_environment(launcher_env)
+    _die_with_parent(launcher_pid)
     if end_time is not None:
         timer = threading.Timer(max(0.0, end_time - time.time()), os._exit, args=(DEADLINE_EXIT,))
         timer.daemon = True
@@ -172,9 +218,10 @@ def spawn(fn: Callable, cfg: Any, nprocs: int, port: int | None = None, deadline
             config = LaunchConfig(
                 min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"mgpu-{uuid.uuid4().hex}",
                 rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{port or 0}", rdzv_configs={"is_host": True},
-                max_restarts=0, monitor_interval=poll_s, start_method="spawn", signals_to_handle="SIGTERM",
+                max_restarts=0, monitor_interval=poll_s, start_method=START_METHOD, signals_to_handle="SIGTERM",
                 logs_specs=DefaultLogsSpecs(log_dir=logs), shutdown_timeout=TERMINATE_GRACE_S)
-            return elastic_launch(config, _rank_main)(fn, cfg, os.getpid(), end_time)[0]
+            multiprocessing.get_context(START_METHOD).set_forkserver_preload(_SERVER_PRELOAD)
+            return elastic_launch(config, _rank_main)(fn, cfg, os.getpid(), end_time, dict(os.environ))[0]
     except ChildFailedError as e:
         raise _launch_error(e, deadline_s) from None
     except SignalException as e:

@@ -1,0 +1,114 @@
+"""Data-parallel parity of one model, as hypothesis properties: the checks of `python -m mgpu check`
+(mgpu/parity: gradients, weights, every buffer, optimizer state, reported statistics, replicas
+equal after every step, tied weights, uneven shards, gradient accumulation) over drawn device
+counts, batch sizes, steps, micro-steps and seeds.
+
+    pytest correctness/test_parity.py                                # mgpu's own LeNet and ResNet-18 (width 4)
+    pytest correctness --model examples/tiny_lm.py:spec              # your model; the rest of the suite deselected
+    pytest correctness --model torchvision.models:mobilenet_v3_small --input-shape 3,32,32 --classes 10
+
+A failing example raises the check's ParityError: the first divergence (step, tensor, device,
+errors) and the command that reproduces it; hypothesis adds the drawn example.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from correctness.draws import seeds
+from mgpu.parity import CheckOptions, check_data_parallel, run_check
+from mgpu.spec import ModelSpec, builtin_spec
+
+pytestmark = pytest.mark.parity
+
+IN_PROCESS = ("manual", "dataparallel")
+EXACT_CHECKS = ("gradients", "weights", "optimizer", "statistics", "uneven", "accumulate")
+
+
+@dataclass(frozen=True)
+class ParityCase:
+    spec: ModelSpec
+    examples: int                    # hypothesis examples of the in-process property
+    ddp_world_sizes: tuple[int, ...]  # one spawn each; () where the suite checks DDP elsewhere
+
+
+def _cases(config) -> dict[str, ParityCase]:
+    spec = getattr(config, "mgpu_model_spec", None)  # set by the root conftest from --model
+    if spec is not None:
+        return {config.getoption("model"): ParityCase(spec, config.getoption("parity_examples"), (2, 3))}
+    # mgpu's own: LeNet also under DDP (one spawn); ResNet-18's DDP runs are test_weights' and test_batchnorm's.
+    return {"lenet": ParityCase(builtin_spec("lenet"), 6, (2,)),
+            "resnet18-w4": ParityCase(builtin_spec("resnet18", width=4), 4, ())}
+
+
+def pytest_generate_tests(metafunc):
+    if "case" in metafunc.fixturenames:
+        cases = _cases(metafunc.config)
+        if metafunc.function.__name__ == "test_ddp_ranks_match_single_device":
+            cases = {k: c for k, c in cases.items() if c.ddp_world_sizes}
+        metafunc.parametrize("case", list(cases.values()), ids=list(cases), scope="module")
+
+
+@pytest.fixture(scope="module")
+def exact_or_skip(case) -> None:
+    """Skip the properties (with the check's own reason) for a model whose forward draws random
+    numbers beyond dropout: no run can be compared exactly with another."""
+    probe = run_check(case.spec, CheckOptions(strategies=("manual",), devices=(2,), batch_size=4, steps=1,
+                                              accumulate=1))
+    randomness = [r for r in probe.findings if r.name == "randomness"]
+    if randomness:
+        pytest.skip(f"{case.spec.name}: {randomness[0].reason}")
+
+
+@st.composite
+def check_options(draw, strategies=IN_PROCESS, max_devices: int = 4, max_batch: int = 16) -> CheckOptions:
+    """One strategy on one device count; a batch of at least one example per device and micro-step,
+    divisible or not (the check adds a batch no device count divides)."""
+    n = draw(st.integers(min_value=2, max_value=max_devices), label="devices")
+    accumulate = draw(st.integers(min_value=1, max_value=3), label="accumulate")
+    least = n * accumulate
+    batch = draw(st.one_of(st.just(least), st.integers(min_value=least, max_value=max(least, max_batch))),
+                 label="batch_size")
+    return CheckOptions(strategies=(draw(st.sampled_from(strategies), label="strategy"),), devices=(n,),
+                        batch_size=batch, steps=draw(st.integers(min_value=1, max_value=3), label="steps"),
+                        seed=draw(seeds, label="seed") % 2**16, accumulate=accumulate)
+
+
+def _assert_checked(report, what: str) -> None:
+    """A property that passes because its comparisons were skipped would prove nothing."""
+    ran = {r.name for r in report.results if r.status == "pass"}
+    missing = [name for name in EXACT_CHECKS if name not in ran]
+    assert not missing, (f"{what}: checks {missing} did not pass (statuses: "
+                         f"{[(r.name, r.strategy, r.devices, r.status, r.reason) for r in report.results]})")
+
+
+def test_in_process_strategies_match_single_device(case, exact_or_skip):
+    """manual (emulated devices) and dataparallel: every check of `mgpu check` holds for any drawn
+    device count, batch size, number of steps, micro-steps and seed."""
+
+    @settings(max_examples=case.examples)
+    @given(options=check_options())
+    def prop(options):
+        report = check_data_parallel(case.spec, **_fields(options))  # ParityError: the first divergence
+        _assert_checked(report, f"{case.spec.name}, {options.strategies[0]} on {options.devices[0]} devices")
+
+    prop()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_ddp_ranks_match_single_device(case, exact_or_skip):
+    """ddp on gloo ranks that build the model from different seeds: the ranks start equal (DDP's
+    broadcast), stay bitwise equal after every step, and match the single-device run."""
+    report = check_data_parallel(case.spec, strategies=("ddp",), devices=case.ddp_world_sizes)
+    _assert_checked(report, f"{case.spec.name} under ddp on {case.ddp_world_sizes} ranks")
+    started = [r for r in report.results if r.name == "start"]
+    assert len(started) == len(case.ddp_world_sizes) and all(r.status == "pass" for r in started), started
+
+
+def _fields(options: CheckOptions) -> dict:
+    return {k: getattr(options, k) for k in ("strategies", "devices", "batch_size", "steps", "seed", "accumulate")}
