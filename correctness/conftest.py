@@ -82,3 +82,29 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+RANKS_MODULE = "test_reliability_ranks"
+
+
+def pytest_collection_finish(session):
+    """When any test of test_reliability_ranks is selected, start its runs as collection ends:
+    they are processes that mostly start up and wait (about 30 s), and they overlap the tests
+    that come before them, which use one core of two (one_thread). Nothing starts for
+    --collect-only."""
+    if session.config.option.collectonly:
+        return
+    for item in session.items:
+        if item.module.__name__.rpartition(".")[2] == RANKS_MODULE:
+            factory = session.config._tmp_path_factory  # the tmp_path_factory fixture's, before any fixture runs
+            item.module.start_scenario(factory.mktemp("ddp"))
+            return
+
+
+def pytest_sessionfinish(session):
+    """Whatever a session stopped early (-x, Ctrl-C) left running of those runs is killed."""
+    import sys
+
+    for name, module in list(sys.modules.items()):
+        if name.rpartition(".")[2] == RANKS_MODULE and hasattr(module, "stop_scenario"):
+            module.stop_scenario()

@@ -152,6 +152,11 @@ class Run:
             except OSError:
                 pass
         self.proc.wait(10)
+        for t in self._readers:  # the pipes end with the process; then close them
+            t.join(5)
+        if not any(t.is_alive() for t in self._readers):
+            self.proc.stdout.close()
+            self.proc.stderr.close()
 
 
 def _assert_failed_fast(run: Run, since: float, expect: str) -> None:
@@ -164,54 +169,111 @@ def _assert_failed_fast(run: Run, since: float, expect: str) -> None:
     assert not run.leftover, "processes left behind:\n" + "\n".join(run.leftover)
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+class Scenario:
     """Five DDP runs started at the same moment, each picking its own free port (the 2 cores are
     shared; waiting overlaps): four with a fault in rank 1, and a reference run to resume against.
     The Ctrl-C run gets SIGINT once its rank 1 hangs; the run whose rank 1 was SIGKILLed is resumed
     as soon as it has ended. Each run's exit code, output, exit time and leftover processes are
     kept for the tests below. Once the Ctrl-C run has got its signal, the launchers of the tests
-    of the launcher itself (`launchers`) start too, overlapping the end of these runs."""
-    tmp = tmp_path_factory.mktemp("ddp")
-    args = [*DDP_ARGS, "--epochs", str(TINY["epochs"]), "--no-progress"]
-    hang = "rank=1,epoch=1,step=2,kind=hang"
-    checkpointed = ["--out", str(tmp / "resumed"), "--checkpoint-dir", str(tmp / "ckpt")]
-    started = {
-        "raise": Run([*args, "--out", ""], fault="rank=1,epoch=1,step=2,kind=raise"),
-        # Rank 0 waits in DDP's gradient allreduce for the hung rank 1 until the process-group timeout.
-        "hang": Run([*args, "--out", "", "--timeout", str(HANG_TIMEOUT_S)], fault=hang),
-        # Rank 1 hangs, so rank 0 sits inside a collective (the hardest place to interrupt) when Ctrl-C comes.
-        "ctrl-c": Run([*args, "--out", "", "--timeout", "300"], fault=hang),
-        # With its progress bar: it is also the end-to-end run of `python -m mgpu train --strategy ddp`.
-        "reference": Run([*DDP_ARGS, "--epochs", str(TINY["epochs"]), "--out", str(tmp / "reference")]),
-        "killed": Run([*args, *checkpointed], fault="rank=1,epoch=2,step=2,kind=kill"),
-    }
+    of the launcher itself (`launchers`) start too, overlapping the end of these runs.
 
-    def wait(run: Run) -> None:
-        try:
-            run.code = run.wait(150)
-        except AssertionError as e:
-            run.problem = str(e)
+    A driver thread does all that. It starts when the session's collection ends, if any test of
+    this module was selected (correctness/conftest.py: the runs then overlap the tests before this
+    module, which use one core of two), or else when the `runs` fixture first asks for it."""
 
-    try:
-        ctrl_c = started["ctrl-c"]
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.args = [*DDP_ARGS, "--epochs", str(TINY["epochs"]), "--no-progress"]
+        self.started: dict[str, Run] = {}
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._drive, daemon=True)
+        self.thread.start()
+
+    def _drive(self) -> None:
         try:
-            ctrl_c.wait_for_stderr("injecting hang at rank 1", 150)
-            ctrl_c.signal_at = time.monotonic()
-            os.killpg(ctrl_c.proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
-        except AssertionError as e:
-            ctrl_c.problem = str(e)
-        _start_launchers()  # every run is past its rendezvous by now
-        wait(started["killed"])
-        started["resumed"] = Run([*args, *checkpointed, "--resume"])
-        for run in started.values():
-            if run.code is None and run.problem is None:
-                wait(run)
-    finally:
-        for run in started.values():
-            run.leftover = run.leftovers()
+            self._run_all()
+        except BaseException as e:  # reported by the fixture, not lost in a thread
+            self.error = e
+
+    def _run_all(self) -> None:
+        tmp, args = self.tmp, self.args
+        hang = "rank=1,epoch=1,step=2,kind=hang"
+        checkpointed = ["--out", str(tmp / "resumed"), "--checkpoint-dir", str(tmp / "ckpt")]
+        started = self.started
+        started.update({
+            "raise": Run([*args, "--out", ""], fault="rank=1,epoch=1,step=2,kind=raise"),
+            # Rank 0 waits in DDP's gradient allreduce for the hung rank 1 until the process-group timeout.
+            "hang": Run([*args, "--out", "", "--timeout", str(HANG_TIMEOUT_S)], fault=hang),
+            # Rank 1 hangs, so rank 0 sits inside a collective (the hardest place to interrupt) when Ctrl-C comes.
+            "ctrl-c": Run([*args, "--out", "", "--timeout", "300"], fault=hang),
+            # With its progress bar: it is also the end-to-end run of `python -m mgpu train --strategy ddp`.
+            "reference": Run([*DDP_ARGS, "--epochs", str(TINY["epochs"]), "--out", str(tmp / "reference")]),
+            "killed": Run([*args, *checkpointed], fault="rank=1,epoch=2,step=2,kind=kill"),
+        })
+
+        def wait(run: Run) -> None:
+            try:
+                run.code = run.wait(150)
+            except AssertionError as e:
+                run.problem = str(e)
+
+        try:
+            ctrl_c = started["ctrl-c"]
+            try:
+                ctrl_c.wait_for_stderr("injecting hang at rank 1", 150)
+                ctrl_c.signal_at = time.monotonic()
+                os.killpg(ctrl_c.proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+            except AssertionError as e:
+                ctrl_c.problem = str(e)
+            _start_launchers()  # every run is past its rendezvous by now
+            wait(started["killed"])
+            started["resumed"] = Run([*args, *checkpointed, "--resume"])
+            for run in list(started.values()):
+                if run.code is None and run.problem is None:
+                    wait(run)
+        finally:
+            for run in list(started.values()):
+                run.leftover = run.leftovers()
+                run.kill()
+
+    def finish(self, timeout: float = 280) -> dict[str, Run]:
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            self.kill()
+            raise AssertionError(f"the runs of this module did not end within {timeout} s")
+        if self.error is not None:
+            raise self.error
+        return self.started
+
+    def kill(self) -> None:
+        for run in list(self.started.values()):
             run.kill()
-    yield tmp, args, started
+
+
+_SCENARIO: list[Scenario] = []  # the one scenario of this session, once started
+
+
+def start_scenario(tmp: Path) -> Scenario:
+    """Start the module's runs now (once per session); correctness/conftest.py calls it when
+    collection ends."""
+    if not _SCENARIO:
+        _SCENARIO.append(Scenario(tmp))
+    return _SCENARIO[0]
+
+
+def stop_scenario() -> None:
+    """At the end of the session: kill whatever still runs (a session stopped early, -x)."""
+    if _SCENARIO:
+        _SCENARIO[0].kill()
+    _finish_launchers()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(folder, common arguments, {name: Run}) of the module's runs: see Scenario."""
+    scenario = start_scenario(tmp_path_factory.mktemp("ddp"))
+    started = scenario.finish()
+    yield scenario.tmp, scenario.args, started
     _finish_launchers()  # when no test used them
 
 
