@@ -26,6 +26,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 def pytest_addoption(parser):
     group = parser.getgroup("mgpu", "mgpu: your own model")
+    if any("--model" in option.names() for option in group.options):
+        # Another copy of this file registered them: pytest takes the DIR of `--ab-baseline DIR`
+        # (the A/B gate's baseline tree) for a test path and loads that tree's conftest.py too.
+        return
     group.addoption("--model", metavar="MODULE:FUNCTION", default=None,
                     help="run the parity properties (correctness/test_parity.py) on this model instead of mgpu's "
                          "LeNet and ResNet-18, every other correctness test deselected (the contract: docs/check.md)")
@@ -42,11 +46,14 @@ def pytest_configure(config):
     """A bad --model is a usage error of one line, before anything is collected."""
     from mgpu.errors import MgpuError, one_line
 
+    if hasattr(config, "mgpu_model_spec"):  # configured by another copy of this file (see pytest_addoption)
+        return
     target = config.getoption("model")
     if target is None:
         if config.getoption("input_shape") is not None or config.getoption("classes") is not None:
             raise pytest.UsageError("--input-shape and --classes describe the inputs of --model MODULE:FUNCTION: "
                                     "give --model too")
+        config.mgpu_model_spec = None
         return
     if config.getoption("parity_examples") < 1:
         raise pytest.UsageError(f"--parity-examples must be at least 1, got {config.getoption('parity_examples')}")

@@ -12,15 +12,18 @@ divides by a value single-device training never had.
 What `mgpu check ...:defect` says (manual and ddp fail on 2 and 3 devices; dataparallel, a
 pass-through on a CPU, passes):
 
-    findings:
-      reassigned-buffers: buffers reassigned in forward: batch_scale: DDP never broadcasts the new
-        tensors (ranks drift apart); assign in place with .copy_()
+    findings (the model's, not mgpu's; they do not fail the check unless --strict):
+      forward-buffers: buffers written by a training forward: batch_scale (reassigned: batch_scale):
+        each device writes them from its own shard; ...
     12 check(s) FAILED; the first divergence of each:
       manual x2 devices, buffers: buffer batch_scale differs after step 1 on replica 0 from the
         single-device float64 run: largest absolute error 1.084e-04, relative 1.141e-04 (allowed 7.25e-06)
         cause: buffer batch_scale is computed from the batch in forward (reassigned: self.batch_scale
-        = ...): each device computes it from its own shard, so it is not the single-device value;
-        ...; make it a statistic of the global batch (all_reduce it), or keep it out of the model's state
+        = ...): each device computes it from its own shard and the first device's is kept, so it is
+        not the single-device value; make it a statistic of the global batch (all_reduce it), or keep
+        it out of the model's state
+        reproduce: python -m mgpu check examples/planted_defect.py:defect --input-shape 3,8,8 --classes 4
+          --strategies manual --devices 2 --batch-size 12 --steps 3 --seed 0 --accumulate 2
       ddp x2 ranks, buffers: (the same, on rank 0)
 
 The fix. Updating the buffer in place (`self.batch_scale.mul_(0.9).add_(0.1 * m)`, or `.copy_()`)
