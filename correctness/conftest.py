@@ -88,14 +88,14 @@ RANKS_MODULE = "test_reliability_ranks"
 
 
 def pytest_collection_finish(session):
-    """When any test of test_reliability_ranks is selected, start its runs as collection ends:
+    """When a test of test_reliability_ranks that reads its runs is selected, start them as collection ends:
     they are processes that mostly start up and wait (about 30 s), and they overlap the tests
     that come before them, which use one core of two (one_thread). Nothing starts for
     --collect-only."""
     if session.config.option.collectonly:
         return
     for item in session.items:
-        if item.module.__name__.rpartition(".")[2] == RANKS_MODULE:
+        if item.module.__name__.rpartition(".")[2] == RANKS_MODULE and {"runs", "launchers"} & set(item.fixturenames):
             factory = session.config._tmp_path_factory  # the tmp_path_factory fixture's, before any fixture runs
             item.module.start_scenario(factory.mktemp("ddp"))
             return

@@ -41,6 +41,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import socket
 import tempfile
@@ -156,8 +157,9 @@ def _adopt_environment(launcher_env: dict) -> None:
 
 
 @record
-def _rank_main(fn: Callable, cfg: Any, launcher_pid: int, end_time: float | None, launcher_env: dict) -> Any:
+def _rank_main(fn: Callable, cfg_bytes: bytes, launcher_pid: int, end_time: float | None, launcher_env: dict) -> Any:
     _adopt_environment(launcher_env)
+    cfg = pickle.loads(cfg_bytes)
     _die_with_parent(launcher_pid)
     if end_time is not None:
         timer = threading.Timer(max(0.0, end_time - time.time()), os._exit, args=(DEADLINE_EXIT,))
@@ -221,7 +223,9 @@ def spawn(fn: Callable, cfg: Any, nprocs: int, port: int | None = None, deadline
                 max_restarts=0, monitor_interval=poll_s, start_method=START_METHOD, signals_to_handle="SIGTERM",
                 logs_specs=DefaultLogsSpecs(log_dir=logs), shutdown_timeout=TERMINATE_GRACE_S)
             multiprocessing.get_context(START_METHOD).set_forkserver_preload(_SERVER_PRELOAD)
-            return elastic_launch(config, _rank_main)(fn, cfg, os.getpid(), end_time, dict(os.environ))[0]
+            # cfg as bytes: multiprocessing would send each tensor in it as a file descriptor, and the
+            # fork server takes at most 253 per process (SCM_RIGHTS): a model's state dict has more.
+            return elastic_launch(config, _rank_main)(fn, pickle.dumps(cfg), os.getpid(), end_time, dict(os.environ))[0]
     except ChildFailedError as e:
         raise _launch_error(e, deadline_s) from None
     except SignalException as e:
