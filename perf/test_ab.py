@@ -94,6 +94,25 @@ def test_holm_levels_step_down_and_stop_at_the_first_acceptance():
     assert abstats.holm_levels([0.001, 0.002], alpha=0.05) == pytest.approx([0.025, 0.05])
 
 
+def test_a_runs_verdicts_use_holms_corrected_levels_not_the_plain_level():
+    """A planted bug passed every other test: the plain level for every benchmark instead of
+    Holm's (whole-run false alarms then grow with the number of gated benchmarks). A benchmark
+    whose p-value lies between alpha / k and alpha is `slower` at the plain level; judged with five
+    unchanged ones, as the gate judges a run, it is not, and every level is Holm's."""
+    from scipy import stats
+
+    half, se, rounds, k = math.log1p(0.10 / 2), 0.01, 20, 6
+    t = float(stats.t.isf(0.02, rounds - 1))
+    borderline = abstats.Estimate(rounds, half + t * se, se, 0.02)  # p = 0.02: 0.05 / 6 < p < 0.05
+    flat = abstats.Estimate(rounds, 0.0, se, float(stats.t.sf(-half / se, rounds - 1)))
+    assert abstats.verdict(borderline, 0.10, 0.05) == "slower", "the plant's level would flag it"
+    results = [ab.Comparison(f"bench{i}", {}, estimate=e) for i, e in enumerate([borderline] + [flat] * (k - 1))]
+    ab.judge(results, ab.Settings(threshold=0.10, alpha=0.05))
+    assert [r.level for r in results] == pytest.approx([0.05 / k] * k), [r.level for r in results]
+    assert results[0].verdict == "inconclusive", results[0].verdict
+    assert all(r.verdict == "unchanged" for r in results[1:]), [r.verdict for r in results]
+
+
 def test_whole_run_false_alarm_rate_and_power_under_the_measured_noise():
     """Simulated whole runs of six benchmarks, per-round log-ratio noise 7.5 % (the probe of this
     machine, docs/perf.md) and a bias of +2.6 % that identical workers showed: at most 5 % of
