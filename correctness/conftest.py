@@ -84,7 +84,7 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
-RANKS_MODULE = "test_reliability_ranks"
+RANKS_MODULE = "correctness.test_reliability_ranks"
 
 
 def pytest_collection_finish(session):
@@ -95,7 +95,7 @@ def pytest_collection_finish(session):
     if session.config.option.collectonly:
         return
     for item in session.items:
-        if item.module.__name__.rpartition(".")[2] == RANKS_MODULE and {"runs", "launchers"} & set(item.fixturenames):
+        if item.module.__name__ == RANKS_MODULE and {"runs", "launchers"} & set(item.fixturenames):
             factory = session.config._tmp_path_factory  # the tmp_path_factory fixture's, before any fixture runs
             item.module.start_scenario(factory.mktemp("ddp"))
             return
@@ -105,6 +105,5 @@ def pytest_sessionfinish(session):
     """Whatever a session stopped early (-x, Ctrl-C) left running of those runs is killed."""
     import sys
 
-    for name, module in list(sys.modules.items()):
-        if name.rpartition(".")[2] == RANKS_MODULE and hasattr(module, "stop_scenario"):
-            module.stop_scenario()
+    if RANKS_MODULE in sys.modules:
+        sys.modules[RANKS_MODULE].stop_scenario()

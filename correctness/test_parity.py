@@ -84,17 +84,18 @@ def fewest_examples(case) -> int:
 
 @st.composite
 def check_options(draw, fewest: int = 1, strategies=IN_PROCESS, max_devices: int = 4,
-                  max_batch: int = 16) -> CheckOptions:
+                  max_batch: int = 16) -> dict:
     """One strategy on one device count; a batch of at least `fewest` examples per device and
-    micro-step, divisible or not (the check adds a batch no device count divides)."""
+    micro-step, divisible or not (the check adds a batch no device count divides): CheckOptions
+    fields, as check_data_parallel takes them."""
     n = draw(st.integers(min_value=2, max_value=max_devices), label="devices")
     accumulate = draw(st.integers(min_value=1, max_value=3), label="accumulate")
     least = n * accumulate * fewest
     batch = draw(st.one_of(st.just(least), st.integers(min_value=least, max_value=max(least, max_batch))),
                  label="batch_size")
-    return CheckOptions(strategies=(draw(st.sampled_from(strategies), label="strategy"),), devices=(n,),
-                        batch_size=batch, steps=draw(st.integers(min_value=1, max_value=3), label="steps"),
-                        seed=draw(seeds, label="seed") % 2**16, accumulate=accumulate)
+    return dict(strategies=(draw(st.sampled_from(strategies), label="strategy"),), devices=(n,),
+                batch_size=batch, steps=draw(st.integers(min_value=1, max_value=3), label="steps"),
+                seed=draw(seeds, label="seed") % 2**16, accumulate=accumulate)
 
 
 def _assert_checked(report, what: str) -> None:
@@ -112,8 +113,8 @@ def test_in_process_strategies_match_single_device(case, exact_or_skip, fewest_e
     @settings(max_examples=case.examples)
     @given(options=check_options(fewest_examples, max_batch=16 * fewest_examples))
     def prop(options):
-        report = check_data_parallel(case.spec, **_fields(options))  # ParityError: the first divergence
-        _assert_checked(report, f"{case.spec.name}, {options.strategies[0]} on {options.devices[0]} devices")
+        report = check_data_parallel(case.spec, **options)  # ParityError: the first divergence
+        _assert_checked(report, f"{case.spec.name}, {options['strategies'][0]} on {options['devices'][0]} devices")
 
     prop()
 
@@ -130,6 +131,3 @@ def test_ddp_ranks_match_single_device(case, exact_or_skip, fewest_examples):
     started = [r for r in report.results if r.name == "start"]
     assert len(started) == len(case.ddp_world_sizes) and all(r.status == "pass" for r in started), started
 
-
-def _fields(options: CheckOptions) -> dict:
-    return {k: getattr(options, k) for k in ("strategies", "devices", "batch_size", "steps", "seed", "accumulate")}
