@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mgpu.config import (AMP_MODES, CHECK_STRATEGIES, DATA_NAMES, MODEL_NAMES, NONFINITE_POLICIES, STRATEGY_NAMES,
-                         CheckOptions, TrainConfig)
+from mgpu.config import (AMP_MODES, CHECK_STRATEGIES, DATA_NAMES, MODEL_NAMES, NONFINITE_POLICIES, RESHARD_MODES,
+                         SHARD_MODES, STRATEGY_NAMES, CheckOptions, TrainConfig)
 from mgpu.errors import ConfigError, LaunchError, MgpuError, NonFiniteLossError
 
 EXIT_FAILED = 1
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
     t.add_argument("--strategy", metavar=_one_of(STRATEGY_NAMES), default=d.strategy, help="how to spread the work")
     t.add_argument("--devices", type=_int, default=d.devices,
-                   help="devices (replicas, or ranks for ddp); emulated on the CPU when GPUs are short")
+                   help="devices (replicas, or ranks for ddp and fsdp); emulated on the CPU when GPUs are short")
     t.add_argument("--require-gpus", action="store_true", help="fail instead of emulating missing GPUs")
     t.add_argument("--epochs", type=_int, default=d.epochs)
     t.add_argument("--batch-size", type=_int, default=d.batch_size, help="global batch size")
@@ -114,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--accumulate", type=_int, default=d.accumulate, metavar="K",
                    help="gradient accumulation: each global batch in K micro-steps per device, gradients synchronised "
                         "on the last (under ddp: no_sync before it)")
+    t.add_argument("--shard", metavar=_one_of(SHARD_MODES), default=d.shard,
+                   help="fsdp: fully_shard each block (residual block, layer) then the root, or the whole model as one")
+    t.add_argument("--reshard-after-forward", metavar=_one_of(RESHARD_MODES), default=d.reshard_after_forward,
+                   help="fsdp: free the gathered weights after forward and gather them again for backward (less "
+                        "memory), or keep them (less communication)")
     t.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in --checkpoint-dir (starts afresh, saying so, if there is none)")
     _add_check_parser(commands)

@@ -12,17 +12,19 @@ from dataclasses import asdict, dataclass
 
 from mgpu.errors import ConfigError
 
-STRATEGY_NAMES = ("single", "manual", "dataparallel", "ddp")
+STRATEGY_NAMES = ("single", "manual", "dataparallel", "ddp", "fsdp")
 MODEL_NAMES = ("resnet18", "lenet")
 DATA_NAMES = ("synthetic", "fashion-mnist")
 NONFINITE_POLICIES = ("error", "skip")
 AMP_MODES = ("off", "bf16")
+SHARD_MODES = ("block", "model")   # fsdp: a fully_shard per block, then the root; or the root only
+RESHARD_MODES = ("on", "off")      # fsdp: free the gathered parameters after forward (gather again in backward)
 
 
 @dataclass
 class TrainConfig:
-    strategy: str = "single"          # how the work is spread: single | manual | dataparallel | ddp
-    devices: int = 1                  # devices (replicas for manual, processes for ddp); emulated on CPU if GPUs are short
+    strategy: str = "single"          # how the work is spread: single | manual | dataparallel | ddp | fsdp
+    devices: int = 1                  # devices (replicas for manual, processes for ddp and fsdp); emulated on CPU if GPUs are short
     require_gpus: bool = False        # fail instead of emulating when fewer GPUs than `devices` exist
     epochs: int = 10                  # passes over the training set
     batch_size: int = 256             # global batch: split over the devices, never per device
@@ -50,6 +52,8 @@ class TrainConfig:
     channels_last: bool = False       # images and convolution weights in channels-last memory layout
     data_on_device: bool = False      # CUDA: the whole dataset on the first device once (no-op on the CPU)
     accumulate: int = 1               # micro-steps per global batch, gradients synchronised on the last only
+    shard: str = "block"              # fsdp: block (fully_shard each block, then the root) | model (the root only)
+    reshard_after_forward: str = "on"  # fsdp: on (free gathered weights after forward) | off (keep them for backward)
 
     def validate(self) -> "TrainConfig":
         """Raise ConfigError naming the first bad setting; return self when all are fine."""
@@ -58,6 +62,8 @@ class TrainConfig:
         _choice("data", self.data, DATA_NAMES)
         _choice("on_nonfinite", self.on_nonfinite, NONFINITE_POLICIES)
         _choice("amp", self.amp, AMP_MODES)
+        _choice("shard", self.shard, SHARD_MODES)
+        _choice("reshard_after_forward", self.reshard_after_forward, RESHARD_MODES)
         for name in ("devices", "epochs", "batch_size", "width", "accumulate"):
             _positive_int(name, getattr(self, name))
         for name in ("resize", "train_size", "test_size"):
@@ -86,8 +92,17 @@ class TrainConfig:
             raise ConfigError("resume needs a checkpoint directory (--checkpoint-dir)")
         if self.checkpoint_dir is not None and not isinstance(self.checkpoint_dir, (str, os.PathLike)):
             raise ConfigError(f"checkpoint dir must be a path, got {self.checkpoint_dir!r}")
+        if self.sync_bn and self.strategy == "fsdp":
+            raise ConfigError("sync_bn (--sync-bn) is not supported with the fsdp strategy: SyncBatchNorm is converted "
+                              "for ddp only; fsdp's BatchNorm statistics follow the ddp rules (each rank's shard, "
+                              "rank 0's kept)")
         if self.sync_bn and self.strategy != "ddp":
             raise ConfigError(f"sync_bn (--sync-bn) applies to the ddp strategy only, not {self.strategy!r}")
+        if self.strategy != "fsdp":
+            for name, default in (("shard", "block"), ("reshard_after_forward", "on")):
+                if getattr(self, name) != default:
+                    raise ConfigError(f"{name} (--{name.replace('_', '-')}) applies to the fsdp strategy only, "
+                                      f"not {self.strategy!r}")
         return self
 
     def to_dict(self) -> dict:
@@ -120,7 +135,7 @@ CHECK_STRATEGIES = STRATEGY_NAMES
 class CheckOptions:
     """Settings of a parity check (mgpu/parity/check.py), validated like TrainConfig."""
 
-    strategies: tuple[str, ...] = ("manual", "dataparallel", "ddp")
+    strategies: tuple[str, ...] = ("manual", "dataparallel", "ddp", "fsdp")
     devices: tuple[int, ...] = (2, 3)
     batch_size: int = 12           # global batch of the plain and accumulation runs
     steps: int = 3                 # optimizer steps per run

@@ -51,9 +51,11 @@ class CheckpointSaver(Callback):
     def on_epoch_end(self, trainer: Trainer, epoch: int, stats: EpochStats) -> None:
         self.history.append(stats)
         s = trainer.strategy
+        # On every rank: under fsdp, gathering the full state is a collective (rank 0 gets it).
+        model_state, optimizer_state = s.model_state_dict(), s.optimizer_state_dict()
         if s.is_main:
-            checkpoint.save(self.cfg.checkpoint_dir, cfg=self.cfg, epoch=epoch + 1, model_state=s.model_state_dict(),
-                            optimizer_state=s.optimizer_state_dict(), history=[asdict(e) for e in self.history])
+            checkpoint.save(self.cfg.checkpoint_dir, cfg=self.cfg, epoch=epoch + 1, model_state=model_state,
+                            optimizer_state=optimizer_state, history=[asdict(e) for e in self.history])
 
 
 def _data_on_device(loaders: tuple[BatchLoader, ...], device: torch.device) -> None:

@@ -158,14 +158,18 @@ def _run_in_process(spec, model, name: str, n: int, plan: Plan, options: CheckOp
         strategy.teardown()
 
 
+RANK_STRATEGIES = ("ddp", "fsdp")  # one process per device: each run is a spawn of its ranks
+
+
 def _label(name: str, n: int) -> str:
-    return f"{name} on {n} {'ranks' if name == 'ddp' else 'devices' if n > 1 else 'device'}"
+    return f"{name} on {n} {'ranks' if name in RANK_STRATEGIES else 'devices' if n > 1 else 'device'}"
 
 
 @dataclass
 class RankJob:
-    """What each DDP rank of a check runs (picklable: the ranks are fresh processes)."""
+    """What each rank of a ddp or fsdp check runs (picklable: the ranks are fresh processes)."""
 
+    strategy: str              # ddp | fsdp
     source: str | None
     spec_options: dict
     spec_blob: bytes | None
@@ -180,26 +184,24 @@ class RankJob:
         return load_spec(self.source, **self.spec_options)
 
 
-def ddp_rank_main(job: RankJob):
-    """In each rank: the plans under DDP; rank 0 returns every rank's recordings, [plan][rank]."""
+def rank_main(job: RankJob):
+    """In each rank: the plans under ddp or fsdp; rank 0 returns every rank's recordings, [plan][rank]."""
     import torch.distributed as dist
 
-    from mgpu.strategies import DistributedDataParallel
-
     spec = job.spec()
-    strategy = _strategy_for("ddp", int(os.environ["WORLD_SIZE"]), job.options.step_timeout or 60.0)
+    strategy = _strategy_for(job.strategy, int(os.environ["WORLD_SIZE"]), job.options.step_timeout or 60.0)
     try:
         strategy.find_unused_parameters = job.find_unused
         rank, world = strategy.rank, strategy.world_size
         out = []
         for plan in job.plans:
-            model = spec.build_seeded(job.options.seed + 7919 * rank)  # ranks start apart: DDP must make them equal
+            model = spec.build_seeded(job.options.seed + 7919 * rank)  # ranks start apart: the strategy must make them equal
             switch_off_dropout(model)
             if rank == 0:
                 load_snapshot(model, job.initial)
             strategy.use_objective(spec.objective)
-            DistributedDataParallel.setup(strategy, model, make_optimizer(job.options, spec))
-            rec = record_strategy(strategy, spec, plan, label=f"{_label('ddp', world)} (rank {rank})",
+            strategy.setup(model, make_optimizer(job.options, spec))
+            rec = record_strategy(strategy, spec, plan, label=f"{_label(job.strategy, world)} (rank {rank})",
                                   timeout_s=job.options.step_timeout)
             gathered = [None] * world if rank == 0 else None
             dist.gather_object(rec, gathered, dst=0)  # to rank 0 only: every rank's copy of all would cost memory
@@ -412,35 +414,35 @@ def _run_check(spec: ModelSpec, options: CheckOptions | None, progress) -> Repor
     skip_exact = ("the model draws random numbers in forward beyond dropout: the runs cannot be compared exactly"
                   if traits.other_randomness else None)
 
-    ddp_records = {}
-    ddp_failure = None
+    rank_records: dict = {}  # (strategy, n) -> [plan][rank] recordings, or why the run crashed
+    rank_failure = None      # why no rank run can start (the spec cannot reach the ranks)
     for name, n in options.runs():
-        if name != "ddp":
+        if name not in RANK_STRATEGIES:
             continue
         blob, why_not = _spec_blob(spec)
         if why_not:
-            ddp_failure = why_not
+            rank_failure = why_not
             break
-        say(f"check: {_label('ddp', n)}: starting {n} ranks")
-        job = RankJob(spec.source, dict(spec.options), blob, snapshot(model), list(plans.values()), options,
+        say(f"check: {_label(name, n)}: starting {n} ranks")
+        job = RankJob(name, spec.source, dict(spec.options), blob, snapshot(model), list(plans.values()), options,
                       find_unused=bool(traits.unused))
         try:
-            ddp_records[n] = _spawn_ddp(job, n, options)
+            rank_records[name, n] = _spawn_ranks(job, n, options)
         except LaunchError as e:  # a rank crashed in the model's code: that run fails, the others go on
-            ddp_records[n] = f"the run crashed: {str(e).splitlines()[0]}"
+            rank_records[name, n] = f"the run crashed: {str(e).splitlines()[0]}"
 
     for name, n in options.runs():
-        if name == "ddp" and ddp_failure:
-            add(CheckResult("all", name, n, "skipped", ddp_failure))
+        if name in RANK_STRATEGIES and rank_failure:
+            add(CheckResult("all", name, n, "skipped", rank_failure))
             continue
-        if name == "ddp" and isinstance(ddp_records[n], str):
-            add(CheckResult("all", name, n, "fail", ddp_records[n], reproduce=repro(name, n, plans["plain"])))
+        if name in RANK_STRATEGIES and isinstance(rank_records[name, n], str):
+            add(CheckResult("all", name, n, "fail", rank_records[name, n], reproduce=repro(name, n, plans["plain"])))
             continue
         recs = {}
         try:
             for kind, plan in plans.items():
-                if name == "ddp":
-                    recs[kind] = _ddp_recording(ddp_records[n][list(plans).index(kind)])
+                if name in RANK_STRATEGIES:
+                    recs[kind] = _rank_recording(rank_records[name, n][list(plans).index(kind)])
                 else:
                     recs[kind] = _run_in_process(spec, model, name, n, plan, options)
         except MgpuError:
@@ -454,7 +456,7 @@ def _run_check(spec: ModelSpec, options: CheckOptions | None, progress) -> Repor
     return report
 
 
-def _ddp_recording(per_rank: list[Recording]) -> Recording:
+def _rank_recording(per_rank: list[Recording]) -> Recording:
     """One Recording whose replicas are the ranks."""
     first = per_rank[0]
     return Recording(states=[[rec.states[s][0] for rec in per_rank] for s in range(len(first.states))],
@@ -462,13 +464,13 @@ def _ddp_recording(per_rank: list[Recording]) -> Recording:
                      ties=[rec.ties[0] for rec in per_rank], shards=first.shards * len(per_rank))
 
 
-def _spawn_ddp(job: RankJob, n: int, options: CheckOptions):
+def _spawn_ranks(job: RankJob, n: int, options: CheckOptions):
     from mgpu.launch import spawn
 
     steps = sum(p.steps + 1 for p in job.plans)
     deadline = None if options.step_timeout is None else 60.0 + steps * options.step_timeout
     try:
-        return pickle.loads(spawn(ddp_rank_main, job, nprocs=n, deadline_s=deadline))
+        return pickle.loads(spawn(rank_main, job, nprocs=n, deadline_s=deadline))
     except LaunchError as e:
         text = str(e)
         if "CheckTimeout" in text.splitlines()[0]:
@@ -491,7 +493,7 @@ def _judge(name, n, recs, plans, refs, traits, skip_exact, add, repro) -> None:
             cause = None
             if replicas and replicas.tensor.startswith("buffer "):
                 buf = replicas.tensor.split(" ", 1)[1]
-                cause = f"buffer {buf} is not synchronised between {'ranks' if name == 'ddp' else 'replicas'}"
+                cause = f"buffer {buf} is not synchronised between {'ranks' if name in RANK_STRATEGIES else 'replicas'}"
             add(_result("replicas", name, n, replicas, {}, repro(name, n, plan), cause=cause))
             if traits.ties:
                 untied = next(((r, t) for r, t in enumerate(rec.ties) if t != traits.ties), None)

@@ -11,7 +11,7 @@ correct]. The strategy is driven through the calls the Trainer makes (`forward_b
 `all_sum`, `optimizer_step`), so what is recorded is what training does.
 
 A replica's state after step s is read right after the step: every replica (or rank) of mgpu's
-strategies must hold the same weights and buffers then (manual and ddp copy the first device's
+strategies must hold the same weights and buffers then (manual, ddp and fsdp copy the first device's
 buffers to the others after each step; torch's DDP alone would do so only at the start of the next
 forward, so that after the last step BatchNorm statistics differ between ranks).
 
@@ -69,21 +69,30 @@ class Recording:
     shards: int = 1  # how many shards the global batch was cut into (a DataParallel pass-through: 1)
 
 
+def _cpu(t: torch.Tensor) -> torch.Tensor:
+    """A detached CPU copy of a tensor, whole: a sharded one (a DTensor, under fsdp) is gathered
+    first, a collective every rank makes at the same point."""
+    full_tensor = getattr(t, "full_tensor", None)
+    if callable(full_tensor):
+        t = full_tensor()
+    return t.detach().to("cpu", copy=True)
+
+
 def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and buffer (persistent or not), detached CPU float copies, by kind and name."""
-    state = {f"weight {n}": p.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
-    state.update({f"buffer {n}": b.detach().to("cpu", copy=True) for n, b in model.named_buffers()})
+    state = {f"weight {n}": _cpu(p) for n, p in model.named_parameters()}
+    state.update({f"buffer {n}": _cpu(b) for n, b in model.named_buffers()})
     return state
 
 
 def _grads(model: nn.Module) -> dict:
-    return {n: None if p.grad is None else p.grad.detach().to("cpu", copy=True) for n, p in model.named_parameters()}
+    return {n: None if p.grad is None else _cpu(p.grad) for n, p in model.named_parameters()}
 
 
 def _cpu_copy(obj):
-    """A deep copy with every tensor on the CPU."""
+    """A deep copy with every tensor on the CPU (sharded ones gathered whole)."""
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
+        return _cpu(obj)
     if isinstance(obj, dict):
         return {k: _cpu_copy(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

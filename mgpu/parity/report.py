@@ -21,7 +21,7 @@ _STATUS_ORDER = ("fail", "finding", "skipped", "pass")
 def _who(result: CheckResult) -> str:
     if result.strategy is None:
         return "model"
-    unit = "rank" if result.strategy == "ddp" else "device"
+    unit = "rank" if result.strategy in ("ddp", "fsdp") else "device"
     return f"{result.strategy} x{result.devices} {unit}{'s' if result.devices != 1 else ''}"
 
 
@@ -81,7 +81,7 @@ def table(report: Report) -> str:
 
 
 def _unit(result: CheckResult) -> str:
-    return "rank" if result.strategy == "ddp" else "replica"
+    return "rank" if result.strategy in ("ddp", "fsdp") else "replica"
 
 
 def failure_message(report: Report, result: CheckResult) -> str:

@@ -5,10 +5,12 @@ from mgpu.errors import ConfigError
 from mgpu.strategies.base import Strategy
 from mgpu.strategies.dataparallel import DataParallel
 from mgpu.strategies.ddp import DistributedDataParallel
+from mgpu.strategies.fsdp import FullyShardedDataParallel
 from mgpu.strategies.manual import Manual
 from mgpu.strategies.single import SingleDevice
 
-STRATEGIES = {cls.name: cls for cls in (SingleDevice, Manual, DataParallel, DistributedDataParallel)}
+STRATEGIES = {cls.name: cls for cls in (SingleDevice, Manual, DataParallel, DistributedDataParallel,
+                                       FullyShardedDataParallel)}
 assert tuple(STRATEGIES) == STRATEGY_NAMES
 
 
@@ -20,4 +22,4 @@ def get_strategy(name: str) -> type[Strategy]:
 
 
 __all__ = ["Strategy", "STRATEGIES", "get_strategy", "SingleDevice", "Manual", "DataParallel",
-           "DistributedDataParallel"]
+           "DistributedDataParallel", "FullyShardedDataParallel"]

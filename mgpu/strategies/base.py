@@ -52,6 +52,13 @@ def cpu_state_dict(module: nn.Module) -> dict:
     return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    """Bytes of a tensor on this process: a DTensor's local shard, a plain tensor whole."""
+    to_local = getattr(t, "to_local", None)
+    local = to_local() if callable(to_local) else t
+    return local.numel() * local.element_size()
+
+
 def micro_batches(X, y: torch.Tensor, micro_steps: int):
     """(X, y) cut into `micro_steps` contiguous pieces, in order (empty pieces left out)."""
     n = y.shape[0]
@@ -209,6 +216,21 @@ class Strategy(ABC):
 
     def optimizer_state_dict(self) -> dict:
         return copy.deepcopy(self.optimizers()[0].state_dict())
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes one device of this process holds for training state: the parameters, their
+        gradients (one per trainable parameter, as a step holds them) and the optimizer state; a
+        sharded tensor (FSDP) counts its local shard only. On CUDA also `peak_allocated`, the
+        most memory the device had allocated (activations included) since the process started."""
+        params = list(self.modules()[0].parameters())
+        state = [t for s in self.optimizers()[0].state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        out = {"parameters": sum(_nbytes(p) for p in params),
+               "gradients": sum(_nbytes(p) for p in params if p.requires_grad),
+               "optimizer": sum(_nbytes(t) for t in state)}
+        device = self.devices[0]
+        if device.type == "cuda":
+            out["peak_allocated"] = int(torch.cuda.max_memory_allocated(device))
+        return out
 
     def load_state_dicts(self, model_state: dict, optimizer_state: dict | None = None) -> None:
         """Load the same weights (and optimizer state) into every replica."""
