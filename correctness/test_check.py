@@ -249,7 +249,7 @@ BAD = [
     ([f"{MODELS}:plain_module"], "give the shape of one input image with --input-shape"),
     ([f"{MODELS}:mlp", "--accumulate", "0"], "accumulate must be a positive integer"),
     ([f"{MODELS}:mlp", "--batch-size", "2", "--devices", "3"], "smaller than 3 devices"),
-    ([f"{MODELS}:mlp", "--strategies", "fsdp"], "unknown strategy 'fsdp'"),
+    ([f"{MODELS}:mlp", "--strategies", "zero3"], "unknown strategy 'zero3'"),
     ([f"{MODELS}:mlp", "--devices", "two"], "devices must be comma-separated integers"),
     (["nocolon"], "model must be MODULE:FUNCTION"),
     ([f"{MODELS}:hangs", "--strategies", "manual", "--devices", "2", "--step-timeout", "0.5"],

@@ -107,8 +107,20 @@ def _no_gpus(n: int):
 
 CASES = [
     # names
-    Case("unknown-strategy", ["--strategy", "fsdp"],
-         r"unknown strategy 'fsdp': choose one of single, manual, dataparallel, ddp", dict(strategy="fsdp")),
+    Case("unknown-strategy", ["--strategy", "zero3"],
+         r"unknown strategy 'zero3': choose one of single, manual, dataparallel, ddp, fsdp$", dict(strategy="zero3")),
+    Case("unknown-shard", ["--strategy", "fsdp", "--shard", "layer"], r"unknown shard 'layer': choose one of block, model$",
+         dict(strategy="fsdp", shard="layer")),
+    Case("unknown-reshard", ["--strategy", "fsdp", "--reshard-after-forward", "yes"],
+         r"unknown reshard_after_forward 'yes': choose one of on, off$",
+         dict(strategy="fsdp", reshard_after_forward="yes")),
+    Case("shard-without-fsdp", ["--strategy", "ddp", "--shard", "model"],
+         r"shard \(--shard\) applies to the fsdp strategy only, not 'ddp'$", dict(strategy="ddp", shard="model")),
+    Case("reshard-without-fsdp", ["--reshard-after-forward", "off"],
+         r"reshard_after_forward \(--reshard-after-forward\) applies to the fsdp strategy only, not 'single'$",
+         dict(reshard_after_forward="off")),
+    Case("sync-bn-with-fsdp", ["--strategy", "fsdp", "--devices", "2", "--sync-bn"],
+         r"sync_bn \(--sync-bn\) is not supported with the fsdp strategy", dict(strategy="fsdp", devices=2, sync_bn=True)),
     Case("unknown-model", ["--model", "vgg16"], r"unknown model 'vgg16': choose one of resnet18, lenet",
          dict(model="vgg16")),
     Case("unknown-data", ["--data", "cifar10"], r"unknown data 'cifar10': choose one of synthetic, fashion-mnist",
@@ -252,6 +264,22 @@ def test_api_bad_input_raises_a_specific_error(case, tmp_path, busy_port):
     assert "\n" not in str(info.value), f"{case.id}: message must be one line: {info.value}"
 
 
+@pytest.mark.parametrize("command", ["train", "check"])
+def test_fsdp_on_a_torch_without_fully_shard_is_one_line_before_any_rank_starts(command, tmp_path, monkeypatch, capsys):
+    """torch < 2.6 has no public fully_shard: the run says which version it needs, and starts no rank."""
+    from mgpu import launch
+    from mgpu.strategies import fsdp
+
+    monkeypatch.setattr(fsdp, "fully_shard_available", lambda: False)
+    monkeypatch.setattr(launch, "spawn", lambda *a, **k: pytest.fail("a rank was started"))
+    argv = (["train", *BASE_ARGS, "--strategy", "fsdp", "--devices", "2", "--out", str(tmp_path / "out")]
+            if command == "train" else ["check", "lenet", "--strategies", "fsdp", "--devices", "2"])
+    code, err = run_cli(argv, capsys)
+    assert code == 2 and err.strip().splitlines() == [
+        f"mgpu: error: the fsdp strategy needs torch >= 2.6 (torch.distributed.fsdp.fully_shard); "
+        f"this is torch {torch.__version__}"], (code, err)
+
+
 # -- mistakes only the API can make ------------------------------------------------------------------
 
 def _spawn_on_busy_port(port):
@@ -299,14 +327,14 @@ def test_real_process_prints_one_line_and_exits_2(argv, message, tmp_path):
 @pytest.mark.timeout(60)
 def test_help_and_bad_values_answer_without_importing_torch():
     code = ("import sys\nfrom mgpu.cli import main\n"
-            "for argv in (['train', '--help'], ['train', '--epochs', '0'], ['train', '--strategy', 'fsdp']):\n"
+            "for argv in (['train', '--help'], ['train', '--epochs', '0'], ['train', '--strategy', 'zero3']):\n"
             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
             "print('torch imported:', 'torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=50)
     assert proc.stdout.strip().splitlines()[-1] == "torch imported: False", proc.stdout + proc.stderr
     assert proc.stderr.splitlines() == ["mgpu: error: epochs must be a positive integer, got 0",
-                                        "mgpu: error: unknown strategy 'fsdp': choose one of single, manual, "
-                                        "dataparallel, ddp"], proc.stderr
+                                        "mgpu: error: unknown strategy 'zero3': choose one of single, manual, "
+                                        "dataparallel, ddp, fsdp"], proc.stderr
 
 
 def test_config_or_exit_turns_validates_error_into_the_one_line_usage_error(capsys):

@@ -386,6 +386,10 @@ def _run_check(spec: ModelSpec, options: CheckOptions | None, progress) -> Repor
     if not isinstance(spec, ModelSpec):
         raise SpecError(f"run_check needs an mgpu.ModelSpec, got {type(spec).__name__} (load_spec('MODULE:FUNCTION') makes one)")
     say = progress or (lambda line: None)
+    if "fsdp" in options.strategies:
+        from mgpu.strategies.fsdp import check_fsdp_supported
+
+        check_fsdp_supported()
     plans = make_plans(options)
     with step_timeout(options.step_timeout and 4 * options.step_timeout, f"{spec.name}: the first forwards (probing the model)"):
         validate_spec(spec, batch_size=min(options.batch_size, 4), seed=options.seed)
