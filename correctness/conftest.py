@@ -37,23 +37,23 @@ def native_cpu_conv():
 
 
 @pytest.fixture(scope="session")
-def ddp_runs():
-    """`ddp_runs(world_size)`: the suite's shared DDP runs (helpers.spawn_ddp_runs), spawned at
+def rank_runs():
+    """`rank_runs(world_size)`: the suite's shared ddp and fsdp runs (helpers.spawn_rank_runs), spawned at
     most once per world size and session, on first use. A failed spawn is kept too, so that every
     test needing that world size reports it rather than spawning again."""
-    from correctness.helpers import spawn_ddp_runs
+    from correctness.helpers import spawn_rank_runs
 
     outcomes = {}
 
     def get(world_size: int):
         if world_size not in outcomes:
             try:
-                outcomes[world_size] = spawn_ddp_runs(world_size)
+                outcomes[world_size] = spawn_rank_runs(world_size)
             except Exception as e:
                 outcomes[world_size] = e
         outcome = outcomes[world_size]
         if isinstance(outcome, Exception):
-            raise AssertionError(f"the DDP run with {world_size} ranks failed: {outcome}") from outcome
+            raise AssertionError(f"the ddp and fsdp runs with {world_size} ranks failed: {outcome}") from outcome
         return outcome
 
     return get

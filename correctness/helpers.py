@@ -1,10 +1,11 @@
 """Shared pieces of the correctness suite: models and batches, reference gradients, comparisons
-that say where and by how much two results differ, and the few DDP runs the suite shares.
+that say where and by how much two results differ, and the few DDP and FSDP runs the suite shares.
 
-Starting a DDP rank costs seconds (each imports torch), so every multi-process check of the
-suite rides on one spawned run per world size (`spawn_ddp_runs`), started once per test session
-by the session fixture `ddp_runs` (correctness/conftest.py) and shared by test_weights,
-test_determinism and test_evaluation.
+Starting ranks costs seconds, so every multi-process check of the suite rides on one spawned run
+per world size (`spawn_rank_runs`: ddp's and fsdp's training and evaluation, one after the other in
+the same ranks), started once per test session by the session fixture `rank_runs`
+(correctness/conftest.py) and shared by test_weights, test_determinism, test_evaluation and
+test_memory.
 
 This module is imported by the spawned ranks too: it must not import hypothesis or the root
 conftest.
@@ -29,7 +30,7 @@ from mgpu.data import BatchLoader, ImageDataset
 from mgpu.launch import free_port, spawn
 from mgpu.models import build_model, lenet, resnet18
 from mgpu.parity.compare import assert_tensors_close, max_abs_diff  # noqa: F401  (one copy: the check's)
-from mgpu.strategies import DistributedDataParallel, Manual
+from mgpu.strategies import DistributedDataParallel, Manual, get_strategy
 
 # A DDP run of the suite gets this long before spawn() stops every rank and names the stragglers.
 DDP_DEADLINE_S = 120.0
@@ -164,16 +165,17 @@ class TrainJob:
 
 @dataclass
 class EvalJob:
-    """Trainer.evaluate under DDP for fixed LeNet weights, over several test sets."""
+    """Trainer.evaluate under ddp (or fsdp) for fixed LeNet weights, over several test sets."""
     state_dict: dict
     cases: list
+    strategy: str = "ddp"
     port: int = field(default_factory=free_port)
 
     def run(self) -> list[float]:
-        cfg = run_config("ddp", int(os.environ["WORLD_SIZE"]))
+        cfg = run_config(self.strategy, int(os.environ["WORLD_SIZE"]))
         model = lenet()
         model.load_state_dict(self.state_dict)
-        strategy = DistributedDataParallel.create(cfg)
+        strategy = get_strategy(self.strategy).create(cfg)
         try:
             return [evaluate(strategy, model, case.loader()) for case in self.cases]
         finally:
@@ -217,23 +219,29 @@ def eval_cases(seed: int = 11) -> tuple[dict, list[EvalCase]]:
 
 
 @dataclass
-class DdpRuns:
+class RankRuns:
     world_size: int
-    weights: object              # RunResult of weights_config("ddp", world_size)
-    weights_again: object        # the same run repeated (world size 2 only), for determinism
-    accuracies: list[float]      # evaluate() of eval_cases() under DDP
+    weights: dict                # strategy (ddp, fsdp) -> RunResult of weights_config(strategy, world_size)
+    weights_again: object        # the ddp run repeated (world size 2 only), for determinism
+    accuracies: dict             # strategy -> evaluate() of eval_cases() under it
 
 
-def spawn_ddp_runs(world_size: int) -> DdpRuns:
-    """The suite's DDP runs with `world_size` gloo ranks, in one spawn. Tests get them through the
-    session fixture `ddp_runs` (correctness/conftest.py), which spawns each world size once."""
+RANK_STRATEGIES = ("ddp", "fsdp")
+
+
+def spawn_rank_runs(world_size: int) -> RankRuns:
+    """The suite's ddp and fsdp runs with `world_size` gloo ranks, in one spawn. Tests get them
+    through the session fixture `rank_runs` (correctness/conftest.py), which spawns each world
+    size once."""
     state_dict, cases = eval_cases()
-    jobs = [TrainJob(weights_config("ddp", world_size))]
+    jobs = [TrainJob(weights_config(s, world_size)) for s in RANK_STRATEGIES]
+    jobs += [EvalJob(state_dict, cases, s) for s in RANK_STRATEGIES]
     if world_size == 2:
         jobs.append(TrainJob(weights_config("ddp", world_size)))
-    jobs.append(EvalJob(state_dict, cases))
     results = spawn(run_jobs_in_rank, jobs, nprocs=world_size, deadline_s=DDP_DEADLINE_S)
-    return DdpRuns(world_size, results[0], results[1] if world_size == 2 else None, results[-1])
+    k = len(RANK_STRATEGIES)
+    return RankRuns(world_size, dict(zip(RANK_STRATEGIES, results[:k])), results[2 * k] if world_size == 2 else None,
+                    dict(zip(RANK_STRATEGIES, results[k:2 * k])))
 
 
 def syncbn_gradients_in_rank(args) -> dict:

@@ -31,10 +31,10 @@ def test_same_seed_twice_gives_bitwise_equal_weights(strategy, n):
 
 
 @pytest.mark.multiprocess
-def test_ddp_same_seed_twice_gives_bitwise_equal_weights(ddp_runs):
+def test_ddp_same_seed_twice_gives_bitwise_equal_weights(rank_runs):
     # Both runs happen in the same two rank processes, each in a fresh process group.
-    runs = ddp_runs(2)
-    assert_tensors_close(runs.weights_again.state_dict, runs.weights.state_dict, exact=True,
+    runs = rank_runs(2)
+    assert_tensors_close(runs.weights_again.state_dict, runs.weights["ddp"].state_dict, exact=True,
                          where="ddp over 2 gloo processes, seed 7: second run vs first (rank 0)")
-    assert_some_weight_differs(runs.weights.state_dict, train(dataclasses.replace(weights_config("single"), seed=8)).state_dict,
+    assert_some_weight_differs(runs.weights["ddp"].state_dict, train(dataclasses.replace(weights_config("single"), seed=8)).state_dict,
                                "ddp seed 7 vs single seed 8")

@@ -41,8 +41,11 @@ def test_manual_accuracy_equals_single_device_accuracy_exactly(split, seed):
 @pytest.mark.parametrize("strategy, n", [("manual", 1), ("manual", 2), ("manual", 3),
                                          pytest.param("ddp", 1, marks=pytest.mark.multiprocess),
                                          pytest.param("ddp", 2, marks=pytest.mark.multiprocess),
-                                         pytest.param("ddp", 3, marks=pytest.mark.multiprocess)])
-def test_accuracy_over_1_2_3_devices_equals_single_device_exactly(strategy, n, ddp_runs):
+                                         pytest.param("ddp", 3, marks=pytest.mark.multiprocess),
+                                         pytest.param("fsdp", 1, marks=pytest.mark.multiprocess),
+                                         pytest.param("fsdp", 2, marks=pytest.mark.multiprocess),
+                                         pytest.param("fsdp", 3, marks=pytest.mark.multiprocess)])
+def test_accuracy_over_1_2_3_devices_equals_single_device_exactly(strategy, n, rank_runs):
     state_dict, cases = eval_cases()
     model = lenet()
     model.load_state_dict(state_dict)
@@ -50,9 +53,9 @@ def test_accuracy_over_1_2_3_devices_equals_single_device_exactly(strategy, n, d
     if strategy == "manual":
         accuracies = [evaluate(Manual(devices(n)), model, case.loader()) for case in cases]
     elif n == 1:
-        accuracies = run_job_in_this_process(EvalJob(state_dict, cases))  # a world of one: no spawn needed
+        accuracies = run_job_in_this_process(EvalJob(state_dict, cases, strategy))  # a world of one: no spawn needed
     else:
-        accuracies = ddp_runs(n).accuracies
+        accuracies = rank_runs(n).accuracies[strategy]
     for case, accuracy in zip(cases, accuracies, strict=True):
         single = evaluate(SingleDevice(devices(1)), model, case.loader())
         assert single == expected_accuracy(case, model), f"single device: accuracy {single} on {case.describe()}"

@@ -312,7 +312,7 @@ def test_ctrl_c_stops_every_rank(runs):
     assert not run.leftover, "processes left behind:\n" + "\n".join(run.leftover)
 
 
-def test_concurrent_ddp_runs_do_not_collide(runs):
+def test_concurrent_rank_runs_do_not_collide(runs):
     reference, killed = _run(runs, "reference"), _run(runs, "killed")
     assert reference.code == 0, f"the reference run failed next to four others:\n{reference.stderr}"
     assert not reference.leftover

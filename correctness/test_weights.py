@@ -1,5 +1,5 @@
 """Property 2: after k >= 3 SGD steps with momentum and weight decay, on data reshuffled between
-steps, the weights of single, manual (2 and 3 emulated devices), DDP (2 and 3 gloo processes)
+steps, the weights of single, manual (2 and 3 emulated devices), DDP and FSDP (2 and 3 gloo processes)
 and, on 2+ GPUs, DataParallel agree within float32 tolerance.
 
 The runs go through `mgpu.run.train`, the code behind `python -m mgpu train`. Batches of 25 over
@@ -45,10 +45,13 @@ def test_manual_weights_match_single_device_after_k_steps(n, single_device_weigh
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_ddp_weights_match_single_device_after_k_steps(world_size, ddp_runs, single_device_weights):
-    check_against_single(ddp_runs(world_size).weights.state_dict, single_device_weights,
-                         f"ddp rank 0 of {world_size} gloo processes")
+def test_rank_strategies_weights_match_single_device_after_k_steps(strategy, world_size, rank_runs,
+                                                                   single_device_weights):
+    """ddp, and fsdp (whose model.pt is the full state gathered from the shards), on 2 and 3 ranks."""
+    check_against_single(rank_runs(world_size).weights[strategy].state_dict, single_device_weights,
+                         f"{strategy} rank 0 of {world_size} gloo processes")
 
 
 @requires_gpus(2)

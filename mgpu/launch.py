@@ -55,7 +55,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, r
 from mgpu import errors
 from mgpu.errors import LaunchError
 
-__all__ = ["free_port", "check_port_free", "spawn", "under_launcher", "Terminated"]
+__all__ = ["free_port", "check_port_free", "spawn", "under_launcher", "is_global_rank_0", "Terminated"]
 
 # After the ranks are told to stop (SIGTERM), they get this long before SIGKILL.
 TERMINATE_GRACE_S = 3
@@ -90,6 +90,11 @@ class Terminated(KeyboardInterrupt):
 def under_launcher() -> bool:
     """True inside a rank started by torchrun or by `spawn`."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def is_global_rank_0() -> bool:
+    """True outside any launcher, and in the rank whose RANK is 0 (on whichever node it runs)."""
+    return not under_launcher() or os.environ["RANK"] == "0"
 
 
 def free_port(host: str = "127.0.0.1") -> int:

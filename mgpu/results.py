@@ -31,6 +31,10 @@ class EpochStats:
     skipped_steps: int = 0  # steps whose update was skipped for a non-finite loss
 
 
+MEMORY_LABELS = (("parameters", "parameters"), ("gradients", "gradients"), ("optimizer", "optimizer state"),
+                 ("peak_allocated", "peak allocated"))
+
+
 @dataclass
 class RunResult:
     config: dict
@@ -39,6 +43,7 @@ class RunResult:
     epochs: list[EpochStats]
     versions: dict
     state_dict: dict = field(repr=False, default_factory=dict)  # final weights, CPU tensors
+    memory: dict = field(default_factory=dict)  # bytes per device (rank 0's): Strategy.memory_bytes()
 
     @property
     def test_acc(self) -> float:
@@ -52,9 +57,14 @@ class RunResult:
         """The chapter's closing line."""
         return f"test acc: {self.test_acc:.2f}, {self.sec_per_epoch:.1f} sec/epoch on {self.devices}"
 
+    def memory_line(self) -> str:
+        """What one device held for training, e.g. `memory per device: parameters 0.2 MB, ...`."""
+        parts = [f"{label} {self.memory[key] / 2**20:.2f} MiB" for key, label in MEMORY_LABELS if key in self.memory]
+        return "memory per device: " + ", ".join(parts)
+
     def to_json(self) -> dict:
         return {"summary": self.summary_line(), "test_acc": self.test_acc, "sec_per_epoch": self.sec_per_epoch,
-                "devices": self.devices, "notes": self.notes, "config": self.config,
+                "devices": self.devices, "notes": self.notes, "config": self.config, "memory_per_device": self.memory,
                 "epochs": [asdict(e) for e in self.epochs], "versions": self.versions}
 
 

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from mgpu import checkpoint, results
+from mgpu import checkpoint, launch, results
 from mgpu import devices as devmod
 from mgpu.config import TrainConfig
 from mgpu.data import BatchLoader, check_data_fits, make_loaders
@@ -114,10 +114,12 @@ def _run_in_process(cfg: TrainConfig, fault: Fault | None = None) -> RunResult |
                           progress=cfg.progress, log=log, callbacks=callbacks, accumulate=cfg.accumulate)
         history = done + trainer.fit(start_epoch)
         result = RunResult(config=cfg.to_dict(), devices=strategy.describe_devices(), notes=strategy.notes(),
-                           epochs=history, versions=results.versions(), state_dict=strategy.model_state_dict())
+                           epochs=history, versions=results.versions(), state_dict=strategy.model_state_dict(),
+                           memory=strategy.memory_bytes())
         if strategy.is_main:
             if cfg.out:
                 results.write_results(cfg.out, result)
+            log(result.memory_line())
             log(result.summary_line())
         return result if strategy.is_main else None
     finally:
@@ -155,9 +157,10 @@ def train(cfg: TrainConfig) -> RunResult:
     strategy_cls = get_strategy(cfg.strategy)
     fault = Fault.from_env()  # the MGPU_FAULT test hook: a malformed value fails here, once
     check_model_input(cfg)
-    if cfg.out:
+    writes = launch.is_global_rank_0()  # under torchrun every rank runs this; only global rank 0 writes files
+    if cfg.out and writes:
         results.check_writable(cfg.out)
-    if cfg.checkpoint_dir:
+    if cfg.checkpoint_dir and writes:
         results.check_writable(cfg.checkpoint_dir, what="checkpoint folder")
         if cfg.resume:
             checkpoint.load_for(cfg)  # corrupt, truncated or foreign: fail now, not in every rank
