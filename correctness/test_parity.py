@@ -29,28 +29,36 @@ IN_PROCESS = ("manual", "dataparallel")
 EXACT_CHECKS = ("gradients", "weights", "optimizer", "statistics", "uneven", "accumulate")
 
 
+RANK_STRATEGIES = ("ddp", "fsdp")
+
+
 @dataclass(frozen=True)
 class ParityCase:
     spec: ModelSpec
-    examples: int                    # hypothesis examples of the in-process property
-    ddp_world_sizes: tuple[int, ...]  # one spawn each; () where the suite checks DDP elsewhere
+    examples: int                     # hypothesis examples of the in-process property
+    world_sizes: dict                 # rank strategy -> world sizes, one spawn each; absent where the suite checks it elsewhere
 
 
 def _cases(config) -> dict[str, ParityCase]:
     spec = getattr(config, "mgpu_model_spec", None)  # set by the root conftest from --model
     if spec is not None:
-        return {config.getoption("model"): ParityCase(spec, config.getoption("parity_examples"), (2, 3))}
-    # mgpu's own: LeNet also under DDP (one spawn); ResNet-18's DDP runs are test_weights' and test_batchnorm's.
-    return {"lenet": ParityCase(builtin_spec("lenet"), 6, (2,)),
-            "resnet18-w4": ParityCase(builtin_spec("resnet18", width=4), 4, ())}
+        return {config.getoption("model"): ParityCase(spec, config.getoption("parity_examples"),
+                                                      {s: (2, 3) for s in RANK_STRATEGIES})}
+    # mgpu's own: LeNet under both (one spawn each); ResNet-18 (BatchNorm) under fsdp, whose BatchNorm
+    # follows ddp's rules (ddp's ResNet-18 runs are test_batchnorm's).
+    return {"lenet": ParityCase(builtin_spec("lenet"), 6, {"ddp": (2,), "fsdp": (2,)}),
+            "resnet18-w4": ParityCase(builtin_spec("resnet18", width=4), 4, {"fsdp": (2,)})}
 
 
 def pytest_generate_tests(metafunc):
     if "case" in metafunc.fixturenames:
         cases = _cases(metafunc.config)
-        if metafunc.function.__name__ == "test_ddp_ranks_match_single_device":
-            cases = {k: c for k, c in cases.items() if c.ddp_world_sizes}
-        metafunc.parametrize("case", list(cases.values()), ids=list(cases), scope="module")
+        if "rank_strategy" in metafunc.fixturenames:
+            pairs = [(c, s) for name, c in cases.items() for s in RANK_STRATEGIES if s in c.world_sizes]
+            ids = [f"{name}-{s}" for name, c in cases.items() for s in RANK_STRATEGIES if s in c.world_sizes]
+            metafunc.parametrize("case, rank_strategy", pairs, ids=ids, scope="module")
+        else:
+            metafunc.parametrize("case", list(cases.values()), ids=list(cases), scope="module")
 
 
 @pytest.fixture(scope="module")
@@ -121,13 +129,17 @@ def test_in_process_strategies_match_single_device(case, exact_or_skip, fewest_e
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
-def test_ddp_ranks_match_single_device(case, exact_or_skip, fewest_examples):
-    """ddp on gloo ranks that build the model from different seeds: the ranks start equal (DDP's
-    broadcast), stay bitwise equal after every step, and match the single-device run."""
-    most = max(case.ddp_world_sizes)
-    batch = max(CheckOptions().batch_size, most * CheckOptions().accumulate * fewest_examples)
-    report = check_data_parallel(case.spec, strategies=("ddp",), devices=case.ddp_world_sizes, batch_size=batch)
-    _assert_checked(report, f"{case.spec.name} under ddp on {case.ddp_world_sizes} ranks")
-    started = [r for r in report.results if r.name == "start"]
-    assert len(started) == len(case.ddp_world_sizes) and all(r.status == "pass" for r in started), started
+def test_rank_strategies_match_single_device(case, rank_strategy, exact_or_skip, fewest_examples):
+    """ddp and fsdp on gloo ranks that build the model from different seeds: the ranks start equal
+    (DDP's broadcast; mgpu's before fully_shard), stay bitwise equal after every step (fsdp: the
+    gathered weights, every rank's buffers), tied weights stay tied, and gradients (fsdp: the
+    gathered shards), weights, buffers, optimizer state, uneven shards and accumulation match the
+    single-device run."""
+    sizes = case.world_sizes[rank_strategy]
+    batch = max(CheckOptions().batch_size, max(sizes) * CheckOptions().accumulate * fewest_examples)
+    report = check_data_parallel(case.spec, strategies=(rank_strategy,), devices=sizes, batch_size=batch)
+    _assert_checked(report, f"{case.spec.name} under {rank_strategy} on {sizes} ranks")
+    for check in ("start", "replicas") + (("ties",) if any(r.name == "ties" for r in report.results) else ()):
+        ran = [r for r in report.results if r.name == check]
+        assert len(ran) == len(sizes) and all(r.status == "pass" for r in ran), ran
 
