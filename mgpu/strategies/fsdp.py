@@ -231,7 +231,12 @@ class FullyShardedDataParallel(DistributedDataParallel):
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
         set_model_state_dict(self.model, model_state, options=self._options())
-        if optimizer_state is not None:
+        if optimizer_state is not None and not any(isinstance(v, torch.Tensor) for state in
+                                                   optimizer_state.get("state", {}).values() for v in state.values()):
+            # No tensor to shard (plain SGD: momentum_buffer None), and torch's helper needs one to
+            # find the device: the state loads as it is.
+            self.optimizer.load_state_dict(optimizer_state)
+        elif optimizer_state is not None:
             ids = {id(p): n for n, p in self.model.named_parameters()}
             names = [[ids[id(p)] for p in group["params"]] for group in self.optimizer.param_groups]
             set_optimizer_state_dict(self.model, self.optimizer, _by_name(optimizer_state, names),
