@@ -2,7 +2,7 @@
 
     python -m perf ddp-scaling                     # full-width ResNet-18, 1 vs 2 ranks, one thread each
     python -m perf ddp-scaling --devices 1,2,4 --batch 32 --rounds 10 --min-speedup 1.8
-    python -m perf hot-path                        # mgpu's step against bare PyTorch, DDP against no communication
+    python -m perf hot-path                        # mgpu's step against bare PyTorch, DDP and FSDP against no communication
 
 Exit codes: 0 done, 1 a rank failed or the speedup is below --min-speedup, 2 bad input (one line).
 The ranks of every count start first (one pool per count; idle pools wait on their queues and
@@ -20,8 +20,8 @@ from typing import Callable
 from mgpu.cli import OneLineParser
 from mgpu.devices import torch_threads
 from mgpu.errors import one_line
-from perf.workloads import (BareStep, DDPRankPool, IndependentPool, RankPoolError, TrainBench, TrainSession, cpu_cores,
-                            interleaved_ratio, interleaved_step_times, scaling_rows)
+from perf.workloads import (BareStep, IndependentPool, RankPoolError, StrategyRankPool, TrainBench, TrainSession, cpu_cores,
+                            interleaved_ratio, interleaved_ratios, interleaved_step_times, scaling_rows)
 
 PROG = "python -m perf"
 
@@ -34,7 +34,7 @@ def measure_ddp_scaling(counts=(1, 2), width: int = 64, per_rank_batch: int = 32
     benches = {n: TrainBench("ddp", n, per_device_batch=per_rank_batch, width=width, threads_per_device=threads_per_rank)
                for n in counts}
     with ExitStack() as stack:
-        pools = {n: stack.enter_context(DDPRankPool(bench)) for n, bench in benches.items()}
+        pools = {n: stack.enter_context(StrategyRankPool(bench)) for n, bench in benches.items()}
         rows = scaling_rows(interleaved_step_times(pools, rounds, warmup), per_rank_batch)
         for row in rows:
             row["threads_per_rank"] = pools[row["ranks"]].threads_per_rank
@@ -50,30 +50,36 @@ def measure_hot_path(width: int = 64, batch: int = 32, rounds: int = 12, warmup:
     """The hot path's two CPU figures, each interleaved round by round:
     - `single`: mgpu's single-device step (Trainer.step) against a bare PyTorch loop on the same
       model, batches and SGD, both in this process, one thread: throughput of mgpu / bare;
-    - `ddp`: DDP with `ranks` ranks against as many independent processes doing the same per-rank
-      steps with no communication at all (the physical limit here): throughput of DDP / independent."""
+    - `ddp` and `fsdp`: DDP (FSDP) with `ranks` ranks against as many independent processes doing
+      the same per-rank steps with no communication at all (the physical limit here): throughput of
+      DDP / independent and FSDP / independent, the three taken in turn every round."""
     threads = max(1, cpu_cores() // ranks)
     bench = TrainBench("single", 1, per_device_batch=batch, width=width, threads_per_device=threads, steps_per_epoch=4)
     with torch_threads(threads):  # the sessions set it too; the caller's count comes back after
         mgpu_step, bare = TrainSession(bench), BareStep(bench)
         single = interleaved_ratio(mgpu_step.step, bare.step, rounds, warmup)
         mgpu_step.close()
-    ddp_bench = TrainBench("ddp", ranks, per_device_batch=batch, width=width, threads_per_device=threads,
-                           steps_per_epoch=4)
-    with DDPRankPool(ddp_bench) as ddp:
-        independent = IndependentPool(ddp_bench)
+    benches = {s: TrainBench(s, ranks, per_device_batch=batch, width=width, threads_per_device=threads, steps_per_epoch=4)
+               for s in ("ddp", "fsdp")}
+    with StrategyRankPool(benches["ddp"]) as ddp, StrategyRankPool(benches["fsdp"]) as fsdp:
+        independent = IndependentPool(benches["ddp"])
         try:
-            ddp_vs = interleaved_ratio(ddp.step, independent.step, rounds, warmup)
+            vs = interleaved_ratios({"ddp": ddp.step, "fsdp": fsdp.step, "independent": independent.step},
+                                    "independent", rounds, warmup)
         finally:
             independent.close()
+    ddp_vs, fsdp_vs = vs["ddp"], vs["fsdp"]
     log(f"single: mgpu's step at {single['ratio_median']:.3f} of a bare PyTorch loop's throughput (median of "
         f"{rounds} interleaved rounds, range {single['ratio_min']:.3f}-{single['ratio_max']:.3f}; "
         f"{single['a_median_s'] * 1e3:.0f} ms vs {single['b_median_s'] * 1e3:.0f} ms a step)")
     log(f"ddp: {ranks} DDP ranks at {ddp_vs['ratio_median']:.3f} of {ranks} processes with no communication "
         f"(range {ddp_vs['ratio_min']:.3f}-{ddp_vs['ratio_max']:.3f}; {ddp_vs['a_median_s'] * 1e3:.0f} ms vs "
         f"{ddp_vs['b_median_s'] * 1e3:.0f} ms a step; width {width}, {batch} images a rank, {threads} thread(s) each)")
-    return {"single_vs_bare": single, "ddp_vs_independent": ddp_vs, "width": width, "batch": batch, "ranks": ranks,
-            "threads": threads}
+    log(f"fsdp: {ranks} FSDP ranks at {fsdp_vs['ratio_median']:.3f} of {ranks} processes with no communication "
+        f"(range {fsdp_vs['ratio_min']:.3f}-{fsdp_vs['ratio_max']:.3f}; {fsdp_vs['a_median_s'] * 1e3:.0f} ms vs "
+        f"{fsdp_vs['b_median_s'] * 1e3:.0f} ms a step; sharded per block, resharded after forward)")
+    return {"single_vs_bare": single, "ddp_vs_independent": ddp_vs, "fsdp_vs_independent": fsdp_vs, "width": width,
+            "batch": batch, "ranks": ranks, "threads": threads}
 
 
 def _counts(text: str) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ from perf import scaling, workloads
 
 
 class FakePool:
-    """Stands in for a DDPRankPool: records when it was stepped, returns a set loss."""
+    """Stands in for a StrategyRankPool: records when it was stepped, returns a set loss."""
 
     def __init__(self, name, log, loss=1.0, moved=0.1):
         self.name, self.log, self.loss, self.moved = name, log, loss, moved

@@ -3,7 +3,7 @@ strategy at every device count, with images/s, speedup and scaling efficiency ag
 
     pytest perf/test_training.py                      # timings; the scaling table comes at the end
     pytest perf/test_training.py -k ddp               # DDP only: 1 rank against 2 ranks
-    pytest perf/test_training.py -k interleaved       # the DDP scaling figure alone
+    pytest perf/test_training.py -k interleaved       # the DDP and FSDP scaling figures alone
 
 Weak scaling: each device gets the same batch at every count, so the global batch grows with the
 devices. On a CPU each emulated device (a replica for manual, a process for ddp) gets the same
@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from perf import workloads
-from perf.workloads import DDPRankPool, TrainBench, TrainSession
+from perf.workloads import RANK_STRATEGIES, StrategyRankPool, TrainBench, TrainSession
 from perf.sweep import SWEEP_KEY, record_rate
 
 
@@ -68,9 +68,10 @@ def gate_spec(kind: str, case: Case, sweep) -> dict:
 
 
 def _gated(kind: str, case: Case, sweep) -> list:
-    """The gated set: single, manual at the most devices, ddp at 1 and the most ranks (steps); single (epoch)."""
+    """The gated set: single, manual at the most devices, ddp at 1 and the most ranks, fsdp at the most
+    ranks (steps); single (epoch)."""
     top = sweep.max_count
-    gated_steps = {("single", 1), ("manual", top), ("ddp", 1), ("ddp", top)}
+    gated_steps = {("single", 1), ("manual", top), ("ddp", 1), ("ddp", top), ("fsdp", top)}
     gated = (case.strategy, case.devices) in gated_steps if kind == "train-step" else case == Case("single", 1)
     return [pytest.mark.gate(gate_spec(kind, case, sweep))] if gated else []
 
@@ -87,8 +88,9 @@ def _cases(sweep, kind: str) -> list:
         skip = pytest.mark.skipif(n > 1 and not sweep.on_gpu(n),
                                   reason=f"dataparallel on {n} devices needs {n} CUDA devices (found {sweep.gpus})")
         params.append(param(Case("dataparallel", n), sweep.label(n), marks=[skip]))
-    for n in sweep.counts:
-        params.append(param(Case("ddp", n), sweep.label(n, unit="ranks"), marks=[pytest.mark.multiprocess]))
+    for strategy in RANK_STRATEGIES:
+        for n in sweep.counts:
+            params.append(param(Case(strategy, n), sweep.label(n, unit="ranks"), marks=[pytest.mark.multiprocess]))
     return params
 
 
@@ -116,7 +118,7 @@ def sessions(sweep, settings):
         if case not in cache:
             bench = TrainBench(case.strategy, case.devices, per_device_batch=settings.per_device_batch,
                                steps_per_epoch=settings.steps_per_epoch, threads_per_device=sweep.threads_per_device)
-            cache[case] = DDPRankPool(bench) if case.strategy == "ddp" else TrainSession(bench)
+            cache[case] = StrategyRankPool(bench) if case.strategy in RANK_STRATEGIES else TrainSession(bench)
         return cache[case]
 
     yield get
@@ -127,7 +129,7 @@ def sessions(sweep, settings):
 def _report(benchmark, case, sweep, settings, scaling_rows, measure: str, images: int) -> None:
     n = case.devices
     benchmark.extra_info.update(
-        strategy=case.strategy, devices=n, device_label=sweep.label(n, unit="ranks" if case.strategy == "ddp" else "dev"),
+        strategy=case.strategy, devices=n, device_label=sweep.label(n, unit="ranks" if case.strategy in RANK_STRATEGIES else "dev"),
         emulated=sweep.emulated(n), scaling="weak (fixed per-device batch)", model="resnet18 width 64",
         per_device_batch=settings.per_device_batch, global_batch=settings.per_device_batch * n,
         threads_per_device=sweep.threads_per_device, images_per_round=images)
@@ -178,10 +180,11 @@ def test_train_epoch(benchmark, case, sessions, sweep, settings, scaling_rows, c
 
 
 @pytest.mark.multiprocess
-def test_ddp_scaling_interleaved(sessions, sweep, settings, scaling_rows, pytestconfig):
-    """DDP speedup over 1 rank with the steps of every rank count interleaved (the figure to quote).
+@pytest.mark.parametrize("strategy", RANK_STRATEGIES)
+def test_rank_scaling_interleaved(strategy, sessions, sweep, settings, scaling_rows, pytestconfig):
+    """ddp (and fsdp) speedup over 1 rank with the steps of every rank count interleaved (the figure to quote).
 
-    The ddp rows of test_train_step come from benchmarks run one after another; on a machine
+    The ddp and fsdp rows of test_train_step come from benchmarks run one after another; on a machine
     whose speed drifts, a slow minute during one of them moves the speedup by 10 % or more.
     Here every round steps each count once, so drift slows all counts alike.
     """
@@ -189,7 +192,7 @@ def test_ddp_scaling_interleaved(sessions, sweep, settings, scaling_rows, pytest
     if len(counts) < 2:
         pytest.skip(f"needs at least 2 device counts to compare (sweep: {counts})")
     disabled = pytestconfig.getoption("benchmark_disable")
-    pools = {n: sessions(Case("ddp", n)) for n in counts}
+    pools = {n: sessions(Case(strategy, n)) for n in counts}
     times = workloads.interleaved_step_times(pools, rounds=1 if disabled else settings.interleaved_rounds,
                                           warmup=0 if disabled else 1)  # checks losses and weight updates
     rows = workloads.scaling_rows(times, settings.per_device_batch)
@@ -198,7 +201,7 @@ def test_ddp_scaling_interleaved(sessions, sweep, settings, scaling_rows, pytest
         return  # one untimed round: the machinery works, the figure means nothing
     for row in rows:
         n = row["ranks"]
-        scaling_rows.append(_scaling_row("ddp", "interleaved", n, sweep.label(n, unit="ranks"), sweep, settings,
+        scaling_rows.append(_scaling_row(strategy, "interleaved", n, sweep.label(n, unit="ranks"), sweep, settings,
                                          row["images_per_s"], row["step_s_median"], row["step_s_min"]))
 
 

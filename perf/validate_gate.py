@@ -97,7 +97,7 @@ def single_step_spec() -> tuple[str, dict, int]:
     from perf.test_training import Case, gate_spec
 
     sweep = make_sweep(None)
-    gated_set = 6  # single, manual (most devices), ddp 1 and most ranks, the epoch, the kernel
+    gated_set = 7  # single, manual (most devices), ddp 1 and most ranks, fsdp most ranks, the epoch, the kernel
     return "test_train_step[single]", gate_spec("train-step", Case("single", 1), sweep), gated_set
 
 

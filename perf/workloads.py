@@ -3,7 +3,7 @@ gated workloads the A/B regression gate times in each arm.
 
     session = TrainSession(TrainBench("manual", 2, width=16))
     session.step()                              # one global batch through mgpu's Trainer
-    with DDPRankPool(TrainBench("ddp", 2)) as pool:
+    with StrategyRankPool(TrainBench("ddp", 2)) as pool:
         pool.step()                             # every rank steps; returns when the slowest is done
 
 This module reaches mgpu only through its public API (TrainConfig, get_strategy, build_model,
@@ -32,7 +32,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-__all__ = ["cpu_cores", "TrainBench", "TrainSession", "RankPool", "RankPoolError", "DDPRankPool", "CollectivePeers",
+__all__ = ["cpu_cores", "TrainBench", "TrainSession", "RankPool", "RankPoolError", "StrategyRankPool", "CollectivePeers",
            "allreduce_pattern", "interleaved_step_times", "speedups", "scaling_rows", "GATE_KINDS", "make_gated",
            "BareStep", "IndependentPool", "interleaved_ratio"]
 
@@ -50,7 +50,7 @@ def cpu_cores() -> int:
 class TrainBench:
     """Settings of one training benchmark. Weak scaling: the per-device batch is fixed."""
 
-    strategy: str                    # single | manual | dataparallel | ddp
+    strategy: str                    # single | manual | dataparallel | ddp | fsdp
     devices: int                     # devices (replicas, or DDP ranks)
     per_device_batch: int = 32
     width: int = 64                  # ResNet-18 base width; 64 is the full network
@@ -243,13 +243,16 @@ class RankPool:
         self.close()
 
 
-class _DDPServer:
-    """What each DDP rank of a DDPRankPool holds: mgpu's ddp strategy in a TrainSession."""
+RANK_STRATEGIES = ("ddp", "fsdp")  # one process per device: timed through a StrategyRankPool
+
+
+class _RankServer:
+    """What each rank of a StrategyRankPool holds: mgpu's ddp (or fsdp) strategy in a TrainSession."""
 
     def __init__(self, bench: TrainBench):
         from mgpu.strategies import get_strategy
 
-        strategy = get_strategy("ddp").create(bench.train_config())
+        strategy = get_strategy(bench.strategy).create(bench.train_config())
         if strategy.devices[0].type == "cpu" and bench.threads_per_device:
             # create() gives each rank cores // ranks threads; a benchmark wants the same share at every count.
             torch.set_num_threads(bench.threads_per_device)
@@ -281,20 +284,20 @@ class _Factory:
         return self.cls(*self.args)
 
 
-class DDPRankPool:
-    """`bench.devices` DDP ranks, started once; `step()` / `epoch()` run in all of them and
-    return when every rank has finished (rank 0's answer).
+class StrategyRankPool:
+    """`bench.devices` ranks of the ddp or fsdp strategy, started once; `step()` / `epoch()` run in
+    all of them and return when every rank has finished (rank 0's answer).
 
-        with DDPRankPool(TrainBench("ddp", 2, threads_per_device=1)) as pool:
+        with StrategyRankPool(TrainBench("ddp", 2, threads_per_device=1)) as pool:
             pool.step()          # time this: the slowest rank's step, gradient allreduce included
     """
 
     def __init__(self, bench: TrainBench, command_timeout_s: float = 300.0):
-        if bench.strategy != "ddp":
-            raise ValueError(f"DDPRankPool runs the ddp strategy, not {bench.strategy!r}")
+        if bench.strategy not in RANK_STRATEGIES:
+            raise ValueError(f"StrategyRankPool runs {' or '.join(RANK_STRATEGIES)}, not {bench.strategy!r}")
         bench.train_config()  # bad settings fail here, once, rather than in every rank
         self.bench = bench
-        self.pool = RankPool(_Factory(_DDPServer, bench), bench.devices, command_timeout_s=command_timeout_s)
+        self.pool = RankPool(_Factory(_RankServer, bench), bench.devices, command_timeout_s=command_timeout_s)
         self.threads_per_rank = self.pool.wait_ready()[0]
 
     def step(self) -> float:
@@ -311,7 +314,7 @@ class DDPRankPool:
     def close(self) -> None:
         self.pool.close()
 
-    def __enter__(self) -> "DDPRankPool":
+    def __enter__(self) -> "StrategyRankPool":
         return self
 
     def __exit__(self, *exc) -> None:
@@ -370,8 +373,8 @@ class _IndependentRank:
 
 
 class IndependentPool:
-    """`bench.devices` processes doing DDP's per-rank steps with no communication at all: the
-    physical limit of DDP on this machine. `step()` returns when the slowest is done."""
+    """`bench.devices` processes doing DDP's (and FSDP's) per-rank steps with no communication at
+    all: the physical limit of either on this machine. `step()` returns when the slowest is done."""
 
     def __init__(self, bench: TrainBench):
         self.pool = RankPool(_Factory(_IndependentRank, bench), bench.devices)
@@ -384,24 +387,38 @@ class IndependentPool:
         self.pool.close()
 
 
+def interleaved_ratios(fns: dict[str, Callable[[], float]], reference: str, rounds: int, warmup: int = 2) -> dict:
+    """Time every fn in turn each round (the order reversed every other round: a b c, c b a, ...)
+    for `rounds` rounds after warm-up; for each fn but `reference`, its throughput relative to the
+    reference's per round (time_reference / time_fn), the median and spread, and both median times."""
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(rounds):
+        for name in (names if i % 2 == 0 else names[::-1]):
+            start = time.perf_counter()
+            loss = fns[name]()
+            times[name].append(time.perf_counter() - start)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss {loss} of {name} in round {i}")
+    out = {}
+    for name in names:
+        if name == reference:
+            continue
+        ratios = [tr / ta for ta, tr in zip(times[name], times[reference])]
+        out[name] = {"ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+                     "a_median_s": statistics.median(times[name]), "b_median_s": statistics.median(times[reference]),
+                     "rounds": rounds,
+                     "ratio_of_medians": statistics.median(times[reference]) / statistics.median(times[name])}
+    return out
+
+
 def interleaved_ratio(a: Callable[[], float], b: Callable[[], float], rounds: int, warmup: int = 2) -> dict:
     """Time a() and b() in turn (a b, b a, ...) for `rounds` rounds after warm-up; the throughput of
     a relative to b per round (time_b / time_a), its median and spread, and each side's median time."""
-    for _ in range(warmup):
-        a(), b()
-    times: dict[str, list[float]] = {"a": [], "b": []}
-    for i in range(rounds):
-        for name in (("a", "b") if i % 2 == 0 else ("b", "a")):
-            fn = a if name == "a" else b
-            start = time.perf_counter()
-            loss = fn()
-            times[name].append(time.perf_counter() - start)
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"loss {loss} in round {i}")
-    ratios = [tb / ta for ta, tb in zip(times["a"], times["b"])]
-    return {"ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-            "a_median_s": statistics.median(times["a"]), "b_median_s": statistics.median(times["b"]),
-            "rounds": rounds, "ratio_of_medians": statistics.median(times["b"]) / statistics.median(times["a"])}
+    return interleaved_ratios({"a": a, "b": b}, "b", rounds, warmup)["a"]
 
 
 # -- collectives -------------------------------------------------------------------------------
@@ -598,9 +615,9 @@ class _TrainStep:
         bench = TrainBench(spec["strategy"], spec["devices"], per_device_batch=spec.get("batch", 32),
                            width=spec.get("width", 16), steps_per_epoch=spec.get("steps_per_epoch", 3),
                            threads_per_device=spec.get("threads_per_device"))
-        if bench.strategy != "ddp" and bench.threads_per_device:
+        if bench.strategy not in RANK_STRATEGIES and bench.threads_per_device:
             torch.set_num_threads(bench.threads_per_device)
-        self.session = DDPRankPool(bench) if bench.strategy == "ddp" else TrainSession(bench)
+        self.session = StrategyRankPool(bench) if bench.strategy in RANK_STRATEGIES else TrainSession(bench)
         self.losses: list[float] = []
 
     def op(self) -> None:
