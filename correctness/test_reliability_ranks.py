@@ -30,7 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from correctness.helpers import TINY, assert_trained, check_run_outputs
+from correctness.helpers import TINY, assert_tensors_close, assert_trained, check_run_outputs, weights_config
+from mgpu import devices as devmod
 from mgpu import launch
 from mgpu.faults import FAULT_ENV
 
@@ -49,14 +50,15 @@ HANG_TIMEOUT_S = 12  # --timeout of the hang run: long enough for the ranks to m
 TINY_ARGS = ["--model", TINY["model"], "--batch-size", str(TINY["batch_size"]), "--lr", str(TINY["lr"]),
              "--train-size", str(TINY["train_size"]), "--test-size", str(TINY["test_size"])]
 DDP_ARGS = ["--strategy", "ddp", "--devices", "2", *TINY_ARGS]
-# Runs whose model.pt is compared with single-device training's: 8 SGD steps with momentum, batches
-# of 25 (13 + 12 per rank). TINY's 32 steps at lr 0.3 amplify float32 rounding (oneDNN's LeNet
-# kernels differ by batch size) beyond float32 tolerance; these stay within it.
-PARITY = dict(model="lenet", epochs=2, batch_size=25, lr=0.05, momentum=0.9, weight_decay=1e-3, train_size=100,
-              test_size=50, out=None, progress=False)
-PARITY_ARGS = ["--model", "lenet", "--epochs", "2", "--batch-size", "25", "--lr", "0.05", "--momentum", "0.9",
-               "--weight-decay", "1e-3", "--train-size", "100", "--test-size", "50", "--no-progress"]
-FSDP_ARGS = ["--strategy", "fsdp", "--devices", "2", *PARITY_ARGS]
+# Runs whose model.pt is compared with single-device training's: helpers.weights_config (LeNet, 4 SGD
+# steps with momentum, batches of 25: 13 + 12 per rank), as command-line options. TINY's 32 steps at
+# lr 0.3 amplify float32 rounding (oneDNN's kernels differ by batch size) beyond float32 tolerance.
+WEIGHTS = weights_config("single")
+WEIGHTS_ARGS = ["--model", WEIGHTS.model, "--epochs", str(WEIGHTS.epochs), "--batch-size", str(WEIGHTS.batch_size),
+                "--lr", str(WEIGHTS.lr), "--momentum", str(WEIGHTS.momentum), "--weight-decay", str(WEIGHTS.weight_decay),
+                "--train-size", str(WEIGHTS.train_size), "--test-size", str(WEIGHTS.test_size), "--seed", str(WEIGHTS.seed),
+                "--no-progress"]
+FSDP_ARGS = ["--strategy", "fsdp", "--devices", "2", *WEIGHTS_ARGS]
 # Two torchrun agents as two "nodes" of one rank each, meeting by torchrun's c10d rendezvous.
 NODE_STRATEGIES = ("ddp", "fsdp")
 
@@ -72,7 +74,7 @@ class Run:
     ignored, as in a background job of a script)."""
 
     def __init__(self, args: list[str], fault: str | None = None, code: str | None = None,
-                 sigint_ignored: bool = False, module: str = "mgpu"):
+                 sigint_ignored: bool = False, module: str = "mgpu", cores: set[int] | None = None):
         self.tag = uuid.uuid4().hex
         env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, "RANK", "WORLD_SIZE")}
         env[TAG] = self.tag
@@ -80,7 +82,10 @@ class Run:
             env[FAULT_ENV] = fault
         self.started = time.monotonic()
         command = ["-c", code, *args] if code else ["-m", module, *(["train"] if module == "mgpu" else []), *args]
-        command = [sys.executable, "-c", SIGINT_SHIM.format("IGN" if sigint_ignored else "DFL"), *command]
+        shim = SIGINT_SHIM.format("IGN" if sigint_ignored else "DFL")
+        if cores is not None:  # the run (and everything it starts) may use these cores only
+            shim = f"import os; os.sched_setaffinity(0, {sorted(cores)}); {shim}"
+        command = [sys.executable, "-c", shim, *command]
         self.proc = subprocess.Popen(command, cwd=ROOT, env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
@@ -182,14 +187,13 @@ def _assert_failed_fast(run: Run, since: float, expect: str) -> None:
 
 
 class Scenario:
-    """Seven runs started at the same moment, each picking its own free port (the 2 cores are
-    shared; waiting overlaps): five DDP runs, four with a fault in rank 1 and a reference run to
-    resume against, and two FSDP runs, a reference and one whose rank 1 is SIGKILLed.
-    The Ctrl-C run gets SIGINT once its rank 1 hangs; a run whose rank 1 was SIGKILLed is resumed
-    as soon as it has ended. Each run's exit code, output, exit time and leftover processes are
+    """Five DDP runs started at the same moment, each picking its own free port (the 2 cores are
+    shared; waiting overlaps): four with a fault in rank 1, and a reference run to resume against.
+    The Ctrl-C run gets SIGINT once its rank 1 hangs; the run whose rank 1 was SIGKILLed is resumed
+    as soon as it has ended, and an FSDP run whose rank 1 is SIGKILLed starts then, to be resumed in turn. Each run's exit code, output, exit time and leftover processes are
     kept for the tests below. Once the Ctrl-C run has got its signal, the launchers of the tests
-    of the launcher itself (`launchers`) start too, overlapping the end of these runs; once the
-    FSDP kill has been resumed, the torchrun "nodes" (`_start_nodes`) start.
+    of the launcher itself (`launchers`) start too, overlapping the end of these runs; once every
+    run has ended, the torchrun "nodes" (`_start_nodes`) start.
 
     A driver thread does all that. It starts when the session's collection ends, if any test of
     this module was selected (correctness/conftest.py: the runs then overlap the tests before this
@@ -224,9 +228,6 @@ class Scenario:
             # With its progress bar: it is also the end-to-end run of `python -m mgpu train --strategy ddp`.
             "reference": Run([*DDP_ARGS, "--epochs", str(TINY["epochs"]), "--out", str(tmp / "reference")]),
             "killed": Run([*args, *checkpointed], fault="rank=1,epoch=2,step=2,kind=kill"),
-            # fsdp: the end-to-end run, and a kill to resume from (the full state gathered by torch's helpers).
-            "fsdp-reference": Run([*FSDP_ARGS, "--out", str(tmp / "fsdp-reference")]),
-            "fsdp-killed": Run([*FSDP_ARGS, *fsdp_checkpointed], fault="rank=1,epoch=2,step=2,kind=kill"),
         })
 
         def wait(run: Run) -> None:
@@ -246,12 +247,20 @@ class Scenario:
             _start_launchers()  # every run is past its rendezvous by now
             wait(started["killed"])
             started["resumed"] = Run([*args, *checkpointed, "--resume"])
+            # fsdp end to end, killed in its second epoch and resumed; the uninterrupted run to compare
+            # with is the suite's shared one (conftest's rank_runs: the same settings in 2 ranks).
+            started["fsdp-killed"] = Run([*FSDP_ARGS, *fsdp_checkpointed], fault="rank=1,epoch=2,step=1,kind=kill")
             wait(started["fsdp-killed"])
             started["fsdp-resumed"] = Run([*FSDP_ARGS, *fsdp_checkpointed, "--resume"])
-            started.update(_start_nodes(tmp))
             for run in list(started.values()):
                 if run.code is None and run.problem is None:
                     wait(run)
+            # Last, alone: the suite's other tests run meanwhile on one core, and a burst of runs
+            # started together would take the other core from them too.
+            nodes = _start_nodes(tmp)
+            started.update(nodes)
+            for run in nodes.values():
+                wait(run)
         finally:
             for run in list(started.values()):
                 run.leftover = run.leftovers()
@@ -278,7 +287,9 @@ def _node_dir(tmp: Path, strategy: str, node: int) -> Path:
 def _start_nodes(tmp: Path) -> dict[str, Run]:
     """For each of NODE_STRATEGIES, two torchrun agents on this machine as two nodes of one rank
     each (`--nnodes 2 --node-rank 0|1`, c10d rendezvous on a free port), each node given its own
-    output and checkpoint folders: only the node holding global rank 0 may write into its own."""
+    output and checkpoint folders (only the node holding global rank 0 may write into its own) and
+    its own core, as two machines would have (a rank takes the threads of its node's cores)."""
+    cores = devmod.usable_cores()
     started = {}
     for strategy in NODE_STRATEGIES:
         endpoint, run_id = f"127.0.0.1:{launch.free_port()}", f"mgpu-{strategy}-{uuid.uuid4().hex[:8]}"
@@ -287,9 +298,9 @@ def _start_nodes(tmp: Path) -> dict[str, Run]:
             started[f"{strategy}-node{node}"] = Run(
                 ["--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                  "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--rdzv-conf", "join_timeout=60",
-                 "-m", "mgpu", "train", "--strategy", strategy, *PARITY_ARGS,
+                 "-m", "mgpu", "train", "--strategy", strategy, *WEIGHTS_ARGS,
                  "--out", str(folder / "out"), "--checkpoint-dir", str(folder / "ckpt")],
-                module="torch.distributed.run")
+                module="torch.distributed.run", cores={cores[node % len(cores)]})
     return started
 
 
@@ -396,34 +407,19 @@ def test_ddp_resume_after_sigkill_is_bitwise_exact(runs):
 
 
 @pytest.fixture(scope="module")
-def single_device_parity():
-    """The single-device run of PARITY, in this process: what the multi-process runs must match."""
-    from mgpu.config import TrainConfig
+def single_device_weights():
+    """helpers.weights_config's single-device run, in this process: what the multi-process runs must match."""
     from mgpu.run import train
 
-    return train(TrainConfig(strategy="single", **PARITY)).state_dict
+    return train(WEIGHTS).state_dict
 
 
-def test_python_dash_m_mgpu_train_fsdp_end_to_end(runs, single_device_parity):
-    """`python -m mgpu train --strategy fsdp --devices 2`: the chapter's line, results.json with
-    memory per device, accuracy.png, and a model.pt (the full state, gathered from the shards)
-    within float32 tolerance of single-device training's."""
-    import torch
-
-    from correctness.helpers import assert_tensors_close
-
-    run = _run(runs, "fsdp-reference")
-    assert run.code == 0, f"exit {run.code}; stderr:\n{run.stderr}"
-    assert not run.leftover, "processes left behind:\n" + "\n".join(run.leftover)
-    out = runs[0] / "fsdp-reference"
-    data = check_run_outputs(out, "\n".join(run.out), "fsdp", epochs=PARITY["epochs"])
-    assert data["devices"] == "[cpu (rank 0), cpu (rank 1)]" and data["memory_per_device"]["parameters"] > 0, data
-    assert any(line.startswith("memory per device: parameters") for line in run.out), run.out
-    assert_tensors_close(torch.load(out / "model.pt", weights_only=True), single_device_parity,
-                         where="fsdp on 2 ranks (model.pt) vs single device, LeNet after 8 steps")
-
-
-def test_fsdp_resume_after_sigkill_is_bitwise_exact(runs):
+def test_python_dash_m_mgpu_train_fsdp_killed_and_resumed_ends_bitwise_where_it_would_have(
+        runs, rank_runs, single_device_weights):
+    """`python -m mgpu train --strategy fsdp --devices 2 --checkpoint-dir D`, rank 1 SIGKILLed in epoch 2,
+    then `... --resume`: the run ends with the chapter's line, results.json (memory per device
+    included), accuracy.png, and a model.pt (the full state gathered from the shards) bitwise equal
+    to the uninterrupted fsdp run's, and within float32 tolerance of single-device training's."""
     import torch
 
     tmp = runs[0]
@@ -431,22 +427,27 @@ def test_fsdp_resume_after_sigkill_is_bitwise_exact(runs):
     assert killed.code == 1 and "rank 1 failed: killed by SIGKILL" in killed.stderr, killed.stderr
     assert run.code == 0, run.stderr
     assert not run.leftover, "processes left behind:\n" + "\n".join(run.leftover)
-    assert any("resuming from" in line and "after epoch 1 (1 epoch(s) left)" in line for line in run.out), run.out
-    ref = torch.load(tmp / "fsdp-reference" / "model.pt", weights_only=True)
-    resumed = torch.load(tmp / "fsdp-resumed" / "model.pt", weights_only=True)
-    differ = [k for k in ref if not torch.equal(ref[k], resumed[k])]
+    assert any("resuming from" in line and f"after epoch 1 ({WEIGHTS.epochs - 1} epoch(s) left)" in line
+               for line in run.out), run.out
+    out = tmp / "fsdp-resumed"
+    data = check_run_outputs(out, "\n".join(run.out), "fsdp", epochs=WEIGHTS.epochs)
+    assert data["devices"] == "[cpu (rank 0), cpu (rank 1)]" and data["memory_per_device"]["parameters"] > 0, data
+    assert any(line.startswith("memory per device: parameters") for line in run.out), run.out
+    resumed = torch.load(out / "model.pt", weights_only=True)
+    uninterrupted = rank_runs(2).weights["fsdp"].state_dict
+    differ = [k for k in uninterrupted if not torch.equal(uninterrupted[k], resumed[k])]
     assert not differ, f"resumed fsdp weights differ from the uninterrupted run's: {differ}"
+    assert_tensors_close(resumed, single_device_weights, where=f"fsdp on 2 ranks (model.pt) vs single device, "
+                                                               f"LeNet after {WEIGHTS.epochs} steps")
 
 
 @pytest.mark.parametrize("strategy", NODE_STRATEGIES)
 def test_two_torchrun_nodes_train_what_one_device_trains_and_only_global_rank_0_writes(runs, strategy,
-                                                                                        single_device_parity):
+                                                                                        single_device_weights):
     """torchrun's multi-node rendezvous, rehearsed on one machine: two agents (`--nnodes 2
     --node-rank 0|1 --rdzv-backend c10d`), one rank each. The model.pt of global rank 0 matches
     single-device training within float32 tolerance; the other node writes no file, prints no line."""
     import torch
-
-    from correctness.helpers import assert_tensors_close
 
     nodes = [_run(runs, f"{strategy}-node{node}") for node in (0, 1)]
     for node, run in enumerate(nodes):
@@ -459,9 +460,9 @@ def test_two_torchrun_nodes_train_what_one_device_trains_and_only_global_rank_0_
     assert sorted(p.name for p in folders[writer].iterdir()) == ["ckpt", "out"], list(folders[writer].iterdir())
     printed = [node for node, run in enumerate(nodes) if any("test acc:" in line for line in run.out)]
     assert printed == [writer], f"{strategy}: the chapter's line came from nodes {printed}, files from node {writer}"
-    data = check_run_outputs(folders[writer] / "out", "\n".join(nodes[writer].out), strategy, epochs=PARITY["epochs"])
+    data = check_run_outputs(folders[writer] / "out", "\n".join(nodes[writer].out), strategy, epochs=WEIGHTS.epochs)
     assert data["devices"] == "[cpu (rank 0), cpu (rank 1)]", data["devices"]
-    assert_tensors_close(torch.load(folders[writer] / "out" / "model.pt", weights_only=True), single_device_parity,
+    assert_tensors_close(torch.load(folders[writer] / "out" / "model.pt", weights_only=True), single_device_weights,
                          where=f"{strategy} over two torchrun nodes (model.pt) vs single device")
 
 

@@ -89,8 +89,9 @@ class DistributedDataParallel(SingleDevice):
         if device.type == "cuda":
             torch.cuda.set_device(device)
         else:
-            # Ranks on one machine share its cores: oversubscribing them would serialise the ranks.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+            # Ranks on one machine share its cores (those this process may use: its affinity mask,
+            # as taskset, cgroups or a batch scheduler set it): oversubscribing them would serialise the ranks.
+            torch.set_num_threads(max(1, len(devmod.usable_cores()) // local_world))
         setup_process_group("nccl" if device.type == "cuda" else "gloo", cfg.timeout)
         strategy = cls(devmod.DeviceList([device]))
         strategy.rank, strategy.world_size = dist.get_rank(), dist.get_world_size()
