@@ -14,6 +14,7 @@ conftest.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -164,6 +165,23 @@ class TrainJob:
 
 
 @dataclass
+class InterruptedJob:
+    """`mgpu.run.train(cfg)` with a checkpoint folder, stopped after its first epoch (a run of one
+    epoch: its folder is what a kill anywhere in epoch 2 leaves, nothing being written between
+    epochs), then resumed from it in the same ranks for all of cfg's epochs; returns the resumed result."""
+    cfg: TrainConfig
+    port: int = field(default_factory=free_port)
+    resume_port: int = field(default_factory=free_port)
+
+    def run(self):
+        from mgpu.run import train
+
+        train(dataclasses.replace(self.cfg, epochs=1))
+        os.environ["MASTER_PORT"] = str(self.resume_port)  # a store of its own, as every job's
+        return train(dataclasses.replace(self.cfg, resume=True))
+
+
+@dataclass
 class EvalJob:
     """Trainer.evaluate under ddp (or fsdp) for fixed LeNet weights, over several test sets."""
     state_dict: dict
@@ -224,6 +242,7 @@ class RankRuns:
     weights: dict                # strategy (ddp, fsdp) -> RunResult of weights_config(strategy, world_size)
     weights_again: object        # the ddp run repeated (world size 2 only), for determinism
     accuracies: dict             # strategy -> evaluate() of eval_cases() under it
+    resumed: dict                # strategy -> RunResult of weights_config interrupted and resumed (world size 2 only)
 
 
 RANK_STRATEGIES = ("ddp", "fsdp")
@@ -234,14 +253,19 @@ def spawn_rank_runs(world_size: int) -> RankRuns:
     through the session fixture `rank_runs` (correctness/conftest.py), which spawns each world
     size once."""
     state_dict, cases = eval_cases()
+    import tempfile
+
     jobs = [TrainJob(weights_config(s, world_size)) for s in RANK_STRATEGIES]
     jobs += [EvalJob(state_dict, cases, s) for s in RANK_STRATEGIES]
     if world_size == 2:
         jobs.append(TrainJob(weights_config("ddp", world_size)))
+        jobs += [InterruptedJob(dataclasses.replace(weights_config(s, world_size), checkpoint_dir=tempfile.mkdtemp()))
+                 for s in RANK_STRATEGIES]
     results = spawn(run_jobs_in_rank, jobs, nprocs=world_size, deadline_s=DDP_DEADLINE_S)
     k = len(RANK_STRATEGIES)
     return RankRuns(world_size, dict(zip(RANK_STRATEGIES, results[:k])), results[2 * k] if world_size == 2 else None,
-                    dict(zip(RANK_STRATEGIES, results[k:2 * k])))
+                    dict(zip(RANK_STRATEGIES, results[k:2 * k])),
+                    dict(zip(RANK_STRATEGIES, results[2 * k + 1:])) if world_size == 2 else {})
 
 
 def syncbn_gradients_in_rank(args) -> dict:

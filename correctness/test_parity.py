@@ -44,9 +44,9 @@ def _cases(config) -> dict[str, ParityCase]:
     if spec is not None:
         return {config.getoption("model"): ParityCase(spec, config.getoption("parity_examples"),
                                                       {s: (2, 3) for s in RANK_STRATEGIES})}
-    # mgpu's own: LeNet under both (one spawn each); ResNet-18 (BatchNorm) under fsdp, whose BatchNorm
-    # follows ddp's rules (ddp's ResNet-18 runs are test_batchnorm's).
-    return {"lenet": ParityCase(builtin_spec("lenet"), 6, {"ddp": (2,), "fsdp": (2,)}),
+    # mgpu's own: LeNet under ddp (one spawn; fsdp's LeNet runs are test_weights' and test_evaluation's);
+    # ResNet-18 (BatchNorm) under fsdp, whose BatchNorm follows ddp's rules (ddp's are test_batchnorm's).
+    return {"lenet": ParityCase(builtin_spec("lenet"), 6, {"ddp": (2,)}),
             "resnet18-w4": ParityCase(builtin_spec("resnet18", width=4), 4, {"fsdp": (2,)})}
 
 

@@ -3,7 +3,8 @@ uninterrupted run ends; checkpoints are written atomically; a bad one is an erro
 
 These run in this process (single, manual): the interruption is the MGPU_FAULT hook raising in
 the middle of an epoch, which leaves the checkpoint directory exactly as a kill would (nothing
-is written between epochs). The DDP case, with a real SIGKILL, is in test_reliability_ranks.py.
+is written between epochs). ddp and fsdp resume in the suite's shared ranks (conftest's rank_runs);
+fsdp with a real SIGKILL, from the command line, in test_reliability_ranks.py.
 """
 
 from __future__ import annotations
@@ -64,6 +65,19 @@ def test_resume_after_interruption_is_bitwise_exact(strategy, n, reference, tmp_
     _assert_bitwise_equal(ref.state_dict, resumed.state_dict, f"{strategy}: resumed vs uninterrupted weights")
     assert [e.loss for e in resumed.epochs] == [e.loss for e in ref.epochs]
     assert checkpoint.load(tmp_path)["epoch"] == 3
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_rank_strategies_resume_after_interruption_is_bitwise_exact(strategy, rank_runs):
+    """ddp and fsdp on 2 gloo ranks (the suite's shared ranks: helpers.InterruptedJob), stopped after
+    epoch 1 and resumed, end bitwise where the uninterrupted run ends (fsdp with a real SIGKILL in
+    epoch 2, from the command line: test_reliability_ranks)."""
+    runs = rank_runs(2)
+    resumed, uninterrupted = runs.resumed[strategy], runs.weights[strategy]
+    assert [e.epoch for e in resumed.epochs] == [e.epoch for e in uninterrupted.epochs]
+    _assert_bitwise_equal(uninterrupted.state_dict, resumed.state_dict,
+                          f"{strategy} on 2 ranks: resumed vs uninterrupted weights")
 
 
 def test_checkpoint_holds_everything_to_resume(reference, tmp_path):
