@@ -114,13 +114,14 @@ def test_ddp_scaling_command_rejects_bad_input(args, message, capsys):
 
 
 @pytest.mark.multiprocess
-def test_hot_path_command_prints_both_ratios():
+def test_hot_path_command_prints_its_three_ratios():
     out = subprocess.run([sys.executable, "-m", "perf", "hot-path", "--width", "4", "--batch", "4", "--rounds", "2",
                           "--warmup", "1"], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
     single = [line for line in out.stdout.splitlines() if line.startswith("single: mgpu's step at ")]
     ddp = [line for line in out.stdout.splitlines() if line.startswith("ddp: 2 DDP ranks at ")]
-    assert single and ddp, out.stdout
+    fsdp = [line for line in out.stdout.splitlines() if line.startswith("fsdp: 2 FSDP ranks at ")]
+    assert single and ddp and fsdp, out.stdout
     ratio = float(single[0].split(" at ")[1].split()[0])
     assert 0.2 < ratio < 5, f"a ratio of two timings of the same work should be near 1: {single[0]}"
 

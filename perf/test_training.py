@@ -162,6 +162,8 @@ def test_train_step(benchmark, case, sessions, sweep, settings, scaling_rows, cp
                        warmup_rounds=settings.step_warmup)
     assert losses and all(math.isfinite(v) for v in losses), f"non-finite loss: {losses}"
     assert session.weights_moved() > 0, "the steps did not change the weights"
+    # Parameters, gradients and optimizer state a device holds (an fsdp rank: its shards); CUDA: the peak.
+    benchmark.extra_info["memory_per_device"] = session.memory_bytes()
     _report(benchmark, case, sweep, settings, scaling_rows, "step", settings.per_device_batch * case.devices)
 
 

@@ -122,7 +122,13 @@ class TrainSession:
     def weights_moved(self) -> float:
         """Largest absolute change of any parameter of the main replica since setup."""
         params = self.strategy.modules()[0].parameters()
-        return max(float((p.detach().cpu() - p0).abs().max()) for p, p0 in zip(params, self.initial))
+        # fsdp's parameters are shards (DTensors): gathered whole, in every rank of the pool at once.
+        whole = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in params]
+        return max(float((p.detach().cpu() - p0).abs().max()) for p, p0 in zip(whole, self.initial))
+
+    def memory_bytes(self) -> dict:
+        """Training-state bytes on one device (a rank's shards under fsdp): Strategy.memory_bytes."""
+        return self.strategy.memory_bytes()
 
     def close(self) -> None:
         self.strategy.teardown()
@@ -270,6 +276,9 @@ class _RankServer:
     def weights_moved(self) -> float:
         return self.session.weights_moved()
 
+    def memory_bytes(self) -> dict:
+        return self.session.memory_bytes()
+
     def close(self) -> None:
         self.session.close()
 
@@ -310,6 +319,9 @@ class StrategyRankPool:
 
     def weights_moved(self) -> float:
         return self.pool.run("weights_moved")[0]
+
+    def memory_bytes(self) -> dict:
+        return self.pool.run("memory_bytes")[0]  # rank 0's
 
     def close(self) -> None:
         self.pool.close()
