@@ -60,6 +60,8 @@ class TrainBench:
     lr: float = 0.05
     amp: str = "off"                 # --amp: off | bf16
     channels_last: bool = False      # --channels-last
+    shard: str = "block"             # fsdp: --shard block | model
+    reshard_after_forward: str = "on"  # fsdp: --reshard-after-forward on | off
 
     @property
     def global_batch(self) -> int:
@@ -71,6 +73,8 @@ class TrainBench:
 
         options = {} if (self.amp, self.channels_last) == ("off", False) else \
             dict(amp=self.amp, channels_last=self.channels_last)  # only then: older mgpu lacks the fields
+        if (self.shard, self.reshard_after_forward) != ("block", "on"):
+            options.update(shard=self.shard, reshard_after_forward=self.reshard_after_forward)
         return TrainConfig(strategy=self.strategy, devices=self.devices, batch_size=self.global_batch, lr=self.lr,
                            model="resnet18", width=self.width, train_size=self.global_batch * self.steps_per_epoch,
                            test_size=self.global_batch, seed=self.seed, epochs=1, out=None,
