@@ -59,6 +59,23 @@ def rank_runs():
     return get
 
 
+@pytest.fixture(scope="session")
+def single_device_run():
+    """helpers.weights_config's single-device run (a RunResult), once per session: what test_weights,
+    test_memory and test_reliability_ranks compare the multi-device runs with. One thread, as the
+    package's tests have (a session fixture is set up before the package's `one_thread`)."""
+    from correctness.helpers import weights_config
+    from mgpu.run import train
+
+    with torch_threads(1):
+        return train(weights_config("single"))
+
+
+@pytest.fixture(scope="session")
+def single_device_weights(single_device_run) -> dict:
+    return single_device_run.state_dict
+
+
 @pytest.fixture(autouse=True)
 def _no_tf32():
     """Correctness means bit-for-bit fp32 math on GPUs too: TF32 off, tolerances untouched.

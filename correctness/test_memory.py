@@ -3,27 +3,19 @@ optimizer state that ddp (or one device) holds whole.
 
 The figures are what a run reports (`RunResult.memory`, results.json's `memory_per_device`, the
 `memory per device:` line): `Strategy.memory_bytes()`, which counts a sharded tensor's local shard.
-The runs are the suite's shared ones (LeNet with SGD momentum, conftest's `rank_runs`).
+The runs are the suite's shared ones (LeNet with SGD momentum, conftest's `rank_runs` and `single_device_run`).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from correctness.helpers import weights_config
-from mgpu.run import train
-
 pytestmark = pytest.mark.multiprocess
 
 
-@pytest.fixture(scope="module")
-def single_device_memory() -> dict:
-    return train(weights_config("single")).memory
-
-
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_fsdp_rank_holds_about_one_nth_of_single_devices_training_state(world_size, rank_runs, single_device_memory):
-    runs = rank_runs(world_size)
+def test_fsdp_rank_holds_about_one_nth_of_single_devices_training_state(world_size, rank_runs, single_device_run):
+    runs, single_device_memory = rank_runs(world_size), single_device_run.memory
     ddp, fsdp = runs.weights["ddp"].memory, runs.weights["fsdp"].memory
     for kind in ("parameters", "gradients", "optimizer"):
         whole = single_device_memory[kind]

@@ -387,14 +387,6 @@ def test_python_dash_m_mgpu_train_ddp_end_to_end(runs):
     assert sum("test acc:" in line for line in run.out) == 1, "only rank 0 prints"
 
 
-@pytest.fixture(scope="module")
-def single_device_weights():
-    """helpers.weights_config's single-device run, in this process: what the multi-process runs must match."""
-    from mgpu.run import train
-
-    return train(WEIGHTS).state_dict
-
-
 def test_python_dash_m_mgpu_train_fsdp_killed_and_resumed_ends_bitwise_where_it_would_have(
         runs, rank_runs, single_device_weights):
     """`python -m mgpu train --strategy fsdp --devices 2 --checkpoint-dir D`, rank 1 SIGKILLed in epoch 2,

@@ -22,11 +22,6 @@ from mgpu.models import build_model
 from mgpu.run import train
 
 
-@pytest.fixture(scope="module")
-def single_device_weights() -> dict:
-    return train(weights_config("single")).state_dict
-
-
 def initial_weights(cfg) -> dict:
     return build_model(cfg.model, width=cfg.width, seed=cfg.seed).state_dict()
 
