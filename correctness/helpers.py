@@ -31,7 +31,7 @@ from mgpu.data import BatchLoader, ImageDataset
 from mgpu.launch import free_port, spawn
 from mgpu.models import build_model, lenet, resnet18
 from mgpu.parity.compare import assert_tensors_close, max_abs_diff  # noqa: F401  (one copy: the check's)
-from mgpu.strategies import DistributedDataParallel, Manual, get_strategy
+from mgpu.strategies import RANK_STRATEGIES, DistributedDataParallel, Manual, get_strategy
 
 # A DDP run of the suite gets this long before spawn() stops every rank and names the stragglers.
 DDP_DEADLINE_S = 120.0
@@ -243,9 +243,6 @@ class RankRuns:
     weights_again: object        # the ddp run repeated (world size 2 only), for determinism
     accuracies: dict             # strategy -> evaluate() of eval_cases() under it
     resumed: dict                # strategy -> RunResult of weights_config interrupted and resumed (world size 2 only)
-
-
-RANK_STRATEGIES = ("ddp", "fsdp")
 
 
 def spawn_rank_runs(world_size: int) -> RankRuns:

@@ -10,7 +10,6 @@ process (helpers.run_job_in_this_process): FSDP's code paths, without a spawn.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import pytest
@@ -18,7 +17,7 @@ import torch
 from torch import nn
 
 from correctness.check_models import TiedLM
-from correctness.helpers import assert_tensors_close, run_config, run_job_in_this_process
+from correctness.helpers import TrainJob, assert_tensors_close, run_config, run_job_in_this_process
 from mgpu import checkpoint
 from mgpu.config import CheckOptions
 from mgpu.launch import free_port
@@ -61,30 +60,20 @@ def test_fsdp_keeps_tied_weights_tied_and_matches_single_device():
     assert not report.failures, [(r.name, r.first_divergence) for r in report.failures]
 
 
-@dataclass
-class _FsdpRun:
-    """train(cfg) in a world of one rank in this process; a checkpoint too, if asked."""
-    cfg: object
-    port: int = field(default_factory=free_port)
-
-    def run(self):
-        return train(self.cfg)
-
-
 def test_fsdp_checkpoint_has_every_strategys_layout_and_resumes_from_a_single_device_one(tmp_path):
     """The full state, gathered by torch's helpers, keyed as Optimizer.state_dict() keys it: a
     checkpoint of fsdp and one of single hold the same tensors under the same keys, and a single
     device's checkpoint resumes under fsdp."""
     single_dir, fsdp_dir = tmp_path / "single", tmp_path / "fsdp"
     train(run_config("single", checkpoint_dir=str(single_dir), **{**TINY, "epochs": 1}))
-    run_job_in_this_process(_FsdpRun(run_config("fsdp", checkpoint_dir=str(fsdp_dir), **{**TINY, "epochs": 1})))
+    run_job_in_this_process(TrainJob(run_config("fsdp", checkpoint_dir=str(fsdp_dir), **{**TINY, "epochs": 1})))
     single, fsdp = checkpoint.load(single_dir), checkpoint.load(fsdp_dir)
     assert_tensors_close(fsdp["model"], single["model"], where="fsdp (one rank) vs single: checkpointed weights")
     assert fsdp["optimizer"]["param_groups"] == single["optimizer"]["param_groups"]
     assert fsdp["optimizer"]["state"].keys() == single["optimizer"]["state"].keys()
     for i, state in single["optimizer"]["state"].items():
         assert_tensors_close(fsdp["optimizer"]["state"][i], state, where=f"optimizer state of parameter {i}")
-    resumed = run_job_in_this_process(_FsdpRun(run_config("fsdp", checkpoint_dir=str(single_dir), resume=True, **TINY)))
+    resumed = run_job_in_this_process(TrainJob(run_config("fsdp", checkpoint_dir=str(single_dir), resume=True, **TINY)))
     uninterrupted = train(run_config("single", **TINY))
     assert_tensors_close(resumed.state_dict, uninterrupted.state_dict,
                          where="epoch 1 single, epoch 2 resumed under fsdp, vs 2 epochs single")

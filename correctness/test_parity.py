@@ -22,14 +22,12 @@ from hypothesis import strategies as st
 from correctness.draws import seeds
 from mgpu.parity import CheckOptions, check_data_parallel, run_check
 from mgpu.spec import ModelSpec, builtin_spec
+from mgpu.strategies import RANK_STRATEGIES
 
 pytestmark = pytest.mark.parity
 
 IN_PROCESS = ("manual", "dataparallel")
 EXACT_CHECKS = ("gradients", "weights", "optimizer", "statistics", "uneven", "accumulate")
-
-
-RANK_STRATEGIES = ("ddp", "fsdp")
 
 
 @dataclass(frozen=True)

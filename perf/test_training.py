@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 import pytest
 
 from perf import workloads
-from perf.workloads import RANK_STRATEGIES, StrategyRankPool, TrainBench, TrainSession
+from mgpu.strategies import RANK_STRATEGIES
+from perf.workloads import StrategyRankPool, TrainBench, TrainSession
 from perf.sweep import SWEEP_KEY, record_rate
 
 

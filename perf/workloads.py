@@ -253,7 +253,13 @@ class RankPool:
         self.close()
 
 
-RANK_STRATEGIES = ("ddp", "fsdp")  # one process per device: timed through a StrategyRankPool
+def _spawns_ranks(strategy: str) -> bool:
+    """One process per device (ddp, fsdp): timed through a StrategyRankPool. Asked of the mgpu this
+    process imports, which in a baseline arm may be older (and know fewer strategies)."""
+    from mgpu.strategies import get_strategy
+
+    return get_strategy(strategy).spawns_ranks
+
 
 
 class _RankServer:
@@ -306,8 +312,8 @@ class StrategyRankPool:
     """
 
     def __init__(self, bench: TrainBench, command_timeout_s: float = 300.0):
-        if bench.strategy not in RANK_STRATEGIES:
-            raise ValueError(f"StrategyRankPool runs {' or '.join(RANK_STRATEGIES)}, not {bench.strategy!r}")
+        if not _spawns_ranks(bench.strategy):
+            raise ValueError(f"StrategyRankPool runs a strategy with one process per device, not {bench.strategy!r}")
         bench.train_config()  # bad settings fail here, once, rather than in every rank
         self.bench = bench
         self.pool = RankPool(_Factory(_RankServer, bench), bench.devices, command_timeout_s=command_timeout_s)
@@ -631,9 +637,10 @@ class _TrainStep:
         bench = TrainBench(spec["strategy"], spec["devices"], per_device_batch=spec.get("batch", 32),
                            width=spec.get("width", 16), steps_per_epoch=spec.get("steps_per_epoch", 3),
                            threads_per_device=spec.get("threads_per_device"))
-        if bench.strategy not in RANK_STRATEGIES and bench.threads_per_device:
+        ranks = _spawns_ranks(bench.strategy)
+        if not ranks and bench.threads_per_device:
             torch.set_num_threads(bench.threads_per_device)
-        self.session = StrategyRankPool(bench) if bench.strategy in RANK_STRATEGIES else TrainSession(bench)
+        self.session = StrategyRankPool(bench) if ranks else TrainSession(bench)
         self.losses: list[float] = []
 
     def op(self) -> None:

@@ -40,6 +40,7 @@ from mgpu.parity.probe import (find_buffer_updates, find_mixing_layers, find_ran
 from mgpu.parity.record import (Plan, Recording, check_ties, load_snapshot, record_strategy, reference_run,
                                 reference_step, snapshot, step_timeout)
 from mgpu.spec import ModelSpec, builtin_spec, load_spec, validate_spec
+from mgpu.strategies import RANK_STRATEGIES  # each run of these is a spawn of its ranks
 
 __all__ = ["CheckOptions", "CheckResult", "Report", "run_check", "check_data_parallel", "CHECK_STRATEGIES"]
 
@@ -156,9 +157,6 @@ def _run_in_process(spec, model, name: str, n: int, plan: Plan, options: CheckOp
         return record_strategy(strategy, spec, plan, label=_label(name, n), timeout_s=options.step_timeout)
     finally:
         strategy.teardown()
-
-
-RANK_STRATEGIES = ("ddp", "fsdp")  # one process per device: each run is a spawn of its ranks
 
 
 def _label(name: str, n: int) -> str:

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 from mgpu.parity.check import CheckResult, Report
+from mgpu.strategies import RANK_STRATEGIES
 
 __all__ = ["table", "failure_message", "write_json"]
 
@@ -21,7 +22,7 @@ _STATUS_ORDER = ("fail", "finding", "skipped", "pass")
 def _who(result: CheckResult) -> str:
     if result.strategy is None:
         return "model"
-    unit = "rank" if result.strategy in ("ddp", "fsdp") else "device"
+    unit = "rank" if result.strategy in RANK_STRATEGIES else "device"
     return f"{result.strategy} x{result.devices} {unit}{'s' if result.devices != 1 else ''}"
 
 
@@ -81,7 +82,7 @@ def table(report: Report) -> str:
 
 
 def _unit(result: CheckResult) -> str:
-    return "rank" if result.strategy in ("ddp", "fsdp") else "replica"
+    return "rank" if result.strategy in RANK_STRATEGIES else "replica"
 
 
 def failure_message(report: Report, result: CheckResult) -> str:

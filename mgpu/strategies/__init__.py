@@ -12,6 +12,8 @@ from mgpu.strategies.single import SingleDevice
 STRATEGIES = {cls.name: cls for cls in (SingleDevice, Manual, DataParallel, DistributedDataParallel,
                                        FullyShardedDataParallel)}
 assert tuple(STRATEGIES) == STRATEGY_NAMES
+# One process per device (they start ranks of their own, or run inside torchrun's).
+RANK_STRATEGIES = tuple(name for name, cls in STRATEGIES.items() if cls.spawns_ranks)
 
 
 def get_strategy(name: str) -> type[Strategy]:
@@ -21,5 +23,5 @@ def get_strategy(name: str) -> type[Strategy]:
         raise ConfigError(f"unknown strategy {name!r}: choose one of {', '.join(STRATEGIES)}") from None
 
 
-__all__ = ["Strategy", "STRATEGIES", "get_strategy", "SingleDevice", "Manual", "DataParallel",
+__all__ = ["Strategy", "STRATEGIES", "RANK_STRATEGIES", "get_strategy", "SingleDevice", "Manual", "DataParallel",
            "DistributedDataParallel", "FullyShardedDataParallel"]
