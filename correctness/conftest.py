@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mgpu.devices import torch_threads
+from mgpu.devices import exact_gpu_math, torch_threads
 
 
 @pytest.fixture(autouse=True, scope="package")
@@ -77,13 +77,12 @@ def single_device_weights(single_device_run) -> dict:
 
 
 @pytest.fixture(autouse=True)
-def _no_tf32():
-    """Correctness means bit-for-bit fp32 math on GPUs too: TF32 off, tolerances untouched.
-    This folder only: perf/ runs PyTorch's defaults, as users do (and records them in machine_info)."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+def _exact_gpu_math():
+    """Correctness means full fp32 math on GPUs too: TF32 off and cuDNN's deterministic algorithms
+    (mgpu.devices.exact_gpu_math), tolerances untouched. This folder only: perf/ runs PyTorch's
+    defaults, as users do (and records them in machine_info)."""
+    with exact_gpu_math():
+        yield
 
 
 def pytest_collection_modifyitems(config, items):

@@ -202,7 +202,7 @@ class EvalJob:
 
 def run_jobs_in_rank(jobs: list) -> list:
     """What each rank runs: the jobs in order, each in its own process group (its own port)."""
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # ranks don't get the fixture
+    devmod.set_exact_gpu_math()  # for the rank's life: ranks don't get the fixture
     results = []
     # Each job's group gets its own store, hosted by rank 0 on the job's port: under torch's elastic
     # agent (mgpu.launch) ranks would otherwise look for the agent's store on that port.
@@ -269,7 +269,7 @@ def syncbn_gradients_in_rank(args) -> dict:
     """In each of 2+ GPU ranks: DDP with SyncBatchNorm, one backward of the rank's shard of (X, y);
     returns rank 0's (allreduced) gradients on the CPU."""
     model_state, X, y = args
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # ranks don't get the fixture
+    devmod.set_exact_gpu_math()  # for the rank's life: ranks don't get the fixture
     cfg = run_config("ddp", int(os.environ["WORLD_SIZE"]), model="resnet18", width=RESNET_WIDTH, sync_bn=True,
                      require_gpus=True)
     strategy = DistributedDataParallel.create(cfg)

@@ -15,11 +15,12 @@ import sys
 import pytest
 import torch
 
+from conftest import requires_gpus
 from mgpu.cli import main
 from mgpu.config import CheckOptions
 from mgpu.errors import CheckTimeout, ParityError, SpecError
 from mgpu.parity import check_data_parallel, run_check
-from mgpu.spec import load_spec
+from mgpu.spec import builtin_spec, load_spec
 from mgpu.strategies import Manual
 from mgpu.strategies.base import micro_batches
 
@@ -320,3 +321,21 @@ def test_pytest_model_option_runs_the_parity_properties_and_fails_a_planted_defe
     assert proc.returncode == 1, f"exit {proc.returncode}:\n{out[-3000:]}"
     assert "1 failed" in out and "deselected" in out and " passed" not in out, out[-3000:]
     assert "buffer batch_scale differs after step" in out and "python -m mgpu check examples/planted_defect.py:defect" in out, out[-3000:]
+
+
+@requires_gpus(1)
+def test_a_correct_model_passes_on_one_gpu_against_a_float32_reference_on_that_gpu():
+    # On an H200 the GPU's float32 gradients of LeNet were 3.4 times past an allowance sized by the
+    # CPU's float32 run: the float32 reference must run where the checked run did.
+    options = CheckOptions(strategies=("manual", "ddp"), devices=(1,), step_timeout=60)
+    report = run_check(builtin_spec("lenet"), options)
+    assert not report.failures, "\n".join(f"{r.strategy} x{r.devices} {r.name}: {r.first_divergence.describe()}"
+                                            for r in report.failures if r.first_divergence)
+
+
+def test_the_float32_reference_runs_on_the_checked_runs_first_device(monkeypatch):
+    from mgpu.parity import check as check_module
+
+    assert check_module.run_device(2) == torch.device("cpu")  # no GPUs here: emulated on the CPU
+    monkeypatch.setattr(check_module, "devices", lambda n: [torch.device(f"cuda:{i}") for i in range(n)])
+    assert check_module.run_device(2) == torch.device("cuda:0")

@@ -144,3 +144,34 @@ def test_torch_threads_gives_back_the_count_from_before_the_block():
             torch.set_num_threads(other)  # as a ddp strategy's create() does
             raise RuntimeError("inside")
     assert torch.get_num_threads() == before
+
+
+def _gpu_math_flags() -> tuple:
+    return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+
+
+def test_exact_gpu_math_switches_tf32_off_and_cudnn_to_deterministic_then_gives_the_settings_back():
+    with devmod.exact_gpu_math():  # this folder's autouse fixture already set them: start from defaults
+        saved = devmod.set_exact_gpu_math({(id(o), n): v for (o, n, _), v in zip(devmod._EXACT_FLAGS, (True, True, False, True))})
+        assert _gpu_math_flags() == (True, True, False, True)
+        with devmod.exact_gpu_math():
+            assert _gpu_math_flags() == (False, False, True, False), "TF32 on or cuDNN free to pick nondeterministic kernels"
+        assert _gpu_math_flags() == (True, True, False, True), "the settings from before the block were not given back"
+        devmod.set_exact_gpu_math(saved)
+
+
+@requires_gpus(1)
+def test_two_identical_resnet_runs_on_a_gpu_agree_bitwise_under_exact_gpu_math():
+    # What exact_gpu_math is for: cuDNN's default weight gradients changed from run to run on an H200.
+    import dataclasses
+
+    from correctness.helpers import assert_tensors_close
+    from mgpu.config import TrainConfig
+    from mgpu.run import train
+
+    cfg = TrainConfig(strategy="single", model="resnet18", width=4, epochs=1, batch_size=16, train_size=64,
+                      test_size=16, lr=0.05, out=None, progress=False, seed=3, require_gpus=True)
+    with devmod.exact_gpu_math():
+        first, second = train(cfg), train(dataclasses.replace(cfg))
+    assert_tensors_close(second.state_dict, first.state_dict, exact=True, where="ResNet-18 on cuda:0, second run vs first")

@@ -8,11 +8,15 @@ The runs are the suite's shared ones (LeNet with SGD momentum, conftest's `rank_
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-pytestmark = pytest.mark.multiprocess
+from conftest import requires_gpus
 
 
+
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_fsdp_rank_holds_about_one_nth_of_single_devices_training_state(world_size, rank_runs, single_device_run):
     runs, single_device_memory = rank_runs(world_size), single_device_run.memory
@@ -28,8 +32,24 @@ def test_fsdp_rank_holds_about_one_nth_of_single_devices_training_state(world_si
             f"(expected about 1/{world_size})")
 
 
+@pytest.mark.multiprocess
 def test_the_run_reports_its_memory_per_device(rank_runs):
     result = rank_runs(2).weights["fsdp"]
     line = result.memory_line()
     assert line.startswith("memory per device: parameters ") and "optimizer state" in line, line
     assert result.to_json()["memory_per_device"] == result.memory
+
+
+@requires_gpus(1)
+def test_peak_allocated_counts_from_the_strategys_setup_not_from_the_process_start():
+    # The H200's first perf run recorded a 7 GB peak for a training step of 0.7 GB: the copies
+    # benchmark before it in the same process had set the peak.
+    import torch
+
+    from correctness.helpers import weights_config
+    from mgpu.run import train
+
+    earlier = torch.empty(2**30, dtype=torch.uint8, device="cuda:0")  # 1 GiB, freed before the run
+    del earlier
+    result = train(dataclasses.replace(weights_config("single"), require_gpus=True))
+    assert 0 < result.memory["peak_allocated"] < 2**29, f"peak {result.memory['peak_allocated']} bytes: not reset at setup"

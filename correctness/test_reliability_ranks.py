@@ -617,3 +617,21 @@ def test_a_config_with_hundreds_of_tensors_reaches_the_ranks():
     tensors = {f"t{i}": torch.full((3,), float(i)) for i in range(400)}
     got = launch.spawn(_count_tensors, tensors, nprocs=2, deadline_s=60)
     assert got == (400, 3.0 * sum(range(400))), got
+
+
+def test_the_ranks_grace_before_sigkill_is_given_only_to_a_torch_that_takes_it():
+    # torch 2.11's LaunchConfig has no shutdown_timeout: passing it failed every rank spawn on the
+    # H200 machine (a TypeError before any rank started).
+    import dataclasses
+
+    @dataclasses.dataclass
+    class OlderLaunchConfig:
+        min_nodes: int = 1
+
+    @dataclasses.dataclass
+    class NewerLaunchConfig:
+        min_nodes: int = 1
+        shutdown_timeout: int = 30
+
+    assert launch._shutdown_grace(OlderLaunchConfig) == {}
+    assert launch._shutdown_grace(NewerLaunchConfig) == {"shutdown_timeout": launch.TERMINATE_GRACE_S}

@@ -21,7 +21,7 @@ import torch
 from mgpu.errors import ConfigError, DeviceError
 
 __all__ = ["DeviceList", "try_gpu", "try_all_gpus", "devices", "gpu_count", "synchronize", "describe",
-           "usable_cores", "torch_threads", "keep_freed_memory", "to_device", "supports_bf16", "check_fits"]
+           "usable_cores", "torch_threads", "exact_gpu_math", "set_exact_gpu_math", "keep_freed_memory", "to_device", "supports_bf16", "check_fits"]
 
 
 class DeviceList(list):
@@ -136,6 +136,32 @@ def usable_cores() -> list[int]:
         return sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux: no affinity, assume every core
         return list(range(os.cpu_count() or 1))
+
+
+_EXACT_FLAGS = ((torch.backends.cuda.matmul, "allow_tf32", False), (torch.backends.cudnn, "allow_tf32", False),
+                (torch.backends.cudnn, "deterministic", True), (torch.backends.cudnn, "benchmark", False))
+
+
+def set_exact_gpu_math(settings: dict | None = None) -> dict:
+    """GPU math that another run can be compared with, for the rest of the process: TF32 off (full
+    fp32 matmuls and convolutions) and cuDNN's deterministic algorithms, no autotuning. cuDNN's
+    default weight gradients sum in an order that may change between runs (docs/gpu.md has what
+    that did on an H200). No effect on the CPU, whose kernels are deterministic already. Returns the
+    settings it replaced; `set_exact_gpu_math(those)` puts them back."""
+    saved = {(id(owner), name): getattr(owner, name) for owner, name, _ in _EXACT_FLAGS}
+    for owner, name, exact in _EXACT_FLAGS:
+        setattr(owner, name, exact if settings is None else settings[(id(owner), name)])
+    return saved
+
+
+@contextlib.contextmanager
+def exact_gpu_math():
+    """set_exact_gpu_math() for the block; the settings from before it given back after it."""
+    saved = set_exact_gpu_math()
+    try:
+        yield
+    finally:
+        set_exact_gpu_math(saved)
 
 
 @contextlib.contextmanager

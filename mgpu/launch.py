@@ -202,6 +202,13 @@ def _quiet_agent():
             lg.propagate = propagate
 
 
+def _shutdown_grace(launch_config: type) -> dict:
+    """LaunchConfig's grace for ranks between SIGTERM and SIGKILL, where this torch has the field
+    (newer than 2.11, which found it missing on the H200 machine); older ones keep their default."""
+    fields = getattr(launch_config, "__dataclass_fields__", {})
+    return {"shutdown_timeout": TERMINATE_GRACE_S} if "shutdown_timeout" in fields else {}
+
+
 def spawn(fn: Callable, cfg: Any, nprocs: int, port: int | None = None, deadline_s: float | None = None,
           poll_s: float = 0.1) -> Any:
     """Run fn(cfg) in nprocs fresh processes (ranks 0..nprocs-1); return rank 0's result.
@@ -226,7 +233,7 @@ def spawn(fn: Callable, cfg: Any, nprocs: int, port: int | None = None, deadline
                 min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"mgpu-{uuid.uuid4().hex}",
                 rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{port or 0}", rdzv_configs={"is_host": True},
                 max_restarts=0, monitor_interval=poll_s, start_method=START_METHOD, signals_to_handle="SIGTERM",
-                logs_specs=DefaultLogsSpecs(log_dir=logs), shutdown_timeout=TERMINATE_GRACE_S)
+                logs_specs=DefaultLogsSpecs(log_dir=logs), **_shutdown_grace(LaunchConfig))
             multiprocessing.get_context(START_METHOD).set_forkserver_preload(_SERVER_PRELOAD)
             # cfg as bytes: multiprocessing would send each tensor in it as a file descriptor, and the
             # fork server takes at most 253 per process (SCM_RIGHTS): a model's state dict has more.

@@ -106,6 +106,7 @@ def _run_in_process(cfg: TrainConfig, fault: Fault | None = None) -> RunResult |
         spec = builtin_spec(cfg.model, width=cfg.width)
         strategy.use_objective(spec.objective)
         strategy.setup(spec.build_seeded(cfg.seed), make_optimizer_factory(cfg))
+        strategy.reset_peak_memory()
         start_epoch, done = _resume(cfg, strategy, log) if cfg.resume else (0, [])
         callbacks = [fault] if fault is not None else []
         if cfg.checkpoint_dir:

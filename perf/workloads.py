@@ -105,6 +105,9 @@ class TrainSession:
         model = build_model(cfg.model, width=cfg.width, seed=cfg.seed)
         self.initial = [p.detach().clone() for p in model.parameters()]  # CPU copies, before any update
         self.strategy.setup(model, make_optimizer_factory(cfg))
+        reset_peak = getattr(self.strategy, "reset_peak_memory", None)  # a baseline arm's mgpu may predate it
+        if reset_peak is not None:
+            reset_peak()
         self.trainer = Trainer(self.strategy, train_loader, test_loader, epochs=1, progress=False, log=lambda _: None)
         self.batches = list(train_loader.index_batches())
         self.steps = self.epochs = 0

@@ -207,15 +207,17 @@ class ReferenceStep:
 
 def reference_step(spec: ModelSpec, template: nn.Module, state: dict, optimizer_state: dict, plan: Plan, step: int,
                    devices: int, dtype: torch.dtype, make_optimizer, timeout_s: float | None = None,
-                   label: str = "reference", scale_after: bool = False) -> ReferenceStep:
+                   label: str = "reference", scale_after: bool = False, device="cpu") -> ReferenceStep:
     """One step of single-device plain PyTorch in `dtype`, computing what `devices` devices
     compute (see the module docstring), from `state` (a snapshot) and `optimizer_state` (an
     optimizer's state_dict). `template` gives the model's structure and is not changed.
 
     scale_after: backpropagate the summed loss and divide the summed gradients by the batch size
     afterwards (as the manual strategy's allreduce does), instead of scaling the loss first.
+    device: where it runs (its results come back on the CPU); a float32 step on the GPU the
+    checked run used has that GPU's rounding, which a CPU's float32 does not.
     """
-    model = copy.deepcopy(template).to(dtype)
+    model = copy.deepcopy(template).to(device=device, dtype=dtype)
     load_snapshot(model, state)
     params = list(model.parameters())
     named = [n for n, _ in model.named_parameters()]
@@ -224,7 +226,8 @@ def reference_step(spec: ModelSpec, template: nn.Module, state: dict, optimizer_
         optimizer.load_state_dict(copy.deepcopy(optimizer_state))  # casts floating state to the parameters' dtype
     pieces = device_pieces(plan.batch_size, devices, plan.micro_steps)
     inputs, target = plan.batch(spec, step)
-    inputs = tuple(_cast(t, dtype) for t in inputs)
+    inputs = tuple(_cast(t, dtype).to(device) if isinstance(t, torch.Tensor) else t for t in inputs)
+    target = target.to(device)
     start_buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
     unused = set()
     loss_sum = correct = 0.0

@@ -221,7 +221,7 @@ class Strategy(ABC):
         """Bytes one device of this process holds for training state: the parameters, their
         gradients (one per trainable parameter, as a step holds them) and the optimizer state; a
         sharded tensor (FSDP) counts its local shard only. On CUDA also `peak_allocated`, the
-        most memory the device had allocated (activations included) since the process started."""
+        most memory the device had allocated (activations included) since `reset_peak_memory`."""
         params = list(self.modules()[0].parameters())
         state = [t for s in self.optimizers()[0].state.values() for t in s.values() if isinstance(t, torch.Tensor)]
         out = {"parameters": sum(_nbytes(p) for p in params),
@@ -231,6 +231,13 @@ class Strategy(ABC):
         if device.type == "cuda":
             out["peak_allocated"] = int(torch.cuda.max_memory_allocated(device))
         return out
+
+    def reset_peak_memory(self) -> None:
+        """Start `peak_allocated` afresh on this process's GPUs. Called once the model is placed: in
+        a process that ran other work first (a pytest session) the peak would otherwise be that
+        work's (the H200's first perf run recorded 7 GB for a 0.7 GB training step)."""
+        for device in {d for d in self.devices if d.type == "cuda"}:
+            torch.cuda.reset_peak_memory_stats(device)
 
     def load_state_dicts(self, model_state: dict, optimizer_state: dict | None = None) -> None:
         """Load the same weights (and optimizer state) into every replica."""
