@@ -1,5 +1,5 @@
 """Failing ranks: real `python -m mgpu train --strategy ddp` (and fsdp) runs with a fault injected into one rank;
-the fsdp runs end to end, and fsdp over two torchrun "nodes" on this machine (ddp launches the same way).
+the fsdp runs end to end, and both strategies over two torchrun "nodes" on this machine.
 
 Whatever a rank does (raises, is SIGKILLed, hangs in a collective) or the user does (Ctrl-C),
 the whole run must exit non-zero within 30 s, say which rank failed and why, and leave no process
@@ -59,10 +59,8 @@ WEIGHTS_ARGS = ["--model", WEIGHTS.model, "--epochs", str(WEIGHTS.epochs), "--ba
                 "--train-size", str(WEIGHTS.train_size), "--test-size", str(WEIGHTS.test_size), "--seed", str(WEIGHTS.seed),
                 "--no-progress"]
 FSDP_ARGS = ["--strategy", "fsdp", "--devices", "2", *WEIGHTS_ARGS]
-# Two torchrun agents as two "nodes" of one rank each, meeting by torchrun's c10d rendezvous. fsdp
-# only: its launch under torchrun is ddp's own code (the subclass adds none), and a pair of nodes
-# costs about 11 CPU-seconds of this suite's 2-core budget.
-NODE_STRATEGIES = ("fsdp",)
+# Two torchrun agents as two "nodes" of one rank each, meeting by torchrun's c10d rendezvous.
+NODE_STRATEGIES = ("ddp", "fsdp")
 
 
 # Runs the rest of its command line with SIGINT's disposition set first (default, or ignored).
