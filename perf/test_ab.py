@@ -289,32 +289,77 @@ def _not_a_python(tmp_path) -> Path:
     return fake
 
 
-@pytest.mark.parametrize("case, message", [
-    ("unknown-revision", "neither a folder nor a git revision"),
-    ("not-a-checkout", "is not a checkout of mgpu"),
-    ("baseline-mgpu-broken", "the baseline's mgpu"),
-    ("python-without-torch", "is not a Python with torch"),
-    ("threshold-0", "--ab-threshold must be a percentage in (0, 100)"),
-    ("threshold-100", "--ab-threshold must be a percentage in (0, 100)"),
-    ("threshold-text", "--ab-threshold must be a percentage in (0, 100)"),
-    ("max-rounds-2", "--ab-max-rounds must be an integer >= 3"),
-])
-def test_bad_gate_input_is_a_one_line_usage_error_before_anything_is_timed(case, message, tmp_path):
-    args = {"unknown-revision": ["--ab-baseline", "no-such-revision-xyz"],
-            "not-a-checkout": ["--ab-baseline", str(tmp_path)],
-            "baseline-mgpu-broken": ["--ab-baseline", str(_broken_checkout(tmp_path))],
-            "python-without-torch": ["--ab-baseline-python", str(_not_a_python(tmp_path))],
-            "threshold-0": ["--ab-baseline", str(ROOT), "--ab-threshold", "0"],
-            "threshold-100": ["--ab-baseline", str(ROOT), "--ab-threshold", "100%"],
-            "threshold-text": ["--ab-baseline", str(ROOT), "--ab-threshold", "ten"],
-            "max-rounds-2": ["--ab-baseline", str(ROOT), "--ab-max-rounds", "2"]}[case]
+class GateOptions:
+    """What ABGate reads of a pytest config: the gate's options (defaults as add_options has them)."""
+
+    def __init__(self, **options):
+        self.options = {"--ab-baseline": None, "--ab-baseline-python": None, "--ab-threshold": "10",
+                        "--ab-max-rounds": "40", "--ab-strict": False, "benchmark_disable": False, **options}
+        self.ini_lines = []
+
+    def getoption(self, name, default=None):
+        return self.options.get(name, default)
+
+    def addinivalue_line(self, name, line):
+        self.ini_lines.append((name, line))
+
+
+BAD_GATE_INPUT = {
+    "unknown-revision": (lambda tmp: {"--ab-baseline": "no-such-revision-xyz"}, "neither a folder nor a git revision"),
+    "not-a-checkout": (lambda tmp: {"--ab-baseline": str(tmp)}, "is not a checkout of mgpu"),
+    "baseline-mgpu-broken": (lambda tmp: {"--ab-baseline": str(_broken_checkout(tmp))}, "the baseline's mgpu"),
+    "python-without-torch": (lambda tmp: {"--ab-baseline-python": str(_not_a_python(tmp))}, "is not a Python with torch"),
+    "python-not-executable": (lambda tmp: {"--ab-baseline-python": str(tmp / "nothing")}, "not an executable file"),
+    "threshold-0": (lambda tmp: {"--ab-baseline": str(ROOT), "--ab-threshold": "0"},
+                    "--ab-threshold must be a percentage in (0, 100)"),
+    "threshold-100": (lambda tmp: {"--ab-baseline": str(ROOT), "--ab-threshold": "100%"},
+                      "--ab-threshold must be a percentage in (0, 100)"),
+    "threshold-text": (lambda tmp: {"--ab-baseline": str(ROOT), "--ab-threshold": "ten"},
+                       "--ab-threshold must be a percentage in (0, 100)"),
+    "max-rounds-2": (lambda tmp: {"--ab-baseline": str(ROOT), "--ab-max-rounds": "2"},
+                     "--ab-max-rounds must be an integer >= 3"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_GATE_INPUT))
+def test_bad_gate_input_is_a_usage_error_naming_the_problem_before_anything_is_timed(case, tmp_path):
+    """The gate's options and baseline resolution as functions: ABGate(config) raises pytest's
+    UsageError (one line, exit 4 from pytest) and leaves no worktree, worker or folder behind."""
+    options, message = BAD_GATE_INPUT[case]
     before = _worktrees()
-    out = _pytest(*args, "--perf-out", str(tmp_path / "out"), timeout=120)
+    with pytest.raises(pytest.UsageError) as raised:
+        ab.ABGate(GateOptions(**options(tmp_path)))
+    assert message in str(raised.value) and "\n" not in str(raised.value), str(raised.value)
+    assert _worktrees() == before, "a temporary worktree was left behind"
+
+
+def test_good_gate_options_become_the_settings():
+    settings = ab._settings(GateOptions(**{"--ab-threshold": "5%", "--ab-max-rounds": "12", "--ab-strict": True}))
+    assert (settings.threshold, settings.max_rounds, settings.strict, settings.smoke) == (0.05, 12, True, False)
+    smoke = ab._settings(GateOptions(benchmark_disable=True))
+    assert smoke.smoke and smoke.max_rounds == 3, "--benchmark-disable makes the gate a three-round smoke run"
+
+
+def test_a_revision_of_this_repository_resolves_to_a_temporary_worktree_removed_afterwards():
+    if not _is_git_checkout():
+        pytest.skip("this folder is not a git checkout")
+    before = _worktrees()
+    tree, worktree = ab.resolve_baseline("HEAD")
+    try:
+        assert worktree == tree and (tree / "mgpu" / "__init__.py").is_file(), tree
+        assert len(_worktrees()) == len(before) + 1
+    finally:
+        ab.remove_worktree(worktree)
+    assert _worktrees() == before and not tree.exists()
+
+
+def test_bad_gate_input_from_the_command_line_is_one_error_line_and_exit_4(tmp_path):
+    """End to end, once: pytest in a subprocess, as a user runs it (the cases above cover the rest)."""
+    out = _pytest("--ab-baseline", str(ROOT), "--ab-threshold", "0", "--perf-out", str(tmp_path / "out"), timeout=120)
     errors = [line for line in out.stderr.splitlines() if line.startswith("ERROR:")]
     assert out.returncode == 4, f"exit {out.returncode}, not pytest's usage error:\n{out.stdout[-2000:]}\n{out.stderr}"
-    assert len(errors) == 1 and message in errors[0], out.stderr
+    assert len(errors) == 1 and "--ab-threshold must be a percentage in (0, 100)" in errors[0], out.stderr
     assert not (tmp_path / "out" / "ab.json").exists(), "nothing may be timed on bad input"
-    assert _worktrees() == before, "a temporary worktree was left behind"
 
 
 @pytest.mark.multiprocess
@@ -342,13 +387,12 @@ def test_smoke_ab_run_against_head(tmp_path):
         assert _worktrees() == before, "the temporary worktree of HEAD was left behind"
 
 
-@pytest.mark.parametrize("planted, message", [
-    ("raise RuntimeError('planted failure in the baseline')", "planted failure in the baseline"),
-    ("import os; os._exit(3)", "baseline worker exited with code 3"),
-])
-def test_a_baseline_that_fails_or_crashes_fails_the_gate_run(planted, message, tmp_path):
-    """A whole `pytest perf --ab-baseline` run whose baseline raises in (or dies during) every
-    training step: the gated test fails and pytest exits 1, never `unchanged`."""
+def test_a_baseline_that_crashes_fails_the_gate_run(tmp_path):
+    """A whole `pytest perf --ab-baseline` run whose baseline dies during every training step: the
+    gated test fails and pytest exits 1, never `unchanged`. (A workload that raises is the same
+    path: test_a_failing_workload_fails_the_comparison_never_unchanged and the real worker's
+    test_a_workload_that_fails_in_a_real_worker_names_the_error.)"""
+    planted, message = "import os; os._exit(3)", "baseline worker exited with code 3"
     from perf.validate_gate import copy_tree
 
     baseline = copy_tree(ROOT, tmp_path / "baseline")
