@@ -21,9 +21,12 @@ import numpy as np
 import pytest
 
 from perf import ab, abstats
+from perf.gated import gated_set
+from perf.sweep import make_sweep
 
 ROOT = ab.PROJECT_ROOT
-LEVEL = 0.05 / 6  # the strictest Holm level of a six-benchmark gated set
+GATED = len(gated_set(make_sweep(None)))  # the gated set on this machine (7 on a CPU)
+LEVEL = 0.05 / GATED  # the strictest Holm level of a whole run of the gated set
 
 
 def paired(ratio: float, rounds: int, noise: float, drift: float = 0.0, bias: float = 0.0, seed: int = 0):
@@ -97,13 +100,14 @@ def test_holm_levels_step_down_and_stop_at_the_first_acceptance():
 def test_a_runs_verdicts_use_holms_corrected_levels_not_the_plain_level():
     """A planted bug passed every other test: the plain level for every benchmark instead of
     Holm's (whole-run false alarms then grow with the number of gated benchmarks). A benchmark
-    whose p-value lies between alpha / k and alpha is `slower` at the plain level; judged with five
-    unchanged ones, as the gate judges a run, it is not, and every level is Holm's."""
+    whose p-value lies between alpha / k and alpha is `slower` at the plain level; judged with k - 1
+    unchanged ones (k: the gated set's size), as the gate judges a run, it is not, and every level is Holm's."""
     from scipy import stats
 
-    half, se, rounds, k = math.log1p(0.10 / 2), 0.01, 20, 6
+    half, se, rounds, k = math.log1p(0.10 / 2), 0.01, 20, GATED
     t = float(stats.t.isf(0.02, rounds - 1))
-    borderline = abstats.Estimate(rounds, half + t * se, se, 0.02)  # p = 0.02: 0.05 / 6 < p < 0.05
+    borderline = abstats.Estimate(rounds, half + t * se, se, 0.02)  # p = 0.02: 0.05 / k < p < 0.05
+    assert 0.05 / k < 0.02
     flat = abstats.Estimate(rounds, 0.0, se, float(stats.t.sf(-half / se, rounds - 1)))
     assert abstats.verdict(borderline, 0.10, 0.05) == "slower", "the plant's level would flag it"
     results = [ab.Comparison(f"bench{i}", {}, estimate=e) for i, e in enumerate([borderline] + [flat] * (k - 1))]
@@ -114,11 +118,11 @@ def test_a_runs_verdicts_use_holms_corrected_levels_not_the_plain_level():
 
 
 def test_whole_run_false_alarm_rate_and_power_under_the_measured_noise():
-    """Simulated whole runs of six benchmarks, per-round log-ratio noise 7.5 % (the probe of this
+    """Simulated whole runs of the gated set, per-round log-ratio noise 7.5 % (the probe of this
     machine, docs/perf.md) and a bias of +2.6 % that identical workers showed: at most 5 % of
     unchanged runs may flag anything `slower`; a 10 % slowdown is caught in 95 % of benchmarks."""
     rng = np.random.default_rng(0)
-    runs, k, rounds, sigma = 400, 6, 40, 0.075
+    runs, k, rounds, sigma = 400, GATED, 40, 0.075
     false_runs = caught = 0
     for _ in range(runs):
         aa = [abstats.estimate(*_samples(rng, 0.026, sigma, rounds), threshold=0.10) for _ in range(k)]
@@ -405,3 +409,21 @@ def test_a_baseline_that_crashes_fails_the_gate_run(tmp_path):
     assert message in out.stdout and "1 failed" in out.stdout, out.stdout[-3000:]
     report = json.loads((tmp_path / "out" / "ab.json").read_text()) if (tmp_path / "out" / "ab.json").exists() else None
     assert report is None or all(b["verdict"] != "unchanged" for b in report["benchmarks"]), report
+
+
+def test_the_suite_gates_exactly_the_gated_set(request, sweep):
+    """perf/gated.py is the one definition: the benchmarks this session collected with a `gate`
+    marker are its set, with its specs (a benchmark marked elsewhere, or a spec that differs from
+    the one validate_gate measures the rates with, fails here)."""
+    import json
+
+    items = request.session.items
+    if not {"test_training.py", "test_kernels.py"} <= {Path(str(item.path)).name for item in items}:
+        pytest.skip("needs the whole perf folder collected (pytest perf)")
+    if any(item.get_closest_marker("gate") is None for item in items if item.name.startswith("test_train_step[single")):
+        pytest.skip("a -k or -m selection left part of the set out")
+    marked = {(item.name, json.dumps(item.get_closest_marker("gate").args[0], sort_keys=True))
+              for item in items if item.get_closest_marker("gate")}
+    expected = {(name, json.dumps(spec, sort_keys=True)) for name, spec in gated_set(sweep)}
+    assert marked == expected, f"marked but not in the set: {sorted(marked - expected)}; in the set but not marked: " \
+                               f"{sorted(expected - marked)}"

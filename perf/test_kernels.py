@@ -18,10 +18,11 @@ import torch
 
 from mgpu.devices import devices as get_devices
 from mgpu.devices import synchronize
+from perf.gated import MATMUL_CPU, MATMUL_GPU, gate_mark, matmul_spec
 from perf.sweep import SWEEP_KEY, record_rate
 
-GPU_SIZE, GPU_PRODUCTS, GPU_ROUNDS = 4000, 50, 10
-CPU_SIZE, CPU_PRODUCTS, CPU_ROUNDS = 384, 20, 15
+GPU_SIZE, GPU_PRODUCTS, GPU_ROUNDS = MATMUL_GPU["size"], MATMUL_GPU["products"], 10
+CPU_SIZE, CPU_PRODUCTS, CPU_ROUNDS = MATMUL_CPU["size"], MATMUL_CPU["products"], 15
 WARMUP_ROUNDS = 2
 
 
@@ -57,10 +58,8 @@ def _info(benchmark, devs, size, count, timing):
 
 
 def _gate(sweep_gpus: int):
-    """The A/B gate's kernel workload: the synchronised products on the first device."""
-    size, count = (GPU_SIZE, GPU_PRODUCTS) if sweep_gpus else (CPU_SIZE, CPU_PRODUCTS)
-    return pytest.mark.gate(dict(kind="matmul", size=size, products=count, threads=1 if not sweep_gpus else None,
-                                 device="cuda:0" if sweep_gpus else "cpu"))
+    """The A/B gate's kernel workload (perf/gated.py): the synchronised products on the first device."""
+    return gate_mark(matmul_spec(sweep_gpus))
 
 
 @pytest.mark.benchmark(group="kernels-one-device")

@@ -26,6 +26,7 @@ import pytest
 from perf import workloads
 from mgpu.strategies import RANK_STRATEGIES
 from perf.workloads import StrategyRankPool, TrainBench, TrainSession
+from perf.gated import Case, gate_mark, is_gated, train_spec
 from perf.sweep import SWEEP_KEY, record_rate
 
 
@@ -49,32 +50,8 @@ GPU = Settings(per_device_batch=128, steps_per_epoch=20, step_rounds=30, step_wa
                interleaved_rounds=30)
 
 
-@dataclass(frozen=True)
-class Case:
-    strategy: str
-    devices: int
-
-
-# The A/B gate's workloads (perf/ab.py): the same steps at a size whose A/B pairs fit the gate's
-# 5-minute budget on a 2-core CPU (width 16: about 1/16 of the full network's work); on GPUs the
-# full network at the GPU batch.
-GATE_CPU = dict(width=16, batch=32)
-GATE_GPU = dict(width=64, batch=128)
-
-
-def gate_spec(kind: str, case: Case, sweep) -> dict:
-    size = GATE_GPU if sweep.gpus else GATE_CPU
-    return dict(kind=kind, strategy=case.strategy, devices=case.devices, threads_per_device=sweep.threads_per_device,
-                steps_per_epoch=3, **size)
-
-
 def _gated(kind: str, case: Case, sweep) -> list:
-    """The gated set: single, manual at the most devices, ddp at 1 and the most ranks, fsdp at the most
-    ranks (steps); single (epoch)."""
-    top = sweep.max_count
-    gated_steps = {("single", 1), ("manual", top), ("ddp", 1), ("ddp", top), ("fsdp", top)}
-    gated = (case.strategy, case.devices) in gated_steps if kind == "train-step" else case == Case("single", 1)
-    return [pytest.mark.gate(gate_spec(kind, case, sweep))] if gated else []
+    return [gate_mark(train_spec(kind, case, sweep))] if is_gated(kind, case, sweep) else []
 
 
 def _cases(sweep, kind: str) -> list:

@@ -93,12 +93,11 @@ def copy_tree(root: Path, dest: Path, slowdown: float | None = None) -> Path:
 def single_step_spec() -> tuple[str, dict, int]:
     """The `single` training step as the gate runs it, and the size of the gated set (for its level)."""
     sys.path.insert(0, str(ROOT))
+    from perf.gated import Case, gated_set, train_spec
     from perf.sweep import make_sweep
-    from perf.test_training import Case, gate_spec
 
     sweep = make_sweep(None)
-    gated_set = 7  # single, manual (most devices), ddp 1 and most ranks, fsdp most ranks, the epoch, the kernel
-    return "test_train_step[single]", gate_spec("train-step", Case("single", 1), sweep), gated_set
+    return "test_train_step[single]", train_spec("train-step", Case("single", 1), sweep), len(gated_set(sweep))
 
 
 def one_decision(baseline: Path, candidate: Path, name: str, spec: dict, family: int, workdir: Path) -> dict:
