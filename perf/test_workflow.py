@@ -1,0 +1,157 @@
+"""The GPU workflow (.github/workflows/gpu-regression.yml), rehearsed where CI runs: no GPU runner has
+ever run it, so a renamed option, a missing make target or a wrong path would first show there.
+
+    pytest perf/test_workflow.py
+
+A fresh clone of this repository (its `.venv` is this one's, so nothing is installed) runs the
+workflow's `run:` steps as GitHub Actions would, `${{ ... }}` filled in and each step's `if:`
+obeyed, for both events:
+
+- a pull request: the install, correctness on the GPUs (here all skipped, with the reason), and
+  the A/B gate against the merge base, which is the previous commit, as a smoke run
+  (`--benchmark-disable` through PYTEST_ADDOPTS: every gated workload in both arms, three rounds);
+- a push to main: the timing step twice on one benchmark (`-k`), as two pushes would store and
+  compare: the first run on a runner has no history and must not ask to compare; the second
+  compares with the first run's stored file.
+
+The `uses:` steps (checkout, cache, artifact) are GitHub's: their paths are checked against the
+folders the `run:` steps write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOW = ROOT / ".github" / "workflows" / "gpu-regression.yml"
+RUNNER = "rehearsal"
+
+pytestmark = pytest.mark.skipif(
+    subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD~1"], capture_output=True).returncode != 0,
+    reason="needs a git checkout with a previous commit (the pull request's merge base)")
+
+
+def _job() -> dict:
+    return yaml.safe_load(WORKFLOW.read_text())["jobs"]["gpu"]
+
+
+def expand(text: str, context: dict) -> str:
+    """`${{ name }}` filled in from context; an expression the rehearsal does not know fails it."""
+    def value(match):
+        name = match.group(1).strip()
+        if name not in context:
+            raise AssertionError(f"the rehearsal cannot fill in ${{{{ {name} }}}}: add it to the context")
+        return context[name]
+    return re.sub(r"\$\{\{(.*?)\}\}", value, text)
+
+
+def runs(step: dict, event: str) -> bool:
+    """A step's `if:` for this event (the forms this workflow uses)."""
+    condition = step.get("if")
+    if condition is None:
+        return True
+    known = {"always()": True, "github.event_name == 'pull_request'": event == "pull_request",
+             "github.event_name != 'pull_request'": event != "pull_request"}
+    assert condition in known, f"the rehearsal does not know the condition {condition!r}"
+    return known[condition]
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Path:
+    """A fresh clone whose origin/main is the previous commit (a pull request's base), this
+    checkout's .venv in it, and pyproject.toml no newer than that .venv's install stamp (so the
+    install step finds it up to date instead of installing the clone over this checkout)."""
+    tree = tmp_path_factory.mktemp("workflow") / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(tree)], check=True, capture_output=True)
+    subprocess.run(["git", "-C", str(tree), "update-ref", "refs/remotes/origin/main", "HEAD~1"], check=True)
+    venv = Path(sys.executable).parent.parent
+    (tree / ".venv").symlink_to(venv, target_is_directory=True)
+    stamp = venv / ".installed"
+    if stamp.exists():
+        os.utime(tree / "pyproject.toml", (stamp.stat().st_mtime - 1,) * 2)
+    return tree
+
+
+def run_steps(tree: Path, event: str, extra_env: dict | None = None, only: str | None = None) -> list[tuple[str, str]]:
+    """Run the job's `run:` steps for this event in `tree` (bash -e, as Actions runs them); return
+    (step name, output) of each. A failing step fails the test with its output."""
+    job = _job()
+    sha = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    context = {"runner.name": RUNNER, "github.base_ref": "main", "github.sha": sha, "github.event_name": event}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update({name: expand(str(value), context) for name, value in job.get("env", {}).items()})
+    env.update(extra_env or {})
+    done = []
+    for step in job["steps"]:
+        if "run" not in step or not runs(step, event) or (only and only not in step.get("name", "")):
+            continue
+        out = subprocess.run(["bash", "-e", "-c", expand(step["run"], context)], cwd=tree, env=env,
+                             capture_output=True, text=True, timeout=400)
+        assert out.returncode == 0, f"step {step.get('name')!r} failed (exit {out.returncode}):\n" \
+                                    f"{out.stdout[-3000:]}\n{out.stderr[-2000:]}"
+        done.append((step["name"], out.stdout + out.stderr))
+    return done
+
+
+def test_the_workflow_runs_what_this_repository_has():
+    job = _job()
+    names = [step.get("name", step.get("uses")) for step in job["steps"]]
+    assert any("A/B gate" in name for name in names) and any("Restore" in name for name in names), names
+    storage = job["env"]["STORAGE"]
+    cached = [step["with"]["path"] for step in job["steps"] if str(step.get("uses", "")).startswith("actions/cache")]
+    assert cached and all(path == storage for path in cached), f"the cache steps keep {cached}, the runs store in {storage}"
+    uploaded = [step["with"]["path"] for step in job["steps"] if str(step.get("uses", "")).startswith("actions/upload")]
+    assert uploaded == ["perf-results/"], uploaded
+    restore = names.index("Restore the stored runs (main)")
+    assert restore < next(i for i, n in enumerate(names) if "compare with the last stored run" in n), \
+        "the history must be restored before the benchmarks are compared with it"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_a_pull_request_runs_the_gate_against_its_merge_base(clone):
+    done = run_steps(clone, "pull_request", {"PYTEST_ADDOPTS": "--benchmark-disable"})
+    assert [name for name, _ in done] == ["Install (.venv with mgpu and its test extras)", "Correctness on the GPUs",
+                                          "A/B gate against the merge base (pull requests)"], done
+    gate = done[-1][1]
+    assert "mgpu A/B gate" in gate and "SMOKE RUN" in gate, gate[-3000:]
+    report = json.loads((clone / "perf-results" / "ab.json").read_text())
+    base = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD~1"], capture_output=True, text=True).stdout.strip()
+    assert report["baseline"].startswith(base), f"the baseline was {report['baseline']}, not the merge base {base}"
+    for b in report["benchmarks"]:
+        assert b["status"] in ("compared", "not comparable"), b
+        if b["status"] == "compared":
+            assert b["rounds"] == 3 and len(b["samples"]["baseline"]) == len(b["samples"]["candidate"]) == 3, b
+            assert all(t > 0 for t in b["samples"]["baseline"] + b["samples"]["candidate"]), b
+    assert sum(b["status"] == "compared" for b in report["benchmarks"]) >= len(report["benchmarks"]) - 1, report
+    compare = subprocess.run([str(Path(sys.executable).with_name("pytest-benchmark")), "compare",
+                              str(clone / "perf-results" / "ab-baseline.json"),
+                              str(clone / "perf-results" / "ab-candidate.json")],
+                             capture_output=True, text=True, timeout=60)
+    assert compare.returncode == 0 and "test_train_step" in compare.stdout, compare.stdout + compare.stderr
+
+
+@pytest.mark.timeout(300)
+def test_pushes_to_main_store_their_timings_and_compare_with_the_last_stored_run(clone):
+    one = {"PYTEST_ADDOPTS": "-k test_matmul_one_device"}
+    storage = clone / ".benchmarks" / RUNNER
+    shutil.rmtree(storage, ignore_errors=True)
+    first = run_steps(clone, "push", one, only="Time every benchmark")
+    stored = sorted(storage.glob("*/*.json"))
+    assert len(stored) == 1, f"the first push stored {stored}"
+    assert "Comparing against" not in first[0][1] and "Can't compare" not in first[0][1], first[0][1][-2000:]
+    assert json.loads((clone / "perf-results" / "benchmark.json").read_text())["benchmarks"], "no benchmark.json"
+    second = run_steps(clone, "push", one, only="Time every benchmark")
+    assert len(sorted(storage.glob("*/*.json"))) == 2, "the second push did not store its run"
+    assert re.search(r"(?i)compar", second[0][1]) and stored[0].stem.split("_")[0] in second[0][1], \
+        "the second push did not compare with the first's stored run:\n" + second[0][1][-3000:]
