@@ -3,7 +3,8 @@ ever run it, so a renamed option, a missing make target or a wrong path would fi
 
     pytest perf/test_workflow.py
 
-A fresh clone of this repository (its `.venv` is this one's, so nothing is installed) runs the
+A fresh clone of this repository's committed HEAD (its `.venv` is this one's, so nothing is
+installed) runs the
 workflow's `run:` steps as GitHub Actions would, `${{ ... }}` filled in and each step's `if:`
 obeyed, for both events:
 
