@@ -24,6 +24,8 @@ settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
+pytest_plugins = ["pytester"]  # the plugins' own tests run them on tiny test files (perf/test_clocks.py)
+
 def pytest_addoption(parser):
     group = parser.getgroup("mgpu", "mgpu: your own model")
     if any("--model" in option.names() for option in group.options):

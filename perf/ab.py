@@ -431,6 +431,7 @@ class ABGate:
         out.mkdir(parents=True, exist_ok=True)
         s = self.settings
         report = {"baseline": self.baseline_desc, "candidate": str(PROJECT_ROOT), "versions": self.versions_seen,
+                  "gpu_clocks": self._gpu_clocks(),
                   "settings": {"threshold": s.threshold, "alpha": s.alpha, "min_rounds": s.min_rounds,
                                "max_rounds": s.max_rounds, "look_every": s.look_every, "sample_s": s.sample_s,
                                "strict": s.strict, "smoke": s.smoke, "correction": "holm"},
@@ -441,11 +442,21 @@ class ABGate:
                                                            indent=2) + "\n")
         self.written = [out / "ab.json", out / "ab-baseline.json", out / "ab-candidate.json"]
 
+    def _gpu_clocks(self) -> list:
+        from perf.sweep import CLOCKS_KEY
+
+        return self.config.stash.get(CLOCKS_KEY, [])
+
     def pytest_terminal_summary(self, terminalreporter):
+        from perf.clocks import unlocked_warning
+
         tr = terminalreporter
         tr.section(f"mgpu A/B gate: baseline {self.baseline_desc} vs this tree")
         for label, v in self.versions_seen.items():
             tr.write_line(f"{label}: torch {v['torch']}, CUDA {v['cuda']}, NCCL {v['nccl']} ({v['python']})")
+        warning = unlocked_warning(self._gpu_clocks())
+        if warning:  # both arms run on these GPUs in turn, so drift is paired out; noise is not
+            tr.write_line(f"WARNING: {warning}")
         for line in format_table(self.results, self.settings):
             tr.write_line(line)
         for path in getattr(self, "written", []):

@@ -20,7 +20,8 @@ import torch
 from mgpu.devices import torch_threads
 from perf.workloads import cpu_cores
 from perf import ab, scaling
-from perf.sweep import DEFAULT_OUT, ENV_OUT, ROWS_KEY, SWEEP_KEY, make_sweep
+from perf.clocks import gpu_clocks, unlocked_warning
+from perf.sweep import CLOCKS_KEY, DEFAULT_OUT, ENV_OUT, ROWS_KEY, SWEEP_KEY, make_sweep
 
 
 def pytest_addoption(parser):
@@ -39,6 +40,7 @@ def pytest_configure(config):
     except ValueError as e:
         raise pytest.UsageError(str(e)) from None
     config.stash[ROWS_KEY] = []
+    config.stash[CLOCKS_KEY] = gpu_clocks()  # before anything runs: the clocks of idle GPUs
     if config.getoption("--ab-baseline") or config.getoption("--ab-baseline-python"):
         config.pluginmanager.register(ab.ABGate(config), "mgpu-ab-gate")  # bad input: a UsageError, nothing timed
 
@@ -46,7 +48,22 @@ def pytest_configure(config):
 def pytest_report_header(config):
     s = config.stash[SWEEP_KEY]
     cpu = "" if s.gpus else f", {s.threads_per_device} CPU thread(s) per emulated device ({cpu_cores()} cores)"
-    return [f"mgpu perf: device counts {list(s.counts)} ({s.source}){cpu}"]
+    lines = [f"mgpu perf: device counts {list(s.counts)} ({s.source}){cpu}"]
+    gpus = config.stash[CLOCKS_KEY]
+    if gpus:
+        lines.append("GPU clocks at start: " + "; ".join(
+            f"{g['index']} {g['name']} {g['sm_mhz']}/{g['max_sm_mhz']} MHz "
+            f"({'locked' if g['locked'] else 'not locked' if g['locked'] is False else 'unknown'})" for g in gpus))
+    warning = unlocked_warning(gpus)
+    if warning:
+        lines.append(f"WARNING: {warning}")
+    return lines
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    """The GPUs' names and clocks as read before any benchmark ran (perf/clocks.py); the root
+    conftest records versions and PyTorch's settings."""
+    machine_info["gpu_clocks"] = config.stash[CLOCKS_KEY]
 
 
 @pytest.fixture(scope="session")

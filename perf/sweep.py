@@ -21,6 +21,7 @@ DEFAULT_OUT = "perf-results"
 MAX_EMULATED_BY_DEFAULT = 4
 SWEEP_KEY = pytest.StashKey()  # config.stash: the Sweep of this session
 ROWS_KEY = pytest.StashKey()   # config.stash: scaling rows the training benchmarks add
+CLOCKS_KEY = pytest.StashKey()  # config.stash: the GPUs' names and clocks at start (perf/clocks.py)
 
 
 @dataclass(frozen=True)
