@@ -220,9 +220,13 @@ def compare(name: str, spec: dict, arms: dict[str, Arm], settings: Settings, fam
         if settings.smoke:
             ops = 1
         else:
-            # untimed; at least one each, which also sizes the samples
-            warm = {label: [_sample(arm, 1) for _ in range(max(settings.warmup, 1))] for label, arm in arms.items()}
-            op_s = statistics.fmean(statistics.median(v) for v in warm.values())
+            # Untimed, at least two each: the first operation of a worker pays one-off costs (on a
+            # GPU the CUDA context, cuDNN's first calls, the allocator's first blocks: 1 s against a
+            # 10 ms step on an H200), so the samples are sized by each arm's fastest warm-up
+            # operation. Sized by a median that included it, the first GPU gate took one-step
+            # samples, 40 % apart (docs/gpu.md).
+            warm = {label: [_sample(arm, 1) for _ in range(max(settings.warmup, 2))] for label, arm in arms.items()}
+            op_s = statistics.fmean(min(v) for v in warm.values())
             ops = max(1, round(settings.sample_s / max(op_s, 1e-6)))
         result.ops_per_sample = ops
         strictest = settings.alpha / family_size

@@ -85,11 +85,14 @@ def cpu_threads(sweep):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    tr = terminalreporter
+    warning = unlocked_warning(config.stash.get(CLOCKS_KEY, []))
+    if warning and not config.pluginmanager.has_plugin("mgpu-ab-gate") and not config.getoption("benchmark_disable"):
+        tr.write_line(f"WARNING: {warning}")  # again at the end: -q hides the header (the gate says it in its own section)
     rows = config.stash.get(ROWS_KEY, [])
     if not rows:
         return
     s = config.stash[SWEEP_KEY]
-    tr = terminalreporter
     tr.section("mgpu scaling (weak: fixed per-device batch)")
     if all(r["images_per_s"] is None for r in rows):
         tr.write_line("no timings: benchmarks were disabled (--benchmark-disable); nothing written")

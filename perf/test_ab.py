@@ -167,6 +167,17 @@ def _arms(log, ratio=1.0, **candidate):
             "candidate": FakeArm("candidate", log, lambda label, n: 0.1 * ratio * (1 + 0.01 * (n % 3)), **candidate)}
 
 
+def test_samples_are_sized_by_warmed_operations_not_the_workers_first_one():
+    """A worker's first operation pays one-off costs (a GPU's CUDA context and first cuDNN calls:
+    1 s against a 10 ms step). The samples must still hold sample_s of work: 25 steps, not 1."""
+    def first_slow(label, n):
+        return 1.0 if n == 1 else 0.01
+    arms = {label: FakeArm(label, [], first_slow) for label in ("baseline", "candidate")}
+    result = ab.compare("b", {"kind": "x"}, arms, ab.Settings(min_rounds=3, max_rounds=3, warmup=2, sample_s=0.25))
+    assert result.ops_per_sample == 25, f"{result.ops_per_sample} operations a sample"
+    assert max(result.samples["baseline"]) == pytest.approx(0.01), "the slow first operation was timed"
+
+
 def test_round_order_alternates_which_arm_goes_first():
     order = [label for i in range(4) for label in ab.round_order(i)]
     assert order == ["baseline", "candidate", "candidate", "baseline"] * 2, order

@@ -53,6 +53,9 @@ def test_the_perf_run_records_the_clocks_and_warns_in_its_header(pytester, tmp_p
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["*GPU clocks at start: 0 NVIDIA H200 345/1980 MHz (not locked)*",
                                  "WARNING: GPU clocks are not locked*"])
+    quiet = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", "--perf-out", str(tmp_path / "out"))
+    assert quiet.ret == 0 and "WARNING: GPU clocks are not locked" in quiet.stdout.str(), \
+        "with -q (no header) the warning must still be printed: " + quiet.stdout.str()
     record = json.loads((tmp_path / "b.json").read_text())["machine_info"]["gpu_clocks"]
     assert record == [{"index": 0, "name": "NVIDIA H200", "sm_mhz": 345, "max_sm_mhz": 1980, "locked": False}]
 
