@@ -23,7 +23,8 @@ What the agent lacks, added here in a few lines each:
 * Signals: the agent turns SIGTERM into SignalException; `spawn` raises `Terminated` (a
   KeyboardInterrupt carrying the signal number) instead. SIGINT is left to Python: Ctrl-C is a
   KeyboardInterrupt, and the agent stops the ranks (SIGTERM, then SIGKILL after
-  TERMINATE_GRACE_S) as it unwinds; torch's own SIGINT handling would send the ranks SIGINT,
+  TERMINATE_GRACE_S; on a torch whose LaunchConfig lacks `shutdown_timeout`, 2.11 for one, after
+  torch's own default grace) as it unwinds; torch's own SIGINT handling would send the ranks SIGINT,
   which a rank waiting in a collective ignores until the agent's grace runs out. A launcher
   started with SIGINT ignored (a background job of a script) keeps ignoring it, and so do its
   ranks: only SIGTERM stops it then.

@@ -6,7 +6,8 @@ are locked: boost and temperature move an unlocked GPU's clock, and its timings 
 
 Read with `nvidia-smi --query-gpu` (the driver's tool, read-only, no Python package needed) before
 any benchmark runs, while the GPUs idle. A GPU counts as locked when it idles at its maximum SM
-clock: `nvidia-smi --lock-gpu-clocks=MAX,MAX` does that, and an unlocked GPU idles far lower.
+clock: `nvidia-smi --lock-gpu-clocks=MAX,MAX` does that, and an unlocked GPU idles far lower. A GPU
+locked below its maximum (at base clock, say) reads as not locked: the warning then says so wrongly.
 """
 
 from __future__ import annotations

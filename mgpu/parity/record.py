@@ -112,7 +112,8 @@ def load_snapshot(model: nn.Module, state: dict) -> None:
                 b.copy_(value)
             else:  # a buffer the model reassigns with another shape
                 owner, _, leaf = name.rpartition(".")
-                modules[owner]._buffers[leaf] = value.to(b.dtype if value.is_floating_point() else value.dtype).clone()
+                modules[owner]._buffers[leaf] = value.to(device=b.device, dtype=b.dtype if value.is_floating_point()
+                                                         else value.dtype).clone()
 
 
 def check_ties(model: nn.Module) -> list[list[str]]:
