@@ -135,7 +135,9 @@ class Run:
         try:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"run still going after {timeout} s: a hang; stderr:\n{self.stderr}") from None
+            stdout = "\n".join(self.out[-20:])  # where a silent hang got to (a node's epochs go to stdout)
+            raise AssertionError(f"run still going after {timeout} s: a hang; stdout (last lines):\n{stdout}\n"
+                                 f"stderr:\n{self.stderr}") from None
         for t in [self._watcher, *self._readers]:
             t.join(5)
         return code
@@ -296,7 +298,11 @@ def _start_nodes(tmp: Path, strategy: str) -> dict[str, Run]:
         folder = _node_dir(tmp, strategy, node)
         started[f"{strategy}-node{node}"] = Run(
             ["--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-             "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--rdzv-conf", "join_timeout=60",
+             "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
+             # Node 0 hosts the rendezvous store, as the endpoint's machine would. On one machine
+             # both nodes match 127.0.0.1 and the first to bind would host. When that was node 1
+             # and it left first, node 0 lost the store mid-training and exited 1 (seen in CI).
+             "--rdzv-conf", f"join_timeout=60,is_host={'true' if node == 0 else 'false'}",
              "-m", "mgpu", "train", "--strategy", strategy, *WEIGHTS_ARGS,
              "--out", str(folder / "out"), "--checkpoint-dir", str(folder / "ckpt")],
             module="torch.distributed.run", cores={cores[node % len(cores)]})
