@@ -153,7 +153,7 @@ def _gpu_math_flags() -> tuple:
 
 def test_exact_gpu_math_switches_tf32_off_and_cudnn_to_deterministic_then_gives_the_settings_back():
     with devmod.exact_gpu_math():  # this folder's autouse fixture already set them: start from defaults
-        saved = devmod.set_exact_gpu_math({(id(o), n): v for (o, n, _), v in zip(devmod._EXACT_FLAGS, (True, True, False, True))})
+        saved = devmod.set_exact_gpu_math([True, True, False, True])  # in _gpu_math_flags' order
         assert _gpu_math_flags() == (True, True, False, True)
         with devmod.exact_gpu_math():
             assert _gpu_math_flags() == (False, False, True, False), "TF32 on or cuDNN free to pick nondeterministic kernels"

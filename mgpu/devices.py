@@ -142,15 +142,16 @@ _EXACT_FLAGS = ((torch.backends.cuda.matmul, "allow_tf32", False), (torch.backen
                 (torch.backends.cudnn, "deterministic", True), (torch.backends.cudnn, "benchmark", False))
 
 
-def set_exact_gpu_math(settings: dict | None = None) -> dict:
+def set_exact_gpu_math(settings: list | None = None) -> list:
     """GPU math that another run can be compared with, for the rest of the process: TF32 off (full
     fp32 matmuls and convolutions) and cuDNN's deterministic algorithms, no autotuning. cuDNN's
     default weight gradients sum in an order that may change between runs (docs/gpu.md has what
     that did on an H200). No effect on the CPU, whose kernels are deterministic already. Returns the
     settings it replaced; `set_exact_gpu_math(those)` puts them back."""
-    saved = {(id(owner), name): getattr(owner, name) for owner, name, _ in _EXACT_FLAGS}
-    for owner, name, exact in _EXACT_FLAGS:
-        setattr(owner, name, exact if settings is None else settings[(id(owner), name)])
+    saved = [getattr(owner, name) for owner, name, _ in _EXACT_FLAGS]
+    wanted = [exact for _, _, exact in _EXACT_FLAGS] if settings is None else settings
+    for (owner, name, _), value in zip(_EXACT_FLAGS, wanted):
+        setattr(owner, name, value)
     return saved
 
 

@@ -4,7 +4,7 @@ workload spec (what a worker of either arm builds: perf/workloads.py `make_gated
     >>> [name for name, _ in gated_set(make_sweep(None))]    # on a 2-core CPU without GPUs
     ['test_train_step[single]', 'test_train_step[manual]', ..., 'test_matmul_one_device[synchronised]']
 
-perf/test_training.py and perf/test_kernels.py mark these benchmarks (`gate_mark`); the gate sizes
+perf/test_training.py and perf/test_kernels.py mark these benchmarks (`pytest.mark.gate(spec)`); the gate sizes
 Holm's levels by the tests it collects, and `python -m perf.validate_gate` and the gate's tests by
 `len(gated_set(sweep))`. A benchmark added to the gate is added here, nowhere else.
 """
@@ -12,8 +12,6 @@ Holm's levels by the tests it collects, and `python -m perf.validate_gate` and t
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import pytest
 
 from mgpu.strategies import RANK_STRATEGIES
 
@@ -59,14 +57,14 @@ def is_gated(kind: str, case: Case, sweep) -> bool:
     return case in cases
 
 
-def gate_mark(spec: dict):
-    return pytest.mark.gate(spec)
+def case_id(case: Case, sweep) -> str:
+    """The training benchmarks' test id of a case: `single-1cpu`, `manual-2dev-emulated`, `ddp-2ranks-cpu`, `ddp-2gpu`."""
+    return f"{case.strategy}-{sweep.label(case.devices, 'ranks' if case.strategy in RANK_STRATEGIES else 'dev')}"
 
 
 def gated_set(sweep) -> list[tuple[str, dict]]:
     """(benchmark, workload spec) of every gated benchmark, in the suite's order."""
-    steps = [(f"test_train_step[{c.strategy}-{sweep.label(c.devices, 'ranks' if c.strategy in RANK_STRATEGIES else 'dev')}]",
-              train_spec("train-step", c, sweep)) for c in gated_steps(sweep.max_count)]
-    epochs = [(f"test_train_epoch[{c.strategy}-{sweep.label(c.devices)}]", train_spec("train-epoch", c, sweep))
-              for c in GATED_EPOCHS]
+    steps = [(f"test_train_step[{case_id(c, sweep)}]", train_spec("train-step", c, sweep))
+             for c in gated_steps(sweep.max_count)]
+    epochs = [(f"test_train_epoch[{case_id(c, sweep)}]", train_spec("train-epoch", c, sweep)) for c in GATED_EPOCHS]
     return steps + epochs + [("test_matmul_one_device[synchronised]", matmul_spec(sweep.gpus))]

@@ -26,7 +26,7 @@ import pytest
 from perf import workloads
 from mgpu.strategies import RANK_STRATEGIES
 from perf.workloads import StrategyRankPool, TrainBench, TrainSession
-from perf.gated import Case, gate_mark, is_gated, train_spec
+from perf.gated import Case, case_id, is_gated, train_spec
 from perf.sweep import SWEEP_KEY, record_rate
 
 
@@ -50,25 +50,22 @@ GPU = Settings(per_device_batch=128, steps_per_epoch=20, step_rounds=30, step_wa
                interleaved_rounds=30)
 
 
-def _gated(kind: str, case: Case, sweep) -> list:
-    return [gate_mark(train_spec(kind, case, sweep))] if is_gated(kind, case, sweep) else []
-
-
 def _cases(sweep, kind: str) -> list:
-    def param(case: Case, label: str, marks=()):
-        return pytest.param(case, id=f"{case.strategy}-{label}", marks=[*marks, *_gated(kind, case, sweep)])
+    def param(case: Case, marks=()):
+        gated = [pytest.mark.gate(train_spec(kind, case, sweep))] if is_gated(kind, case, sweep) else []
+        return pytest.param(case, id=case_id(case, sweep), marks=[*marks, *gated])
 
-    params = [param(Case("single", 1), sweep.label(1))]
+    params = [param(Case("single", 1))]
     for n in sweep.counts:
-        params.append(param(Case("manual", n), sweep.label(n)))
+        params.append(param(Case("manual", n)))
     for n in sweep.counts:
         # Without CUDA, nn.DataParallel is a pass-through on one device: more would claim what it is not.
         skip = pytest.mark.skipif(n > 1 and not sweep.on_gpu(n),
                                   reason=f"dataparallel on {n} devices needs {n} CUDA devices (found {sweep.gpus})")
-        params.append(param(Case("dataparallel", n), sweep.label(n), marks=[skip]))
+        params.append(param(Case("dataparallel", n), marks=[skip]))
     for strategy in RANK_STRATEGIES:
         for n in sweep.counts:
-            params.append(param(Case(strategy, n), sweep.label(n, unit="ranks"), marks=[pytest.mark.multiprocess]))
+            params.append(param(Case(strategy, n), marks=[pytest.mark.multiprocess]))
     return params
 
 

@@ -116,10 +116,9 @@ def run_steps(tree: Path, event: str, extra_env: dict | None = None, only: str |
             os.killpg(proc.pid, signal.SIGKILL)  # the step's pytest, its gate workers and their ranks
             stdout, stderr = proc.communicate()
             raise AssertionError(f"step {step.get('name')!r} ran over 400 s:\n{stdout[-3000:]}\n{stderr[-2000:]}")
-        out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
-        assert out.returncode == 0, f"step {step.get('name')!r} failed (exit {out.returncode}):\n" \
-                                    f"{out.stdout[-3000:]}\n{out.stderr[-2000:]}"
-        done.append((step["name"], out.stdout + out.stderr))
+        assert proc.returncode == 0, f"step {step.get('name')!r} failed (exit {proc.returncode}):\n" \
+                                     f"{stdout[-3000:]}\n{stderr[-2000:]}"
+        done.append((step["name"], stdout + stderr))
     return done
 
 
