@@ -24,7 +24,10 @@ settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
-pytest_plugins = ["pytester"]  # the plugins' own tests run them on tiny test files (perf/test_clocks.py)
+# pytester: the plugins' own tests run them on tiny test files. mgpu_perf.plugin: installed, it is
+# already registered under this name (its pytest11 entry point); run from a checkout with
+# PYTHONPATH=. and no install (make gpu-check), this registers it.
+pytest_plugins = ["pytester", "mgpu_perf.plugin"]
 
 def pytest_addoption(parser):
     group = parser.getgroup("mgpu", "mgpu: your own model")

@@ -4,24 +4,31 @@
     pytest perf --benchmark-disable      # every benchmark once, as CI does: a broken benchmark fails
     pytest perf --devices 4 --perf-out perf-results/run1
 
+    pytest perf --model examples/tiny_lm.py:spec   # the training benchmarks on your model instead
+
 Options: `--devices N|LIST` (or MGPU_PERF_DEVICES) overrides the device counts taken from the
-machine; `--perf-out DIR` (or MGPU_PERF_OUT, default perf-results/) is where scaling.json and
-scaling.png go.
+machine; `--perf-out DIR` (mgpu's plugin; or MGPU_PERF_OUT, default perf-results/) is where
+scaling.json and scaling.png go; `--model MODULE:FUNCTION` (the root conftest's) runs the training
+step benchmarks on that model and deselects the rest. The harness and the A/B gate are the
+installed package `mgpu_perf` (its pytest plugin); this folder is the suite.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from mgpu.devices import torch_threads
-from perf.workloads import cpu_cores
-from perf import ab, scaling
-from perf.clocks import gpu_clocks, unlocked_warning
-from perf.sweep import CLOCKS_KEY, DEFAULT_OUT, ENV_OUT, ROWS_KEY, SWEEP_KEY, make_sweep
+from mgpu_perf import scaling
+from mgpu_perf.clocks import gpu_clocks, unlocked_warning
+from mgpu_perf.harness.sessions import cpu_cores
+from mgpu_perf.plugin import GATE_PLUGIN, out_dir
+from mgpu_perf.sweep import CLOCKS_KEY, ROWS_KEY, SWEEP_KEY, make_sweep
+
+# With --model, the benchmarks that run on any model; the rest time mgpu's own network and kernels.
+MODEL_BENCHMARKS = ("test_train_step", "test_rank_scaling_interleaved")
 
 
 def pytest_addoption(parser):
@@ -29,9 +36,6 @@ def pytest_addoption(parser):
     group.addoption("--devices", default=None, metavar="N|LIST",
                     help="device counts to sweep: N (1, 2, 4, ..., N) or a list like 1,3; "
                          "default: the CUDA devices, else one emulated device per CPU core (at most 4)")
-    group.addoption("--perf-out", default=None, metavar="DIR",
-                    help=f"folder for scaling.json, scaling.png and ab.json (default ${ENV_OUT} or {DEFAULT_OUT}/)")
-    ab.add_options(group)
 
 
 def pytest_configure(config):
@@ -41,14 +45,26 @@ def pytest_configure(config):
         raise pytest.UsageError(str(e)) from None
     config.stash[ROWS_KEY] = []
     config.stash[CLOCKS_KEY] = gpu_clocks()  # before anything runs: the clocks of idle GPUs
-    if config.getoption("--ab-baseline") or config.getoption("--ab-baseline-python"):
-        config.pluginmanager.register(ab.ABGate(config), "mgpu-ab-gate")  # bad input: a UsageError, nothing timed
+
+
+def pytest_collection_modifyitems(config, items):
+    """--model: only the training benchmarks that run on any model (the root conftest checked the model)."""
+    if config.getoption("model", None) is None:
+        return
+    perf_dir = Path(__file__).parent
+    kept = [i for i in items if Path(str(i.path)).parent != perf_dir or i.originalname in MODEL_BENCHMARKS]
+    dropped = [i for i in items if i not in kept]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def pytest_report_header(config):
     s = config.stash[SWEEP_KEY]
     cpu = "" if s.gpus else f", {s.threads_per_device} CPU thread(s) per emulated device ({cpu_cores()} cores)"
     lines = [f"mgpu perf: device counts {list(s.counts)} ({s.source}){cpu}"]
+    if config.getoption("model", None):
+        lines.append(f"mgpu perf: model {config.getoption('model', None)} (--model): training step benchmarks only")
     gpus = config.stash[CLOCKS_KEY]
     if gpus:
         lines.append("GPU clocks at start: " + "; ".join(
@@ -89,7 +105,7 @@ def cpu_threads(sweep):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tr = terminalreporter
     warning = unlocked_warning(config.stash.get(CLOCKS_KEY, []))
-    if warning and not config.pluginmanager.has_plugin("mgpu-ab-gate") and not config.getoption("benchmark_disable"):
+    if warning and not config.pluginmanager.has_plugin(GATE_PLUGIN) and not config.getoption("benchmark_disable"):
         tr.write_line(f"WARNING: {warning}")  # again at the end: -q hides the header (the gate says it in its own section)
     rows = config.stash.get(ROWS_KEY, [])
     if not rows:
@@ -103,9 +119,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for line in scaling.format_table(rows):
         tr.write_line(line)
     emulated = any(r["emulated"] for r in rows)
-    meta = {"title": f"ResNet-18 weak scaling, {'emulated CPU devices' if emulated else 'GPUs'}",
+    model = config.getoption("model", None) or "ResNet-18"
+    meta = {"title": f"{model} weak scaling, {'emulated CPU devices' if emulated else 'GPUs'}",
             "scaling": "weak", "emulated": emulated, "gpus": s.gpus, "device_counts": list(s.counts),
             "threads_per_device": s.threads_per_device, "cpu_cores": cpu_cores(), "torch": torch.__version__}
-    out_dir = Path(config.getoption("--perf-out") or os.environ.get(ENV_OUT) or DEFAULT_OUT)
-    for path in scaling.write_outputs(rows, meta, out_dir):
+    for path in scaling.write_outputs(rows, meta, out_dir(config)):
         tr.write_line(f"wrote {path}")

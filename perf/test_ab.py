@@ -1,4 +1,4 @@
-"""The A/B gate (perf/ab.py, perf/abstats.py): its statistics on synthetic samples, the order of
+"""The A/B gate (mgpu_perf/gate/): its statistics on synthetic samples, the order of
 the arms, worker failures, bad input, and a smoke run of the whole gate against HEAD.
 
     pytest perf/test_ab.py
@@ -6,7 +6,7 @@ the arms, worker failures, bad input, and a smoke run of the whole gate against 
 The smoke run of the whole gate (every gated workload set up in both arms, three rounds, the
 reports written) is perf/test_workflow.py's pull request: the GPU workflow's gate step against the
 previous commit, in a fresh clone, so a broken gate or workflow fails CI.
-The gate's rates on real timings are measured by `python -m perf.validate_gate` (docs/perf.md).
+The gate's rates on real timings are measured by `python -m mgpu_perf validate-gate` (docs/perf.md).
 """
 
 from __future__ import annotations
@@ -21,11 +21,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perf import ab, abstats
-from perf.gated import gated_set
-from perf.sweep import make_sweep
+from mgpu.errors import GateError
+from mgpu_perf.gate import stats as abstats
+from mgpu_perf.gate.arm import Arm, ArmError
+from mgpu_perf.gate.baseline import check_baseline
+from mgpu_perf.gate.compare import Comparison, Settings, compare, judge, round_order
+from mgpu_perf.gate.report import gate_exit_status
+from mgpu_perf.gate.run import GateRun, parse_settings
+from mgpu_perf.gated import gated_set
+from mgpu_perf.sweep import make_sweep
 
-ROOT = ab.PROJECT_ROOT
+ROOT = Path(__file__).resolve().parent.parent  # this checkout of mgpu
 GATED = len(gated_set(make_sweep(None)))  # the gated set on this machine (7 on a CPU)
 LEVEL = 0.05 / GATED  # the strictest Holm level of a whole run of the gated set
 
@@ -111,8 +117,8 @@ def test_a_runs_verdicts_use_holms_corrected_levels_not_the_plain_level():
     assert 0.05 / k < 0.02
     flat = abstats.Estimate(rounds, 0.0, se, float(stats.t.sf(-half / se, rounds - 1)))
     assert abstats.verdict(borderline, 0.10, 0.05) == "slower", "the plant's level would flag it"
-    results = [ab.Comparison(f"bench{i}", {}, estimate=e) for i, e in enumerate([borderline] + [flat] * (k - 1))]
-    ab.judge(results, ab.Settings(threshold=0.10, alpha=0.05))
+    results = [Comparison(f"bench{i}", {}, estimate=e) for i, e in enumerate([borderline] + [flat] * (k - 1))]
+    judge(results, Settings(threshold=0.10, alpha=0.05))
     assert [r.level for r in results] == pytest.approx([0.05 / k] * k), [r.level for r in results]
     assert results[0].verdict == "inconclusive", results[0].verdict
     assert all(r.verdict == "unchanged" for r in results[1:]), [r.verdict for r in results]
@@ -153,7 +159,7 @@ class FakeArm:
     def request(self, command, **fields):
         self.log.append((self.label, command))
         if command == self.fail_on:
-            raise ab.ArmError(f"{self.label}: {command} failed: boom")
+            raise ArmError(f"{self.label}: {command} failed: boom")
         if command == "setup":
             return self.setup_answer
         if command == "sample":
@@ -173,20 +179,20 @@ def test_samples_are_sized_by_warmed_operations_not_the_workers_first_one():
     def first_slow(label, n):
         return 1.0 if n == 1 else 0.01
     arms = {label: FakeArm(label, [], first_slow) for label in ("baseline", "candidate")}
-    result = ab.compare("b", {"kind": "x"}, arms, ab.Settings(min_rounds=3, max_rounds=3, warmup=2, sample_s=0.25))
+    result = compare("b", {"kind": "x"}, arms, Settings(min_rounds=3, max_rounds=3, warmup=2, sample_s=0.25))
     assert result.ops_per_sample == 25, f"{result.ops_per_sample} operations a sample"
     assert max(result.samples["baseline"]) == pytest.approx(0.01), "the slow first operation was timed"
 
 
 def test_round_order_alternates_which_arm_goes_first():
-    order = [label for i in range(4) for label in ab.round_order(i)]
+    order = [label for i in range(4) for label in round_order(i)]
     assert order == ["baseline", "candidate", "candidate", "baseline"] * 2, order
 
 
 def test_compare_interleaves_arms_excludes_warmup_and_checks_both():
     log = []
-    settings = ab.Settings(min_rounds=6, max_rounds=6, warmup=2)
-    result = ab.compare("b", {"kind": "x"}, _arms(log, ratio=1.0), settings)
+    settings = Settings(min_rounds=6, max_rounds=6, warmup=2)
+    result = compare("b", {"kind": "x"}, _arms(log, ratio=1.0), settings)
     samples = [label for label, command in log if command == "sample"]
     assert samples[:4] == ["baseline", "baseline", "candidate", "candidate"], "warm-up: each arm twice, first"
     assert samples[4:] == ["baseline", "candidate", "candidate", "baseline"] * 3, samples
@@ -198,10 +204,10 @@ def test_compare_interleaves_arms_excludes_warmup_and_checks_both():
 def test_compare_stops_early_only_on_unchanged_and_judges_slower_on_every_round():
     """An unchanged benchmark stops at the first look; a slower one runs to max_rounds, so that
     `slower` is tested once (looking for it every few rounds would inflate false alarms)."""
-    settings = ab.Settings(min_rounds=5, max_rounds=20, look_every=5)
-    unchanged = ab.compare("b", {"kind": "x"}, _arms([], ratio=1.0), settings)
+    settings = Settings(min_rounds=5, max_rounds=20, look_every=5)
+    unchanged = compare("b", {"kind": "x"}, _arms([], ratio=1.0), settings)
     assert len(unchanged.samples["baseline"]) == 5, "1 % noise around 1.0 is decided at the first look"
-    slower = ab.compare("b", {"kind": "x"}, _arms([], ratio=1.5), settings)
+    slower = compare("b", {"kind": "x"}, _arms([], ratio=1.5), settings)
     assert len(slower.samples["baseline"]) == 20, "a slowdown is judged on all rounds, not at a look"
     assert abstats.verdict(slower.estimate, 0.10, 0.05) == "slower"
 
@@ -212,13 +218,13 @@ def test_early_looks_do_not_inflate_false_slower():
     `slower` judged only at 40, the rate stays at the nominal level; when looks could also stop on
     `slower` (this gate's first version) the same simulation gave 129 in 1000 at a nominal 50."""
     rng = np.random.default_rng(1)
-    settings = ab.Settings(min_rounds=10, max_rounds=40, look_every=5, warmup=0)
+    settings = Settings(min_rounds=10, max_rounds=40, look_every=5, warmup=0)
     level, runs, false = 0.05, 1000, 0
     for _ in range(runs):
         noise = iter(rng.normal(math.log(1.05), 0.15, 400).tolist())
         arms = {"baseline": FakeArm("baseline", [], lambda label, n: 0.1),
                 "candidate": FakeArm("candidate", [], lambda label, n: 0.1 * math.exp(next(noise)))}
-        result = ab.compare("b", {"kind": "x"}, arms, settings, family_size=1)
+        result = compare("b", {"kind": "x"}, arms, settings, family_size=1)
         false += abstats.verdict(result.estimate, 0.10, level) == "slower"
     assert false / runs <= level + 2 * math.sqrt(level * (1 - level) / runs), f"{false}/{runs} false `slower`"
 
@@ -227,48 +233,48 @@ def test_a_workload_the_baseline_cannot_set_up_is_not_comparable():
     log = []
     arms = _arms(log)
     arms["baseline"].setup_answer = {"not_comparable": "ImportError: No module named 'mgpu.trainer'"}
-    result = ab.compare("b", {"kind": "x"}, arms, ab.Settings())
+    result = compare("b", {"kind": "x"}, arms, Settings())
     assert result.status == "not comparable" and "mgpu.trainer" in result.reason
     assert not any(c == "sample" for _, c in log), "nothing is timed for a workload one arm cannot run"
-    ab.judge([result], ab.Settings())
+    judge([result], Settings())
     assert result.verdict == "not comparable"
 
 
 @pytest.mark.parametrize("fail_on", ["sample", "check"])
 def test_a_failing_workload_fails_the_comparison_never_unchanged(fail_on):
-    with pytest.raises(ab.ArmError, match="boom"):
-        ab.compare("b", {"kind": "x"}, _arms([], fail_on=fail_on), ab.Settings(min_rounds=3, max_rounds=3))
+    with pytest.raises(ArmError, match="boom"):
+        compare("b", {"kind": "x"}, _arms([], fail_on=fail_on), Settings(min_rounds=3, max_rounds=3))
 
 
 def test_exit_status_of_the_gate():
     def judged(verdict):
-        r = ab.Comparison("b", {})
+        r = Comparison("b", {})
         r.verdict = verdict
         return r
-    assert ab.gate_exit_status([judged("unchanged"), judged("slower")], ab.Settings()) == 1
-    assert ab.gate_exit_status([judged("unchanged"), judged("inconclusive"), judged("faster")], ab.Settings()) == 0
-    assert ab.gate_exit_status([judged("inconclusive")], ab.Settings(strict=True)) == 1
-    assert ab.gate_exit_status([judged("slower")], ab.Settings(smoke=True)) == 0
+    assert gate_exit_status([judged("unchanged"), judged("slower")], Settings()) == 1
+    assert gate_exit_status([judged("unchanged"), judged("inconclusive"), judged("faster")], Settings()) == 0
+    assert gate_exit_status([judged("inconclusive")], Settings(strict=True)) == 1
+    assert gate_exit_status([judged("slower")], Settings(smoke=True)) == 0
 
 
 # -- real workers ------------------------------------------------------------------------------------
 
 def test_a_workload_that_fails_in_a_real_worker_names_the_error(tmp_path):
-    arm = ab.Arm("candidate", ROOT, sys.executable, tmp_path)
+    arm = Arm("candidate", ROOT, sys.executable, tmp_path)
     try:
         assert arm.versions["torch"], arm.versions
-        with pytest.raises(ab.ArmError, match="candidate: setup failed: .*width must be a positive integer"):
+        with pytest.raises(ArmError, match="candidate: setup failed: .*width must be a positive integer"):
             arm.request("setup", spec={"kind": "train-step", "strategy": "single", "devices": 1, "width": 0})
     finally:
         arm.close()
 
 
 def test_a_worker_that_dies_fails_with_its_exit_code(tmp_path):
-    arm = ab.Arm("baseline", ROOT, sys.executable, tmp_path)
+    arm = Arm("baseline", ROOT, sys.executable, tmp_path)
     arm.request("setup", spec={"kind": "matmul", "size": 8, "products": 1})
     arm.proc.kill()
     arm.proc.wait()
-    with pytest.raises(ab.ArmError, match="baseline worker exited with code -9"):
+    with pytest.raises(ArmError, match="baseline worker exited with code -9"):
         arm.request("sample", ops=1)
     arm.close()
 
@@ -305,54 +311,60 @@ def _not_a_python(tmp_path) -> Path:
     return fake
 
 
-class GateOptions:
-    """What ABGate reads of a pytest config: the gate's options (defaults as add_options has them)."""
-
-    def __init__(self, **options):
-        self.options = {"--ab-baseline": None, "--ab-baseline-python": None, "--ab-threshold": "10",
-                        "--ab-max-rounds": "40", "--ab-strict": False, "benchmark_disable": False, **options}
-        self.ini_lines = []
-
-    def getoption(self, name, default=None):
-        return self.options.get(name, default)
-
-    def addinivalue_line(self, name, line):
-        self.ini_lines.append((name, line))
-
-
 BAD_GATE_INPUT = {
-    "unknown-revision": (lambda tmp: {"--ab-baseline": "no-such-revision-xyz"}, "neither a folder nor a git revision"),
-    "not-a-checkout": (lambda tmp: {"--ab-baseline": str(tmp)}, "is not a checkout of mgpu"),
-    "baseline-mgpu-broken": (lambda tmp: {"--ab-baseline": str(_broken_checkout(tmp))}, "the baseline's mgpu"),
-    "python-without-torch": (lambda tmp: {"--ab-baseline-python": str(_not_a_python(tmp))}, "is not a Python with torch"),
-    "python-not-executable": (lambda tmp: {"--ab-baseline-python": str(tmp / "nothing")}, "not an executable file"),
-    "threshold-0": (lambda tmp: {"--ab-baseline": str(ROOT), "--ab-threshold": "0"},
-                    "--ab-threshold must be a percentage in (0, 100)"),
-    "threshold-100": (lambda tmp: {"--ab-baseline": str(ROOT), "--ab-threshold": "100%"},
+    "unknown-revision": (lambda tmp: dict(baseline="no-such-revision-xyz"), "not a revision of the repository at"),
+    "not-a-checkout": (lambda tmp: dict(baseline=str(tmp)), "is not a checkout of mgpu"),
+    "baseline-is-the-candidate": (lambda tmp: dict(baseline=str(ROOT)), "that folder is the candidate itself"),
+    "baseline-mgpu-broken": (lambda tmp: dict(baseline=str(_broken_checkout(tmp))), "the baseline's mgpu"),
+    "python-without-torch": (lambda tmp: dict(python=str(_not_a_python(tmp))), "is not a Python with torch"),
+    "python-not-executable": (lambda tmp: dict(python=str(tmp / "nothing")), "not an executable file"),
+    "no-baseline": (lambda tmp: dict(), "the gate needs a baseline"),
+    "threshold-0": (lambda tmp: dict(baseline="HEAD", threshold="0"), "--ab-threshold must be a percentage in (0, 100)"),
+    "threshold-100": (lambda tmp: dict(baseline="HEAD", threshold="100%"),
                       "--ab-threshold must be a percentage in (0, 100)"),
-    "threshold-text": (lambda tmp: {"--ab-baseline": str(ROOT), "--ab-threshold": "ten"},
+    "threshold-text": (lambda tmp: dict(baseline="HEAD", threshold="ten"),
                        "--ab-threshold must be a percentage in (0, 100)"),
-    "max-rounds-2": (lambda tmp: {"--ab-baseline": str(ROOT), "--ab-max-rounds": "2"},
-                     "--ab-max-rounds must be an integer >= 3"),
+    "max-rounds-2": (lambda tmp: dict(baseline="HEAD", max_rounds="2"), "--ab-max-rounds must be an integer >= 3"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_GATE_INPUT))
-def test_bad_gate_input_is_a_usage_error_naming_the_problem_before_anything_is_timed(case, tmp_path):
-    """The gate's options and baseline resolution as functions: ABGate(config) raises pytest's
-    UsageError (one line, exit 4 from pytest) and leaves no worktree, worker or folder behind."""
-    options, message = BAD_GATE_INPUT[case]
+def test_bad_gate_input_is_a_gate_error_naming_the_problem_before_anything_is_timed(case, tmp_path):
+    """The gate's options, baseline resolution and arm start as functions: GateError (one line;
+    pytest's usage error, exit 4, from the plugin) and no worktree, worker or folder left behind."""
+    make_options, message = BAD_GATE_INPUT[case]
+    options = make_options(tmp_path)
     before = _worktrees()
-    with pytest.raises(pytest.UsageError) as raised:
-        ab.ABGate(GateOptions(**options(tmp_path)))
+    with pytest.raises(GateError) as raised:
+        run = GateRun(parse_settings(options.get("threshold", "10"), options.get("max_rounds", "40")),
+                      ROOT, options.get("baseline"), options.get("python"))
+        try:
+            run.start()
+        finally:
+            run.close()
     assert message in str(raised.value) and "\n" not in str(raised.value), str(raised.value)
     assert _worktrees() == before, "a temporary worktree was left behind"
 
 
+def test_a_revision_of_another_repository_is_named_as_not_one_of_this_repository(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    subprocess.run(["git", "init", "-q", str(other)], check=True)
+    subprocess.run(["git", "-C", str(other), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "x"], check=True)
+    sha = subprocess.run(["git", "-C", str(other), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    with pytest.raises(GateError, match=f"--ab-baseline {sha}: not a revision of the repository at {ROOT}"):
+        GateRun(parse_settings(), ROOT, sha)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    with pytest.raises(GateError, match="is not a git repository"):
+        GateRun(parse_settings(), plain, "HEAD")
+
+
 def test_good_gate_options_become_the_settings():
-    settings = ab._settings(GateOptions(**{"--ab-threshold": "5%", "--ab-max-rounds": "12", "--ab-strict": True}))
+    settings = parse_settings("5%", "12", strict=True)
     assert (settings.threshold, settings.max_rounds, settings.strict, settings.smoke) == (0.05, 12, True, False)
-    smoke = ab._settings(GateOptions(benchmark_disable=True))
+    smoke = parse_settings(smoke=True)
     assert smoke.smoke and smoke.max_rounds == 3, "--benchmark-disable makes the gate a three-round smoke run"
 
 
@@ -360,18 +372,35 @@ def test_a_revision_of_this_repository_resolves_to_a_temporary_worktree_removed_
     if not _is_git_checkout():
         pytest.skip("this folder is not a git checkout")
     before = _worktrees()
-    tree, worktree = ab.resolve_baseline("HEAD")
+    baseline = check_baseline("HEAD", ROOT)
+    assert _worktrees() == before, "checking a REF must not create the worktree yet"
+    tree = baseline.checkout()
     try:
-        assert worktree == tree and (tree / "mgpu" / "__init__.py").is_file(), tree
+        assert (tree / "mgpu" / "__init__.py").is_file(), tree
         assert len(_worktrees()) == len(before) + 1
     finally:
-        ab.remove_worktree(worktree)
+        baseline.remove()
     assert _worktrees() == before and not tree.exists()
+
+
+def test_the_run_says_when_the_candidate_has_uncommitted_changes(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "model.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "model.py"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
+    assert "no uncommitted changes" in GateRun(parse_settings(), repo, "HEAD").candidate_desc
+    (repo / "model.py").write_text("x = 2\n")
+    run = GateRun(parse_settings(), repo, "HEAD")
+    assert "WITH uncommitted changes to model.py" in run.candidate_desc, run.candidate_desc
+    assert any("WITH uncommitted changes to model.py" in line for line in run.summary_lines())
 
 
 def test_bad_gate_input_from_the_command_line_is_one_error_line_and_exit_4(tmp_path):
     """End to end, once: pytest in a subprocess, as a user runs it (the cases above cover the rest)."""
-    out = _pytest("--ab-baseline", str(ROOT), "--ab-threshold", "0", "--perf-out", str(tmp_path / "out"), timeout=120)
+    out = _pytest("--ab-baseline", "HEAD", "--ab-threshold", "0", "--perf-out", str(tmp_path / "out"), timeout=120)
     errors = [line for line in out.stderr.splitlines() if line.startswith("ERROR:")]
     assert out.returncode == 4, f"exit {out.returncode}, not pytest's usage error:\n{out.stdout[-2000:]}\n{out.stderr}"
     assert len(errors) == 1 and "--ab-threshold must be a percentage in (0, 100)" in errors[0], out.stderr
@@ -384,7 +413,7 @@ def test_a_baseline_that_crashes_fails_the_gate_run(tmp_path):
     path: test_a_failing_workload_fails_the_comparison_never_unchanged and the real worker's
     test_a_workload_that_fails_in_a_real_worker_names_the_error.)"""
     planted, message = "import os; os._exit(3)", "baseline worker exited with code 3"
-    from perf.validate_gate import copy_tree
+    from mgpu_perf.gate.validate import copy_tree
 
     baseline = copy_tree(ROOT, tmp_path / "baseline")
     trainer = baseline / "mgpu" / "trainer.py"
@@ -410,8 +439,8 @@ def test_the_suite_gates_exactly_the_gated_set(request, sweep):
     collected = {item.name for item in items}
     if any(name not in collected for name, _ in gated_set(sweep)):
         pytest.skip("a -k or -m selection left part of the gated set out")
-    marked = {(item.name, json.dumps(item.get_closest_marker("gate").args[0], sort_keys=True))
-              for item in items if item.get_closest_marker("gate")}
+    marked = {(item.name, json.dumps(item.get_closest_marker("mgpu_gate").args[0], sort_keys=True))
+              for item in items if item.get_closest_marker("mgpu_gate")}
     expected = {(name, json.dumps(spec, sort_keys=True)) for name, spec in gated_set(sweep)}
     assert marked == expected, f"marked but not in the set: {sorted(marked - expected)}; in the set but not marked: " \
                                f"{sorted(expected - marked)}"

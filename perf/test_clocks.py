@@ -1,4 +1,4 @@
-"""perf/clocks.py: the GPUs' clocks in the machine record and the warning when they are not locked,
+"""mgpu_perf/clocks.py: the GPUs' clocks in the machine record and the warning when they are not locked,
 with a stand-in nvidia-smi (this machine has none; the H200 run is in docs/gpu.md)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from perf import clocks
+from mgpu_perf import clocks
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,11 +24,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from perf.workloads import CollectivePeers, allreduce_pattern
+from mgpu_perf.harness.peers import CollectivePeers, allreduce_pattern
 from mgpu.comm import allreduce, ring_allreduce, split_batch
 from mgpu.devices import devices as get_devices
 from mgpu.devices import synchronize
-from perf.sweep import SWEEP_KEY
+from mgpu_perf.sweep import SWEEP_KEY
 
 SIZES = [4096 * 2**k for k in range(14)]  # 4 KiB .. 32 MiB of float32
 ROUND_BUDGET_S = 0.1  # timed time per benchmark; small messages get more rounds, up to MAX_ROUNDS

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import requires_gpus
-from perf.sweep import record_rate
+from mgpu_perf.sweep import record_rate
 
 SIZE, RESULTS, ROUNDS, WARMUP_ROUNDS = 4000, 10, 10, 2
 

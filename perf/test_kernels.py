@@ -18,8 +18,8 @@ import torch
 
 from mgpu.devices import devices as get_devices
 from mgpu.devices import synchronize
-from perf.gated import MATMUL_CPU, MATMUL_GPU, matmul_spec
-from perf.sweep import SWEEP_KEY, record_rate
+from mgpu_perf.gated import MATMUL_CPU, MATMUL_GPU, matmul_spec
+from mgpu_perf.sweep import SWEEP_KEY, record_rate
 
 GPU_SIZE, GPU_PRODUCTS, GPU_ROUNDS = MATMUL_GPU["size"], MATMUL_GPU["products"], 10
 CPU_SIZE, CPU_PRODUCTS, CPU_ROUNDS = MATMUL_CPU["size"], MATMUL_CPU["products"], 15
@@ -59,7 +59,7 @@ def _info(benchmark, devs, size, count, timing):
 
 def _gate(sweep_gpus: int):
     """The A/B gate's kernel workload (perf/gated.py): the synchronised products on the first device."""
-    return pytest.mark.gate(matmul_spec(sweep_gpus))
+    return pytest.mark.mgpu_gate(matmul_spec(sweep_gpus))
 
 
 @pytest.mark.benchmark(group="kernels-one-device")

@@ -1,5 +1,5 @@
 """The arithmetic and plumbing behind the perf reports: interleaved DDP timing, scaling rows, the
-scaling table, and `python -m perf ddp-scaling` end to end (tiny network) and on bad input.
+scaling table, and `python -m mgpu_perf ddp-scaling` end to end (tiny network) and on bad input.
 
     pytest perf/test_reporting.py
 """
@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
-from perf import __main__ as command
-from perf import scaling, workloads
+from mgpu_perf import commands as command
+from mgpu_perf import scaling
+from mgpu_perf.harness import interleave
 
 
 class FakePool:
@@ -34,7 +35,7 @@ class FakePool:
 def test_interleaved_step_times_alternates_counts_round_by_round():
     log = []
     pools = {1: FakePool(1, log), 2: FakePool(2, log)}
-    times = workloads.interleaved_step_times(pools, rounds=3, warmup=2)
+    times = interleave.interleaved_step_times(pools, rounds=3, warmup=2)
     assert log == [1, 1, 2, 2] + [1, 2] * 3, f"step order {log}: warm-up per pool, then one step each per round"
     assert {n: len(t) for n, t in times.items()} == {1: 3, 2: 3}
 
@@ -42,23 +43,23 @@ def test_interleaved_step_times_alternates_counts_round_by_round():
 @pytest.mark.parametrize("loss", [float("nan"), float("inf")])
 def test_interleaved_step_times_rejects_non_finite_loss(loss):
     with pytest.raises(FloatingPointError, match="at 2 ranks"):
-        workloads.interleaved_step_times({1: FakePool(1, []), 2: FakePool(2, [], loss=loss)}, rounds=1)
+        interleave.interleaved_step_times({1: FakePool(1, []), 2: FakePool(2, [], loss=loss)}, rounds=1)
 
 
 def test_interleaved_step_times_rejects_steps_that_change_nothing():
     with pytest.raises(AssertionError, match="did not change at 2 ranks"):
-        workloads.interleaved_step_times({1: FakePool(1, []), 2: FakePool(2, [], moved=0.0)}, rounds=1)
+        interleave.interleaved_step_times({1: FakePool(1, []), 2: FakePool(2, [], moved=0.0)}, rounds=1)
 
 
 @pytest.mark.parametrize("rounds, warmup", [(0, 0), (-1, 2), (2, -1), (1.5, 0)])
 def test_interleaved_step_times_rejects_bad_rounds(rounds, warmup):
     with pytest.raises(ValueError, match="rounds must be"):
-        workloads.interleaved_step_times({1: FakePool(1, [])}, rounds=rounds, warmup=warmup)
+        interleave.interleaved_step_times({1: FakePool(1, [])}, rounds=rounds, warmup=warmup)
 
 
 def test_scaling_rows_speedup_and_efficiency():
     # 1 rank: 32 images in 0.5 s (median); 2 ranks: 64 images in 0.625 s -> 1.6x, efficiency 0.8.
-    rows = workloads.scaling_rows({2: [0.7, 0.625, 0.6], 1: [0.5, 0.4, 0.55]}, per_rank_batch=32)
+    rows = interleave.scaling_rows({2: [0.7, 0.625, 0.6], 1: [0.5, 0.4, 0.55]}, per_rank_batch=32)
     assert [r["ranks"] for r in rows] == [1, 2]
     one, two = rows
     assert math.isclose(one["images_per_s"], 64.0) and math.isclose(two["images_per_s"], 64 / 0.625)
@@ -81,7 +82,7 @@ def test_scaling_table_from_rows(tmp_path):
 
 
 def _bench_cli(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "perf", "ddp-scaling", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "mgpu_perf", "ddp-scaling", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -115,7 +116,7 @@ def test_ddp_scaling_command_rejects_bad_input(args, message, capsys):
 
 @pytest.mark.multiprocess
 def test_hot_path_command_prints_its_three_ratios():
-    out = subprocess.run([sys.executable, "-m", "perf", "hot-path", "--width", "4", "--batch", "4", "--rounds", "2",
+    out = subprocess.run([sys.executable, "-m", "mgpu_perf", "hot-path", "--width", "4", "--batch", "4", "--rounds", "2",
                           "--warmup", "1"], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
     single = [line for line in out.stdout.splitlines() if line.startswith("single: mgpu's step at ")]

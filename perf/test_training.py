@@ -4,6 +4,7 @@ strategy at every device count, with images/s, speedup and scaling efficiency ag
     pytest perf/test_training.py                      # timings; the scaling table comes at the end
     pytest perf/test_training.py -k ddp               # DDP only: 1 rank against 2 ranks
     pytest perf/test_training.py -k interleaved       # the DDP and FSDP scaling figures alone
+    pytest perf --model examples/tiny_lm.py:spec      # the step benchmarks on your model (MODULE:FUNCTION)
 
 Weak scaling: each device gets the same batch at every count, so the global batch grows with the
 devices. On a CPU each emulated device (a replica for manual, a process for ddp) gets the same
@@ -23,11 +24,13 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from perf import workloads
 from mgpu.strategies import RANK_STRATEGIES
-from perf.workloads import StrategyRankPool, TrainBench, TrainSession
-from perf.gated import Case, case_id, is_gated, train_spec
-from perf.sweep import SWEEP_KEY, record_rate
+from mgpu_perf.gated import Case, case_id, is_gated, train_spec
+from mgpu_perf.harness import interleave
+from mgpu_perf.harness.models import ModelBench
+from mgpu_perf.harness.ranks import StrategyRankPool
+from mgpu_perf.harness.sessions import TrainBench, TrainSession
+from mgpu_perf.sweep import SWEEP_KEY, record_rate
 
 
 @dataclass(frozen=True)
@@ -50,9 +53,10 @@ GPU = Settings(per_device_batch=128, steps_per_epoch=20, step_rounds=30, step_wa
                interleaved_rounds=30)
 
 
-def _cases(sweep, kind: str) -> list:
+def _cases(sweep, kind: str, model: str | None) -> list:
     def param(case: Case, marks=()):
-        gated = [pytest.mark.gate(train_spec(kind, case, sweep))] if is_gated(kind, case, sweep) else []
+        # Gated: mgpu's own network only (a --model run times a user's model, whose gate is docs/gate.md's).
+        gated = [pytest.mark.mgpu_gate(train_spec(kind, case, sweep))] if is_gated(kind, case, sweep) and not model else []
         return pytest.param(case, id=case_id(case, sweep), marks=[*marks, *gated])
 
     params = [param(Case("single", 1))]
@@ -72,7 +76,7 @@ def _cases(sweep, kind: str) -> list:
 def pytest_generate_tests(metafunc):
     if "case" in metafunc.fixturenames:
         kind = "train-epoch" if metafunc.function.__name__ == "test_train_epoch" else "train-step"
-        metafunc.parametrize("case", _cases(metafunc.config.stash[SWEEP_KEY], kind))
+        metafunc.parametrize("case", _cases(metafunc.config.stash[SWEEP_KEY], kind, metafunc.config.getoption("model", None)))
 
 
 @pytest.fixture(scope="module")
@@ -84,16 +88,27 @@ def settings(sweep, pytestconfig) -> Settings:
 
 
 @pytest.fixture(scope="module")
-def sessions(sweep, settings):
+def model_name(pytestconfig) -> str:
+    return pytestconfig.getoption("model", None) or "resnet18 width 64"
+
+
+@pytest.fixture(scope="module")
+def sessions(sweep, settings, pytestconfig):
     """One set-up strategy per case, shared by its step and epoch benchmarks; DDP ranks stay up
-    (idle, blocked on their queue) until the module ends."""
+    (idle, blocked on their queue) until the module ends. With --model, sessions of that model."""
     cache = {}
+    model = pytestconfig.getoption("model", None)
 
     def get(case: Case):
         if case not in cache:
-            bench = TrainBench(case.strategy, case.devices, per_device_batch=settings.per_device_batch,
-                               steps_per_epoch=settings.steps_per_epoch, threads_per_device=sweep.threads_per_device)
-            cache[case] = StrategyRankPool(bench) if case.strategy in RANK_STRATEGIES else TrainSession(bench)
+            if model:
+                bench = ModelBench(model, case.strategy, case.devices, per_device_batch=settings.per_device_batch,
+                                   input_shape=pytestconfig.getoption("input_shape", None),
+                                   classes=pytestconfig.getoption("classes", None), threads_per_device=sweep.threads_per_device)
+            else:
+                bench = TrainBench(case.strategy, case.devices, per_device_batch=settings.per_device_batch,
+                                   steps_per_epoch=settings.steps_per_epoch, threads_per_device=sweep.threads_per_device)
+            cache[case] = StrategyRankPool(bench) if case.strategy in RANK_STRATEGIES else bench.open()
         return cache[case]
 
     yield get
@@ -101,21 +116,21 @@ def sessions(sweep, settings):
         session.close()
 
 
-def _report(benchmark, case, sweep, settings, scaling_rows, measure: str, images: int) -> None:
+def _report(benchmark, case, sweep, settings, scaling_rows, measure: str, images: int, model: str) -> None:
     n = case.devices
     benchmark.extra_info.update(
         strategy=case.strategy, devices=n, device_label=sweep.label(n, unit="ranks" if case.strategy in RANK_STRATEGIES else "dev"),
-        emulated=sweep.emulated(n), scaling="weak (fixed per-device batch)", model="resnet18 width 64",
+        emulated=sweep.emulated(n), scaling="weak (fixed per-device batch)", model=model,
         per_device_batch=settings.per_device_batch, global_batch=settings.per_device_batch * n,
         threads_per_device=sweep.threads_per_device, images_per_round=images)
     rate = record_rate(benchmark, images, "images/s", per_device=n)
     base = next((r for r in scaling_rows if r["devices"] == 1 and r["strategy"] == case.strategy
                  and r["measure"] == measure and r["images_per_s"]), None)
     if rate and base:
-        speedup, efficiency = workloads.speedups(rate, base["images_per_s"], n)
+        speedup, efficiency = interleave.speedups(rate, base["images_per_s"], n)
         benchmark.extra_info["speedup"], benchmark.extra_info["efficiency"] = round(speedup, 3), round(efficiency, 3)
         # From the fastest rounds: what the code can do when nothing else runs on the machine.
-        fastest, _ = workloads.speedups(n / benchmark.stats.stats.min, 1 / base["min_s"], n)
+        fastest, _ = interleave.speedups(n / benchmark.stats.stats.min, 1 / base["min_s"], n)
         benchmark.extra_info["speedup (fastest rounds)"] = round(fastest, 3)
     stats = benchmark.stats.stats if benchmark.stats else None
     scaling_rows.append(_scaling_row(case.strategy, measure, n, benchmark.extra_info["device_label"], sweep, settings,
@@ -130,7 +145,7 @@ def _scaling_row(strategy, measure, n, label, sweep, settings, images_per_s, med
 
 
 @pytest.mark.benchmark(group="train-step")
-def test_train_step(benchmark, case, sessions, sweep, settings, scaling_rows, cpu_threads):
+def test_train_step(benchmark, case, sessions, sweep, settings, scaling_rows, cpu_threads, model_name):
     session = sessions(case)
     losses = []
     benchmark.pedantic(lambda: losses.append(session.step()), rounds=settings.step_rounds,
@@ -139,11 +154,11 @@ def test_train_step(benchmark, case, sessions, sweep, settings, scaling_rows, cp
     assert session.weights_moved() > 0, "the steps did not change the weights"
     # Parameters, gradients and optimizer state a device holds (an fsdp rank: its shards); CUDA: the peak.
     benchmark.extra_info["memory_per_device"] = session.memory_bytes()
-    _report(benchmark, case, sweep, settings, scaling_rows, "step", settings.per_device_batch * case.devices)
+    _report(benchmark, case, sweep, settings, scaling_rows, "step", settings.per_device_batch * case.devices, model_name)
 
 
 @pytest.mark.benchmark(group="train-epoch")
-def test_train_epoch(benchmark, case, sessions, sweep, settings, scaling_rows, cpu_threads):
+def test_train_epoch(benchmark, case, sessions, sweep, settings, scaling_rows, cpu_threads, model_name):
     session = sessions(case)
     epochs = []
     benchmark.pedantic(lambda: epochs.append(session.epoch()), rounds=settings.epoch_rounds,
@@ -153,7 +168,7 @@ def test_train_epoch(benchmark, case, sessions, sweep, settings, scaling_rows, c
     # The timed epoch is training plus evaluation of one test batch; the trainer's own figure is training only.
     benchmark.extra_info["train_only_images/s (trainer)"] = round(epochs[-1].images_per_sec, 3)
     _report(benchmark, case, sweep, settings, scaling_rows, "epoch",
-            settings.per_device_batch * case.devices * settings.steps_per_epoch)
+            settings.per_device_batch * case.devices * settings.steps_per_epoch, model_name)
 
 
 @pytest.mark.multiprocess
@@ -170,9 +185,9 @@ def test_rank_scaling_interleaved(strategy, sessions, sweep, settings, scaling_r
         pytest.skip(f"needs at least 2 device counts to compare (sweep: {counts})")
     disabled = pytestconfig.getoption("benchmark_disable")
     pools = {n: sessions(Case(strategy, n)) for n in counts}
-    times = workloads.interleaved_step_times(pools, rounds=1 if disabled else settings.interleaved_rounds,
+    times = interleave.interleaved_step_times(pools, rounds=1 if disabled else settings.interleaved_rounds,
                                           warmup=0 if disabled else 1)  # checks losses and weight updates
-    rows = workloads.scaling_rows(times, settings.per_device_batch)
+    rows = interleave.scaling_rows(times, settings.per_device_batch)
     assert [r["ranks"] for r in rows] == counts and all(r["images_per_s"] > 0 for r in rows), f"bad rows: {rows}"
     if disabled:
         return  # one untimed round: the machinery works, the figure means nothing

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from perf.gated import gated_set
-from perf.sweep import make_sweep
+from mgpu_perf.gated import gated_set
+from mgpu_perf.sweep import make_sweep
 
 yaml = pytest.importorskip("yaml")
 

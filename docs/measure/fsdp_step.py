@@ -19,8 +19,9 @@ from contextlib import ExitStack
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from perf.workloads import (IndependentPool, RankPool, StrategyRankPool, TrainBench, TrainSession, _Factory,  # noqa: E402
-                            interleaved_ratios)
+from mgpu_perf.harness.interleave import interleaved_ratios  # noqa: E402
+from mgpu_perf.harness.ranks import IndependentPool, RankPool, StrategyRankPool, _Factory  # noqa: E402
+from mgpu_perf.harness.sessions import TrainBench, TrainSession  # noqa: E402
 
 LAYOUTS = {"fsdp block/on": dict(shard="block", reshard_after_forward="on"),
            "fsdp block/off": dict(shard="block", reshard_after_forward="off"),

@@ -1,26 +1,28 @@
-"""Proof that the A/B gate (perf/ab.py) tells a slowdown from noise on this machine, measured.
+"""Proof that the A/B gate (mgpu_perf/gate/) tells a slowdown from noise on this machine, measured.
 
-    python -m perf.validate_gate                # the full validation (about 25 minutes on 2 cores)
-    python -m perf.validate_gate --quick        # a smaller version (about 5 minutes)
+    python -m mgpu_perf validate-gate                # the full validation (about 25 minutes on 2 cores)
+    python -m mgpu_perf validate-gate --quick        # a smaller version (about 5 minutes)
+    python -m mgpu_perf validate-gate --threshold 5  # the gate at --ab-threshold 5 against a 5 % slower step
 
-Run it with nothing else on the machine; it is not part of CI. It copies this tree three times
-into a temporary folder: `same` (unchanged), and two candidates whose every training step and
-evaluation take 10 % and 5 % longer than their own time (a busy-wait appended to the copy's
+Run it from a checkout of mgpu with nothing else on the machine; it is not part of CI. It copies
+the tree three times into a temporary folder (so the checkout may change while it runs): `same`
+(unchanged), and two candidates whose every training step and evaluation take T % and T/2 % longer
+than their own time (T: --threshold, default 10; a busy-wait appended to the copy's
 mgpu/trainer.py, so the slowdown scales with the machine's speed of the moment, as a real one
 would). Then:
 
 1. Rates on one gated benchmark, the `single` training step, each run a whole gate decision with
    fresh worker processes: `--runs` runs each with both arms the same tree (a `slower` there is a
-   false alarm), with the 10 % candidate (must be `slower`) and with the 5 % candidate (reported).
+   false alarm), with the T % candidate (must be `slower`) and with the T/2 % candidate (reported).
    The runs of the three kinds are interleaved, so the machine's drift hits them alike. Each is
    judged at the level the benchmark gets in a whole run of the gated set (alpha / set size, the
    strictest Holm step).
-2. The whole gated set, `pytest perf --ab-baseline <same>`: `--set-runs` runs from the unchanged
-   tree (no `slower` anywhere) and from the 10 % candidate (every training benchmark `slower`, the
-   kernel not), with the time per run.
+2. The whole gated set, `pytest perf --ab-baseline <same> --ab-threshold T`: `--set-runs` runs from
+   the unchanged tree (no `slower` anywhere) and from the T % candidate (every training benchmark
+   `slower`, the kernel not), with the time per run.
 
 Writes gate-validation.json into --out and prints the rates; exits 1 if the targets (at most 1
-false `slower` in 20 and at least 19 detections in 20 at 10 %, scaled to --runs) are missed.
+false `slower` in 20 and at least 19 detections in 20 at T %, scaled to --runs) are missed.
 """
 
 from __future__ import annotations
@@ -36,14 +38,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from perf import ab
+from mgpu_perf.gate import stats as abstats
+from mgpu_perf.gate.arm import Arm
+from mgpu_perf.gate.compare import Settings, compare
 
-ROOT = ab.PROJECT_ROOT
 
 # Appended to the slowed copies' mgpu/trainer.py.
 PLANTED = '''
 
-# -- planted by perf/validate_gate.py: every step and evaluation takes (1 + {fraction}) times its own time
+# -- planted by mgpu_perf/gate/validate.py: every step and evaluation takes (1 + {fraction}) times its own time
 def _planted_slowdown(method, fraction={fraction}):
     import functools
     import time as _time
@@ -92,31 +95,29 @@ def copy_tree(root: Path, dest: Path, slowdown: float | None = None) -> Path:
 
 def single_step_spec() -> tuple[str, dict, int]:
     """The `single` training step as the gate runs it, and the size of the gated set (for its level)."""
-    sys.path.insert(0, str(ROOT))
-    from perf.gated import Case, gated_set, train_spec
-    from perf.sweep import make_sweep
+    from mgpu_perf.gated import Case, gated_set, train_spec
+    from mgpu_perf.sweep import make_sweep
 
     sweep = make_sweep(None)
     return "test_train_step[single]", train_spec("train-step", Case("single", 1), sweep), len(gated_set(sweep))
 
 
-def one_decision(baseline: Path, candidate: Path, name: str, spec: dict, family: int, workdir: Path) -> dict:
+def one_decision(baseline: Path, candidate: Path, name: str, spec: dict, family: int, workdir: Path,
+                 settings: Settings) -> dict:
     """A whole gate decision on one benchmark with fresh workers: baseline tree vs candidate tree."""
-    settings = ab.Settings()
     run_dir = Path(tempfile.mkdtemp(dir=workdir))
     start = time.perf_counter()
     arms = {}
     try:
-        arms["baseline"] = ab.Arm("baseline", baseline, sys.executable, run_dir)
-        arms["candidate"] = ab.Arm("candidate", candidate, sys.executable, run_dir)
-        result = ab.compare(name, spec, arms, settings, family_size=family)
+        arms["baseline"] = Arm("baseline", baseline, sys.executable, run_dir, require_mgpu=True)
+        arms["candidate"] = Arm("candidate", candidate, sys.executable, run_dir, require_mgpu=True)
+        result = compare(name, spec, arms, settings, family_size=family)
     finally:
         for arm in arms.values():
             arm.close()
         shutil.rmtree(run_dir, ignore_errors=True)
     level = settings.alpha / family
     result.level = level
-    from perf import abstats
 
     result.verdict = abstats.verdict(result.estimate, settings.threshold, level)
     low, high = result.interval()
@@ -124,10 +125,11 @@ def one_decision(baseline: Path, candidate: Path, name: str, spec: dict, family:
             "rounds": len(result.samples["baseline"]), "seconds": time.perf_counter() - start}
 
 
-def whole_set(candidate: Path, baseline: Path, out: Path) -> dict:
+def whole_set(candidate: Path, baseline: Path, out: Path, settings: Settings) -> dict:
     """`pytest perf --ab-baseline BASELINE` run from the candidate tree; verdicts from its ab.json."""
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pytest", "perf", "--ab-baseline", str(baseline), "-q",
+                           "--ab-threshold", f"{settings.threshold * 100:g}", "--ab-max-rounds", str(settings.max_rounds),
                            "-p", "no:cacheprovider", "--perf-out", str(out)], cwd=candidate, capture_output=True,
                           text=True)
     seconds = time.perf_counter() - start
@@ -147,46 +149,62 @@ def rate(decisions: list[dict], verdict: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m perf.validate_gate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mgpu_perf validate-gate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="5 runs per kind and 1 whole-set run each (~5 min)")
     parser.add_argument("--runs", type=int, default=None, help="single-benchmark runs per kind (default 20)")
     parser.add_argument("--set-runs", type=int, default=None, help="whole gated set runs per kind (default 3)")
     parser.add_argument("--out", default="perf-results", help="folder for gate-validation.json")
+    parser.add_argument("--threshold", type=float, default=10.0,
+                        help="the gate's --ab-threshold in percent, and the slowdown it must catch (default 10)")
+    parser.add_argument("--max-rounds", type=int, default=Settings.max_rounds, help="the gate's --ab-max-rounds")
+    parser.add_argument("--sample-s", type=float, default=Settings.sample_s, help="seconds a sample (default 0.25)")
+    parser.add_argument("--tree", default=".", help="the checkout of mgpu to validate (default: this folder)")
     args = parser.parse_args(argv)
     runs = args.runs or (5 if args.quick else 20)
     set_runs = args.set_runs if args.set_runs is not None else (1 if args.quick else 3)
     if runs < 1 or set_runs < 0:
         parser.error("--runs must be at least 1 and --set-runs at least 0")
+    if not (0 < args.threshold < 100) or args.max_rounds < 3 or args.sample_s <= 0:
+        parser.error("--threshold must be in (0, 100), --max-rounds at least 3, --sample-s positive")
+    from mgpu_perf.gate.baseline import is_mgpu_checkout
+
+    root = Path(args.tree).resolve()
+    if not is_mgpu_checkout(root):
+        parser.error(f"--tree {root} is not a checkout of mgpu (validate-gate plants slowdowns in its mgpu/trainer.py)")
+    settings = Settings(threshold=args.threshold / 100, max_rounds=args.max_rounds, sample_s=args.sample_s)
+    full, half = args.threshold / 100, args.threshold / 200
+    big, small = f"{args.threshold:g}% slower", f"{args.threshold / 2:g}% slower"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name, spec, family = single_step_spec()
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mgpu-validate-gate-") as tmp:
         tmp = Path(tmp)
-        same = copy_tree(ROOT, tmp / "same")
-        slowed = {0.10: copy_tree(ROOT, tmp / "slowed10", 0.10), 0.05: copy_tree(ROOT, tmp / "slowed5", 0.05)}
-        kinds = {"same tree": ROOT, "10% slower": slowed[0.10], "5% slower": slowed[0.05]}
+        same = copy_tree(root, tmp / "same")
+        slowed = {full: copy_tree(root, tmp / "slowed-full", full), half: copy_tree(root, tmp / "slowed-half", half)}
+        kinds = {"same tree": same, big: slowed[full], small: slowed[half]}
         decisions: dict[str, list[dict]] = {k: [] for k in kinds}
-        print(f"1. {name} ({spec}), {runs} runs per kind, judged at alpha {ab.Settings.alpha}/{family}", flush=True)
+        print(f"1. {name} ({spec}), {runs} runs per kind, threshold {args.threshold:g} %, judged at alpha "
+              f"{settings.alpha}/{family}", flush=True)
         for i in range(runs):
             for kind, candidate in kinds.items():
-                d = one_decision(same, candidate, name, spec, family, tmp)
+                d = one_decision(same, candidate, name, spec, family, tmp, settings)
                 decisions[kind].append(d)
                 print(f"   run {i + 1:>2} {kind:<11} {d['verdict']:<13} ratio {d['ratio']:.3f} "
                       f"[{d['interval'][0]:.3f}, {d['interval'][1]:.3f}] {d['rounds']:>2} rounds {d['seconds']:.0f} s",
                       flush=True)
-        sets: dict[str, list[dict]] = {"same tree": [], "10% slower": []}
+        sets: dict[str, list[dict]] = {"same tree": [], big: []}
         print(f"2. the whole gated set, {set_runs} runs per kind", flush=True)
         for i in range(set_runs):
-            for kind, candidate in (("same tree", ROOT), ("10% slower", slowed[0.10])):
-                r = whole_set(candidate, same, tmp / f"set-{kind.split()[0]}-{i}")
+            for kind, candidate in (("same tree", same), (big, slowed[full])):
+                r = whole_set(candidate, same, tmp / f"set-{kind.split()[0]}-{i}", settings)
                 sets[kind].append(r)
                 verdicts = ", ".join(f"{k}: {v}" for k, v in r["verdicts"].items())
                 print(f"   run {i + 1} {kind:<11} exit {r['exit']} in {r['seconds']:.0f} s: {verdicts}", flush=True)
     total = time.perf_counter() - began
 
     false_alarms = sum(d["verdict"] == "slower" for d in decisions["same tree"])
-    caught = sum(d["verdict"] == "slower" for d in decisions["10% slower"])
+    caught = sum(d["verdict"] == "slower" for d in decisions[big])
     allowed_false, needed = math.floor(runs / 20), math.ceil(runs * 19 / 20)
     def as_required(r: dict, slowed: bool) -> bool:
         """Unchanged tree: exit 0, no `slower`. Slowed: exit 1, every training benchmark `slower`, the kernel `unchanged`."""
@@ -194,9 +212,10 @@ def main(argv: list[str] | None = None) -> int:
             return r["exit"] == 0 and "slower" not in r["verdicts"].values()
         return r["exit"] == 1 and all(v == ("unchanged" if "matmul" in k else "slower") for k, v in r["verdicts"].items())
 
-    set_ok = all(as_required(r, False) for r in sets["same tree"]) and all(as_required(r, True) for r in sets["10% slower"])
+    set_ok = all(as_required(r, False) for r in sets["same tree"]) and all(as_required(r, True) for r in sets[big])
     summary = {
         "benchmark": name, "spec": spec, "runs_per_kind": runs, "set_runs_per_kind": set_runs,
+        "settings": {"threshold": settings.threshold, "max_rounds": settings.max_rounds, "sample_s": settings.sample_s},
         "rates": {kind: {v: rate(ds, v) for v in ("slower", "unchanged", "inconclusive", "faster")}
                   for kind, ds in decisions.items()},
         "seconds_per_decision": {kind: sum(d["seconds"] for d in ds) / len(ds) for kind, ds in decisions.items()},
@@ -205,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": {"false_slower_at_most": allowed_false, "caught_at_least": needed},
         "met": {"false_alarms": false_alarms <= allowed_false, "detections": caught >= needed, "whole_set": set_ok},
     }
-    path = out / "gate-validation.json"
+    path = out / f"gate-validation-t{args.threshold:g}.json"
     path.write_text(json.dumps(summary, indent=2) + "\n")
     print(f"\nsingle step, {runs} runs each (fresh workers per run):")
     for kind, ds in decisions.items():

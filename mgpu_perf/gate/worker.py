@@ -1,11 +1,12 @@
-"""One arm of the A/B gate: a long-lived process that imports `mgpu` from its own tree and runs
-the candidate's gated workloads when the parent (perf/ab.py) asks.
+"""Inside a worker of the A/B gate: import the code under test from the arm's tree, run the gated
+workloads (harness/workloads.py) the parent (gate/arm.py) asks for.
 
-    python <tmp>/mgpu_ab_worker.py TREE     # started by perf/ab.py, never by hand
+    python -c BOOT DIR TREE [--require-mgpu]     # started by gate/arm.py, never by hand
 
-The parent copies this file and perf/workloads.py (as `mgpu_ab_workloads`) into a folder of its
-own, so that the workloads are the candidate's while `mgpu` is the arm's: TREE comes first on
-sys.path, and the check below refuses an `mgpu` imported from anywhere else (an installed copy).
+DIR holds a copy of the candidate's `mgpu_perf` and comes first on sys.path; TREE comes next (and
+TREE/src, for a project laid out that way), so the workloads are the candidate's while `mgpu` (in a
+checkout of mgpu: --require-mgpu refuses one imported from anywhere else) or the user's model is the
+arm's. A user's model imported from outside TREE is refused at setup for the same reason.
 The protocol is one JSON object per line: requests on stdin, answers on the original stdout;
 everything the workloads print goes to stderr (a file the parent shows when this process fails).
 """
@@ -39,23 +40,35 @@ def versions() -> dict:
             "cuda": cuda, "nccl": nccl, "gpus": torch.cuda.device_count()}
 
 
-# An API the baseline lacks (a module, a name, an argument the pull request added) makes a workload
-# not comparable; any other failure is a failure.
-NOT_COMPARABLE = (ImportError, AttributeError, TypeError)
+def not_comparable_errors() -> tuple:
+    """An API the baseline lacks (a module, a name, an argument the pull request added), or a user's
+    model it cannot load (mgpu's SpecError: no such file or function in that tree), makes a workload
+    not comparable; any other failure is a failure."""
+    try:
+        from mgpu.errors import SpecError
+    except ImportError:  # an mgpu older than the model contract
+        return (ImportError, AttributeError, TypeError)
+    return (ImportError, AttributeError, TypeError, SpecError)
 
 
-def main() -> int:
-    tree = os.path.abspath(sys.argv[1])
+def _inside(path: str, tree: str) -> bool:
+    return os.path.abspath(path).startswith(os.path.join(tree, ""))
+
+
+def main(argv: list[str]) -> int:
+    tree = os.path.abspath(argv[0])
     out = _protocol_out()
-    sys.path.insert(1, tree)  # after this folder (the workloads), before site-packages
+    # After the harness's folder, before site-packages.
+    sys.path[1:1] = [tree] + ([os.path.join(tree, "src")] if os.path.isdir(os.path.join(tree, "src")) else [])
     import mgpu
 
     where = os.path.abspath(mgpu.__file__)
-    if not where.startswith(os.path.join(tree, "")):
+    if "--require-mgpu" in argv[1:] and not _inside(where, tree):
         out.write(json.dumps({"error": f"mgpu was imported from {where}, not from {tree}"}) + "\n")
         return 1
-    import mgpu_ab_workloads as workloads
+    from mgpu_perf.harness import workloads
 
+    NOT_COMPARABLE = not_comparable_errors()
     out.write(json.dumps({"ready": True, "versions": versions(), "mgpu": where}) + "\n")
     workload = None
     for line in sys.stdin:
@@ -71,6 +84,13 @@ def main() -> int:
                 except NOT_COMPARABLE as e:
                     answer = {"not_comparable": f"{type(e).__name__}: {e}"}
                 else:
+                    origin = getattr(workload, "origin", None)
+                    if origin and not _inside(origin, tree):
+                        workload.close()
+                        workload = None
+                        raise RuntimeError(f"the model's code was imported from {origin}, not from this arm's tree "
+                                           f"{tree}: both arms would time the same code (is the project installed "
+                                           "without being on the path from its own folder?)")
                     answer = {"ok": True}
             elif command == "sample":
                 times = []
@@ -99,4 +119,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from perf.workloads import speedups
+from mgpu_perf.harness.interleave import speedups
 
 COLUMNS = ("strategy", "measure", "devices", "label", "images_per_s", "speedup", "efficiency")
 

@@ -13,15 +13,13 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from perf.workloads import cpu_cores
+from mgpu_perf.harness.sessions import cpu_cores
 
 ENV_DEVICES = "MGPU_PERF_DEVICES"
-ENV_OUT = "MGPU_PERF_OUT"
-DEFAULT_OUT = "perf-results"
 MAX_EMULATED_BY_DEFAULT = 4
 SWEEP_KEY = pytest.StashKey()  # config.stash: the Sweep of this session
 ROWS_KEY = pytest.StashKey()   # config.stash: scaling rows the training benchmarks add
-CLOCKS_KEY = pytest.StashKey()  # config.stash: the GPUs' names and clocks at start (perf/clocks.py)
+CLOCKS_KEY = pytest.StashKey()  # config.stash: the GPUs' names and clocks at start (mgpu_perf/clocks.py)
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,13 @@
-"""`python -m perf ddp-scaling` and `python -m perf hot-path`: throughput figures, interleaved, as commands.
+"""`python -m mgpu_perf ddp-scaling` and `python -m mgpu_perf hot-path`: throughput figures, interleaved, as commands.
 
-    python -m perf ddp-scaling                     # full-width ResNet-18, 1 vs 2 ranks, one thread each
-    python -m perf ddp-scaling --devices 1,2,4 --batch 32 --rounds 10 --min-speedup 1.8
-    python -m perf hot-path                        # mgpu's step against bare PyTorch, DDP and FSDP against no communication
+    python -m mgpu_perf ddp-scaling                # full-width ResNet-18, 1 vs 2 ranks, one thread each
+    python -m mgpu_perf ddp-scaling --devices 1,2,4 --batch 32 --rounds 10 --min-speedup 1.8
+    python -m mgpu_perf hot-path                   # mgpu's step against bare PyTorch, DDP and FSDP against no communication
+    python -m mgpu_perf validate-gate              # the A/B gate's measured error rates (gate/validate.py)
 
 Exit codes: 0 done, 1 a rank failed or the speedup is below --min-speedup, 2 bad input (one line).
 The ranks of every count start first (one pool per count; idle pools wait on their queues and
-take no CPU), then their steps are interleaved (`perf.workloads.interleaved_step_times`).
+take no CPU), then their steps are interleaved (`mgpu_perf.harness.interleave.interleaved_step_times`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from typing import Callable
 from mgpu.cli import OneLineParser
 from mgpu.devices import torch_threads
 from mgpu.errors import one_line
-from perf.workloads import (BareStep, IndependentPool, RankPoolError, StrategyRankPool, TrainBench, TrainSession, cpu_cores,
-                            interleaved_ratio, interleaved_ratios, interleaved_step_times, scaling_rows)
+from mgpu_perf.harness.interleave import interleaved_ratio, interleaved_ratios, interleaved_step_times, scaling_rows
+from mgpu_perf.harness.ranks import IndependentPool, RankPoolError, StrategyRankPool
+from mgpu_perf.harness.sessions import BareStep, TrainBench, TrainSession, cpu_cores
 
-PROG = "python -m perf"
+PROG = "python -m mgpu_perf"
 
 
 def measure_ddp_scaling(counts=(1, 2), width: int = 64, per_rank_batch: int = 32, rounds: int = 12, warmup: int = 2,
@@ -129,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--rounds", type=int, default=12, help="interleaved rounds")
     h.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     h.add_argument("--ranks", type=int, default=2, help="DDP ranks")
+    sub.add_parser("validate-gate", add_help=False, help="the A/B gate's false-alarm and detection rates, measured "
+                                                        "(`validate-gate --help`)")
     return parser
 
 
@@ -144,6 +148,11 @@ def check_hot_path_args(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["validate-gate"]:
+        from mgpu_perf.gate.validate import main as validate_gate
+
+        return validate_gate(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

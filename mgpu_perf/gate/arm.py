@@ -1,0 +1,125 @@
+"""One arm of the A/B gate, seen from the parent: a long-lived worker process (gate/worker.py)
+that imports the code under test from its own tree and runs the gated workloads the parent asks for.
+
+    arm = Arm("baseline", tree, sys.executable, workdir)
+    arm.request("setup", spec={...}); arm.request("sample", ops=5)["times"]; arm.close()
+
+The worker runs *this* harness's code whatever its tree holds: the whole `mgpu_perf` package is
+copied into the arm's folder, which comes first on the worker's path; the tree comes next, so the
+tree's `mgpu` (in a checkout of mgpu) or the user's modules are the arm's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+__all__ = ["Arm", "ArmError", "PACKAGE_DIR"]
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # mgpu_perf/, copied whole into every worker's folder
+
+# Started as `python -c BOOT DIR TREE [--require-mgpu]`: DIR (the copied package) first on the path.
+BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from mgpu_perf.gate.worker import main; sys.exit(main(sys.argv[2:]))"
+
+
+class ArmError(RuntimeError):
+    """A worker could not start, crashed, hung, or a workload failed in it (the message says which)."""
+
+
+class Arm:
+    """A worker process importing the code under test from `tree`, with this harness first on its path.
+
+    `require_mgpu`: the tree is a checkout of mgpu, and the worker refuses an `mgpu` imported from
+    anywhere else (an installed copy would make both arms time the same code)."""
+
+    def __init__(self, label: str, tree: Path, python: str, workdir: Path, timeout_s: float = 600.0,
+                 require_mgpu: bool = False):
+        self.label, self.tree, self.python, self.timeout_s = label, Path(tree).resolve(), python, timeout_s
+        self.dir = workdir / label
+        self.dir.mkdir(parents=True)
+        shutil.copytree(PACKAGE_DIR, self.dir / "mgpu_perf", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        self.stderr_path = self.dir / "stderr.log"
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        with open(self.stderr_path, "w") as err:
+            try:
+                # Its own session: killing the worker's group also ends the DDP ranks it started.
+                self.proc = subprocess.Popen([python, "-c", BOOT, str(self.dir), str(self.tree),
+                                              *(["--require-mgpu"] if require_mgpu else [])],
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
+                                             cwd=self.tree, env=env, bufsize=1, start_new_session=True)
+            except OSError as e:
+                raise ArmError(f"{label}: cannot start {python}: {e.strerror or e}") from None
+        try:
+            hello = self._read()
+            if "error" in hello:
+                raise ArmError(f"{label}: {hello['error']}")
+            self.versions = hello["versions"]
+        except BaseException:
+            self.kill()
+            raise
+
+    def _tail(self) -> str:
+        try:
+            lines = [ln for ln in self.stderr_path.read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return ""
+        return " | ".join(lines[-3:])
+
+    def _read(self) -> dict:
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout_s)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            if not ready:
+                raise self._broken(f"worker did not answer within {self.timeout_s:g} s")
+            code = self.proc.wait(timeout=10)
+            raise ArmError(f"{self.label} worker exited with code {code}: {self._tail() or 'no output'}")
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise self._broken(f"worker answered something that is not a JSON object: {line[:200]!r}")
+        return answer
+
+    def _broken(self, what: str) -> ArmError:
+        """The exchange with this worker cannot be trusted any more: kill it, return the error to raise."""
+        self.kill()
+        return ArmError(f"{self.label} {what}")
+
+    def kill(self) -> None:
+        """The worker and everything it started (DDP ranks), at once."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.proc.kill()
+        self.proc.wait()
+
+    def request(self, command: str, **fields) -> dict:
+        try:
+            self.proc.stdin.write(json.dumps({"command": command, **fields}) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            code = self.proc.wait(timeout=10)
+            raise ArmError(f"{self.label} worker exited with code {code}: {self._tail() or 'no output'}") from None
+        answer = self._read()
+        if "error" in answer:
+            raise ArmError(f"{self.label}: {command} failed: {answer['error']}")
+        if command == "sample" and not isinstance(answer.get("times"), list):
+            raise self._broken(f"answered {answer!r} to a sample")
+        return answer
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.request("quit")
+                self.proc.wait(timeout=30)
+            except (ArmError, subprocess.TimeoutExpired, ValueError):
+                pass
+        self.kill()
+

@@ -1,0 +1,157 @@
+"""The gate's comparison loop: one gated workload timed in both arms, interleaved round by round,
+judged by a paired statistical test (gate/stats.py), Holm-corrected across the run's benchmarks.
+
+    result = compare("test_step[ddp-2]", spec, {"baseline": arm_a, "candidate": arm_b}, Settings(), family_size=7)
+    judge(results, settings)                 # fills verdict and level of every result
+
+Each arm is one long-lived worker process (gate/arm.py) importing the code under test from its
+own tree and the candidate's harness, so the same benchmark code times both trees.
+One arm works at a time. Per benchmark: both arms set up and warm up (untimed), then rounds
+alternate the order (A B, B A, A B, ...), each round one sample per arm (the median of a few
+operations, about `sample_s` seconds). From `min_rounds` on, every `look_every` rounds the
+interval is checked at the strictest Holm level, and the benchmark stops early only when it is
+`unchanged` or `faster`; otherwise it runs to `max_rounds`, where `slower` is tested once.
+
+A worker that crashes, a workload that fails or computes a wrong result in either arm raises
+ArmError: never "unchanged". A workload the baseline cannot even set up (an API the change added, a
+model file it lacks) is `not comparable`, with the reason.
+"""
+
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from mgpu_perf.gate import stats as abstats
+from mgpu_perf.gate.arm import Arm, ArmError
+
+__all__ = ["Settings", "round_order", "Comparison", "compare", "judge", "ArmError"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    threshold: float = 0.10   # the slowdown the gate exists to catch (fraction)
+    alpha: float = 0.05       # chance of any false `slower` in a whole run (Holm across benchmarks)
+    min_rounds: int = 10
+    max_rounds: int = 40
+    look_every: int = 5       # rounds between looks at the interval, once min_rounds are in
+    warmup: int = 2           # untimed samples per arm before the rounds
+    sample_s: float = 0.25    # target duration of one sample (a whole number of operations)
+    strict: bool = False      # `inconclusive` fails the run too
+    smoke: bool = False       # --benchmark-disable: exercise the machinery, judge nothing
+
+
+def round_order(i: int) -> tuple[str, str]:
+    """Arms of round i (from 0): A B, B A, A B, ... so neither arm always runs first."""
+    return ("baseline", "candidate") if i % 2 == 0 else ("candidate", "baseline")
+
+
+# -- one benchmark, both arms ----------------------------------------------------------------------
+
+@dataclass
+class Comparison:
+    name: str
+    spec: dict
+    status: str = "compared"            # compared | not comparable
+    reason: str = ""
+    ops_per_sample: int = 0
+    samples: dict = field(default_factory=lambda: {"baseline": [], "candidate": []})  # one per round
+    seconds: float = 0.0
+    estimate: abstats.Estimate | None = None
+    verdict: str = ""
+    level: float = 0.0
+
+    def median(self, arm: str) -> float:
+        return statistics.median(self.samples[arm]) if self.samples[arm] else math.nan
+
+    def interval(self) -> tuple[float, float]:
+        return self.estimate.interval(self.level) if self.estimate else (math.nan, math.nan)
+
+    def to_dict(self) -> dict:
+        """For ab.json: strict JSON (no NaN or Infinity: None where a figure does not exist)."""
+        def finite(x):
+            return x if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+        low, high = (finite(v) for v in self.interval())
+        return {"name": self.name, "spec": self.spec, "status": self.status, "reason": self.reason,
+                "verdict": self.verdict, "rounds": len(self.samples["baseline"]), "ops_per_sample": self.ops_per_sample,
+                "baseline_median_s": finite(self.median("baseline")),
+                "candidate_median_s": finite(self.median("candidate")),
+                "ratio": finite(self.estimate.ratio) if self.estimate else None, "interval": [low, high],
+                "level": self.level, "p_slower": self.estimate.p_slower if self.estimate else None,
+                "seconds": self.seconds,
+                "samples": self.samples}
+
+
+def _sample(arm: Arm, ops: int) -> float:
+    return statistics.median(arm.request("sample", ops=ops)["times"])
+
+
+def compare(name: str, spec: dict, arms: dict[str, Arm], settings: Settings, family_size: int = 1,
+            log=lambda _: None) -> Comparison:
+    """Time one gated workload in both arms, interleaved, until decided or max_rounds."""
+    result = Comparison(name, spec)
+    start = time.perf_counter()
+    answer = arms["baseline"].request("setup", spec=spec)
+    if "not_comparable" in answer:
+        result.status, result.reason = "not comparable", f"the baseline cannot run it: {answer['not_comparable']}"
+        arms["baseline"].request("close")
+        return result
+    answer = arms["candidate"].request("setup", spec=spec)
+    if "not_comparable" in answer:
+        raise ArmError(f"candidate: setup failed: {answer['not_comparable']}")
+    try:
+        if settings.smoke:
+            ops = 1
+        else:
+            # Untimed, at least two each: the first operation of a worker pays one-off costs (on a
+            # GPU the CUDA context, cuDNN's first calls, the allocator's first blocks: 1 s against a
+            # 10 ms step on an H200), so the samples are sized by each arm's fastest warm-up
+            # operation. Sized by a median that included it, the first GPU gate took one-step
+            # samples, 40 % apart (docs/gpu.md).
+            warm = {label: [_sample(arm, 1) for _ in range(max(settings.warmup, 2))] for label, arm in arms.items()}
+            op_s = statistics.fmean(min(v) for v in warm.values())
+            ops = max(1, round(settings.sample_s / max(op_s, 1e-6)))
+        result.ops_per_sample = ops
+        strictest = settings.alpha / family_size
+        for i in range(settings.max_rounds):
+            for label in round_order(i):
+                result.samples[label].append(_sample(arms[label], ops))
+            done = i + 1
+            if (not settings.smoke and done >= settings.min_rounds and done < settings.max_rounds
+                    and (done - settings.min_rounds) % settings.look_every == 0):
+                # Only a verdict that cannot be a false `slower` ends a benchmark early: looking
+                # for `slower` after every few rounds would test it again and again (a false
+                # alarm rate up to 3x the nominal level, simulated). `slower` is judged once, at the end.
+                est = abstats.estimate(result.samples["baseline"], result.samples["candidate"], settings.threshold)
+                if abstats.verdict(est, settings.threshold, strictest) in ("unchanged", "faster"):
+                    break
+        for label in ("baseline", "candidate"):
+            arms[label].request("check")  # wrong results fail the run, in either arm
+    finally:
+        for arm in arms.values():  # each arm closed on its own: the first error is the one reported
+            try:
+                if arm.proc.poll() is None:
+                    arm.request("close")
+            except ArmError:
+                arm.kill()
+    result.estimate = abstats.estimate(result.samples["baseline"], result.samples["candidate"], settings.threshold)
+    result.seconds = time.perf_counter() - start
+    log(f"{name}: {len(result.samples['baseline'])} rounds, ratio {result.estimate.ratio:.3f}")
+    return result
+
+
+def judge(results: list[Comparison], settings: Settings) -> None:
+    """Fill verdict and level of every compared benchmark, Holm-corrected across them."""
+    compared = [r for r in results if r.status == "compared"]
+    for r, (verdict, level) in zip(compared, abstats.decide([r.estimate for r in compared], settings.threshold,
+                                                            settings.alpha)):
+        r.verdict, r.level = verdict, level
+    for r in results:
+        if r.status != "compared":
+            r.verdict = "not comparable"
+
+

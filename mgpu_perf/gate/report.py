@@ -1,0 +1,86 @@
+"""The gate's reports: the verdict table, the exit status, ab.json, and each arm's samples in
+pytest-benchmark's saved-run format (ab-baseline.json, ab-candidate.json: `pytest-benchmark
+compare` shows them).
+
+Verdicts: `slower` (the ratio's interval lies above 1 + threshold/2), `unchanged` (inside the
+equivalence margin), `faster`, `inconclusive` (neither: more rounds would be needed), `not
+comparable` (the baseline cannot set the workload up). Exit status 1 on `slower` (and on
+`inconclusive` with strict), else 0; a smoke run judges nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from mgpu_perf.gate.compare import Comparison, Settings
+
+__all__ = ["gate_exit_status", "format_table", "write_reports"]
+
+
+def gate_exit_status(results: list[Comparison], settings: Settings) -> int:
+    """1 when a judged benchmark is `slower` (or `inconclusive` under --ab-strict), else 0; a smoke run judges nothing."""
+    bad = {"slower"} | ({"inconclusive"} if settings.strict else set())
+    return 1 if not settings.smoke and any(r.verdict in bad for r in results) else 0
+
+
+def format_table(results: list[Comparison], settings: Settings) -> list[str]:
+    header = f"{'benchmark':<44}{'baseline':>10}{'candidate':>11}{'ratio':>8}  {'interval':<15}{'rounds':>7}  verdict"
+    lines = [header, "-" * len(header)]
+    for r in results:
+        name = r.name.split("::")[-1][:43]
+        if r.status != "compared":
+            lines.append(f"{name:<44}{'-':>10}{'-':>11}{'-':>8}  {'-':<15}{'-':>7}  not comparable ({r.reason[:60]})")
+            continue
+        low, high = r.interval()
+        interval = f"{low:.3f}-{high:.3f}" if math.isfinite(high) else "-"
+        lines.append(f"{name:<44}{r.median('baseline') * 1e3:>8.1f}ms{r.median('candidate') * 1e3:>9.1f}ms"
+                     f"{r.estimate.ratio:>8.3f}  {interval:<15}{len(r.samples['baseline']):>7}  {r.verdict}")
+    lines.append(f"threshold {settings.threshold:.0%}: slower = interval above {1 + settings.threshold / 2:.3f}; "
+                 f"whole-run false-alarm level {settings.alpha} (Holm)" + ("; SMOKE RUN: verdicts mean nothing"
+                                                                             if settings.smoke else ""))
+    return lines
+
+
+def _benchmark_json(results: list[Comparison], arm: str, versions: dict | None) -> dict:
+    """One arm's samples in pytest-benchmark's saved-run format (for `pytest-benchmark compare`)."""
+    import datetime
+
+    from pytest_benchmark import __version__ as pb_version
+    from pytest_benchmark.stats import Stats
+
+    benchmarks = []
+    for r in results:
+        if r.status != "compared" or not r.samples[arm]:
+            continue
+        stats = Stats()
+        for t in r.samples[arm]:
+            stats.update(t)
+        as_dict = stats.as_dict()
+        as_dict.update(data=list(r.samples[arm]), iterations=1)  # as Metadata.as_dict writes it
+        name = r.name.split("::")[-1]
+        benchmarks.append({"group": "ab-gate", "name": name, "fullname": r.name, "params": None, "param": None,
+                           "extra_info": {"arm": arm, "ops_per_sample": r.ops_per_sample, "spec": r.spec},
+                           "options": {"disable_gc": False, "timer": "perf_counter", "min_rounds": 1,
+                                       "max_time": 0, "min_time": 0, "warmup": False},
+                           "stats": as_dict})
+    return {"machine_info": {"arm": arm, **(versions or {})}, "commit_info": {},
+            "benchmarks": benchmarks, "datetime": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "version": pb_version}
+
+
+def write_reports(results: list[Comparison], settings: Settings, out: Path, baseline: str, candidate: str,
+                  versions: dict, gpu_clocks: list) -> list[Path]:
+    """ab.json (everything: settings, versions, clocks, every sample) and both arms' files; their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    s = settings
+    report = {"baseline": baseline, "candidate": candidate, "versions": versions, "gpu_clocks": gpu_clocks,
+              "settings": {"threshold": s.threshold, "alpha": s.alpha, "min_rounds": s.min_rounds,
+                           "max_rounds": s.max_rounds, "look_every": s.look_every, "sample_s": s.sample_s,
+                           "strict": s.strict, "smoke": s.smoke, "correction": "holm"},
+              "benchmarks": [r.to_dict() for r in results]}
+    (out / "ab.json").write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    for arm in ("baseline", "candidate"):
+        (out / f"ab-{arm}.json").write_text(json.dumps(_benchmark_json(results, arm, versions.get(arm)), indent=2) + "\n")
+    return [out / "ab.json", out / "ab-baseline.json", out / "ab-candidate.json"]

@@ -1,0 +1,154 @@
+"""One gate run, whoever starts it (the pytest plugin or `python -m mgpu gate`): the options read
+into Settings, the two trees, the two arms (started when the first gated benchmark runs), the
+comparisons, the verdicts and the reports.
+
+    run = GateRun(parse_settings(threshold="10", max_rounds="40"), root, baseline_ref="origin/main")
+    run.compare("my_step[ddp-2]", spec, family_size=3)     # starts the arms the first time
+    status = run.finish()                                   # verdicts (Holm), reports; 0 or 1
+    run.close()
+
+Bad input raises mgpu.errors.GateError (one line) when the run is made, before anything starts;
+a baseline whose code or Python cannot start a worker raises it from the first compare.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from mgpu.errors import GateError
+from mgpu_perf.gate.arm import Arm, ArmError
+from mgpu_perf.gate.baseline import (Baseline, check_baseline, describe_candidate, is_mgpu_checkout,
+                                     uncommitted_changes)
+from mgpu_perf.gate.compare import Comparison, Settings, compare, judge
+from mgpu_perf.gate.report import gate_exit_status, write_reports
+
+__all__ = ["GateRun", "parse_settings", "GateError"]
+
+
+def parse_settings(threshold="10", max_rounds="40", strict: bool = False, smoke: bool = False) -> Settings:
+    """The gate's settings from option text (`--ab-threshold 5%`, `--ab-max-rounds 60`); GateError naming a bad one."""
+    text = str(threshold).strip().rstrip("%")
+    try:
+        percent = float(text)
+    except ValueError:
+        raise GateError(f"--ab-threshold must be a percentage in (0, 100), got {text!r}") from None
+    if not (math.isfinite(percent) and 0 < percent < 100):
+        raise GateError(f"--ab-threshold must be a percentage in (0, 100), got {text!r}")
+    try:
+        rounds = int(str(max_rounds))
+    except ValueError:
+        raise GateError(f"--ab-max-rounds must be an integer >= 3, got {max_rounds!r}") from None
+    if rounds < 3:
+        raise GateError(f"--ab-max-rounds must be an integer >= 3, got {rounds}")
+    return Settings(threshold=percent / 100, max_rounds=3 if smoke else rounds,
+                    min_rounds=min(Settings.min_rounds, rounds), strict=bool(strict), smoke=bool(smoke))
+
+
+class GateRun:
+    def __init__(self, settings: Settings, root: Path, baseline_ref: str | None = None,
+                 baseline_python: str | None = None, gpu_clocks: list | None = None):
+        if not baseline_ref and not baseline_python:
+            raise GateError("the gate needs a baseline: --ab-baseline REF (a revision or another checkout) or "
+                            "--ab-baseline-python PATH")
+        if baseline_python and not (os.path.isfile(baseline_python) and os.access(baseline_python, os.X_OK)):
+            raise GateError(f"--ab-baseline-python {baseline_python}: not an executable file")
+        self.settings, self.root = settings, Path(root).resolve()
+        self.require_mgpu = is_mgpu_checkout(self.root)
+        try:
+            self.baseline: Baseline | None = check_baseline(baseline_ref, self.root) if baseline_ref else None
+        except ValueError as e:
+            raise GateError(str(e)) from None
+        self.baseline_python = baseline_python or sys.executable
+        self.baseline_desc = (self.baseline.describe() if self.baseline else "this tree") + \
+            (f" with {baseline_python}" if baseline_python else "")
+        self.changes = uncommitted_changes(self.root)
+        self.candidate_desc = describe_candidate(self.root, self.changes)
+        self.gpu_clocks = gpu_clocks or []
+        self.results: list[Comparison] = []
+        self.arms: dict[str, Arm] = {}
+        self.versions_seen: dict = {}
+        self.started = self.broken = False
+        self.workdir: Path | None = None
+
+    # -- arms ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Check out the baseline and start both workers; GateError if either cannot start."""
+        self.started = True
+        self.workdir = Path(tempfile.mkdtemp(prefix="mgpu-ab-"))
+        try:
+            base_tree = self.baseline.checkout() if self.baseline else self.root
+        except ValueError as e:
+            raise GateError(str(e)) from None
+        try:
+            self.arms["baseline"] = Arm("baseline", base_tree, self.baseline_python, self.workdir,
+                                        require_mgpu=self.require_mgpu)
+        except ArmError as e:
+            what = f"--ab-baseline-python {self.baseline_python} is not a Python with torch and mgpu's needs" \
+                if self.baseline_python != sys.executable else \
+                f"the baseline's mgpu ({base_tree}) cannot be imported" if self.require_mgpu else \
+                f"the baseline's worker ({base_tree}) cannot start"
+            raise GateError(f"{what}: {e}") from None
+        try:
+            self.arms["candidate"] = Arm("candidate", self.root, sys.executable, self.workdir,
+                                         require_mgpu=self.require_mgpu)
+        except ArmError as e:
+            raise GateError(f"the candidate's worker cannot start: {e}") from None
+        self.versions_seen = {label: arm.versions for label, arm in self.arms.items()}  # kept if an arm dies
+
+    def compare(self, name: str, spec: dict, family_size: int) -> Comparison:
+        """One gated workload in both arms (arms started on first use). ArmError if an arm fails."""
+        if self.broken:
+            raise ArmError("a worker of an earlier benchmark failed: this run cannot go on")
+        if not self.started:
+            try:
+                self.start()
+            except GateError:
+                self.broken = True
+                raise
+        try:
+            result = compare(name, spec, self.arms, self.settings, family_size)
+        except Exception:
+            for arm in self.arms.values():  # a failed arm (or a broken exchange) leaves no state to trust
+                arm.kill()
+            self.arms, self.broken = {}, True
+            raise
+        self.results.append(result)
+        return result
+
+    # -- the end ---------------------------------------------------------------------------------
+    def finish(self, out_dir: Path | None) -> int:
+        """Verdicts of every comparison (Holm across them), the reports (when out_dir): exit status 0 or 1."""
+        judge(self.results, self.settings)
+        self.written = []
+        if self.results and out_dir is not None:
+            self.written = write_reports(self.results, self.settings, Path(out_dir), self.baseline_desc,
+                                         self.candidate_desc, self.versions_seen, self.gpu_clocks)
+        return gate_exit_status(self.results, self.settings)
+
+    def summary_lines(self) -> list[str]:
+        from mgpu_perf.clocks import unlocked_warning
+        from mgpu_perf.gate.report import format_table
+
+        lines = [f"baseline:  {self.baseline_desc}", f"candidate: {self.candidate_desc}"]
+        for label, v in self.versions_seen.items():
+            lines.append(f"{label}: torch {v['torch']}, CUDA {v['cuda']}, NCCL {v['nccl']} ({v['python']})")
+        warning = unlocked_warning(self.gpu_clocks)
+        if warning:  # both arms run on these GPUs in turn, so drift is paired out; noise is not
+            lines.append(f"WARNING: {warning}")
+        lines += format_table(self.results, self.settings)
+        lines += [f"wrote {path}" for path in getattr(self, "written", [])]
+        return lines
+
+    def close(self) -> None:
+        for arm in self.arms.values():
+            arm.close()
+        self.arms = {}
+        if self.baseline is not None:
+            self.baseline.remove()
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)

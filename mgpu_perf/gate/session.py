@@ -1,0 +1,88 @@
+"""The gate inside pytest: registered by the plugin (plugin.py) when --ab-baseline or
+--ab-baseline-python is given. Only tests marked `mgpu_gate` run; each one's body is replaced by
+the A/B comparison of its marker's workload (gate/run.py), and the run's exit status is the gate's.
+
+Outcome: pytest exits 1 if any gated test is `slower` (`inconclusive` too with --ab-strict); a worker
+that crashes, a workload that fails or computes a wrong result in either arm fails that test (the
+message names the arm): never "unchanged". A workload the baseline cannot set up is skipped as `not
+comparable`, with the reason. Bad options or a bad REF: pytest's usage error (exit 4) before anything
+starts; a baseline whose code cannot start a worker stops the run with exit 4 at the first gated test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mgpu.errors import GateError
+from mgpu_perf.clocks import gpu_clocks
+from mgpu_perf.gate.baseline import repository_root
+from mgpu_perf.gate.run import GateRun, parse_settings
+from mgpu_perf.markers import MARKER, marker_spec
+from mgpu_perf.plugin import out_dir
+
+__all__ = ["ABGate"]
+
+
+def settings_from(config):
+    return parse_settings(config.getoption("ab_threshold"), config.getoption("ab_max_rounds"),
+                          strict=config.getoption("ab_strict"), smoke=bool(config.getoption("benchmark_disable", False)))
+
+
+class ABGate:
+    def __init__(self, config):
+        self.config = config
+        # The gated tests' bodies are replaced by the A/B pair: their benchmark fixture stays unused.
+        config.addinivalue_line("filterwarnings", "ignore:Benchmark fixture was not used")
+        self.specs: dict[str, dict] = {}
+        self.family_size = 1
+        try:
+            self.run = GateRun(settings_from(config), repository_root(Path(config.invocation_params.dir)),
+                               config.getoption("ab_baseline"), config.getoption("ab_baseline_python"),
+                               gpu_clocks=gpu_clocks())
+        except GateError as e:
+            raise pytest.UsageError(str(e)) from None
+
+    @property
+    def settings(self):
+        return self.run.settings
+
+    def pytest_collection_modifyitems(self, config, items):
+        gated = [item for item in items if item.get_closest_marker(MARKER)]
+        deselected = [item for item in items if not item.get_closest_marker(MARKER)]
+        for item in gated:
+            try:
+                self.specs[item.nodeid] = marker_spec(item.get_closest_marker(MARKER))
+            except ValueError as e:
+                raise pytest.UsageError(f"{item.nodeid}: {e}") from None
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+        items[:] = gated
+        self.family_size = max(1, len(gated))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_pyfunc_call(self, pyfuncitem):
+        if pyfuncitem.nodeid not in self.specs:
+            return None
+        try:
+            result = self.run.compare(pyfuncitem.nodeid, self.specs[pyfuncitem.nodeid], self.family_size)
+        except GateError as e:
+            pytest.exit(f"mgpu A/B gate: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
+        if result.status == "not comparable":
+            pytest.skip(f"not comparable: {result.reason}")
+        return True
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        status = self.run.finish(out_dir(self.config))
+        if session.exitstatus == 0:
+            session.exitstatus = status
+
+    def pytest_terminal_summary(self, terminalreporter):
+        tr = terminalreporter
+        tr.section(f"mgpu A/B gate: baseline {self.run.baseline_desc} vs the working tree")
+        for line in self.run.summary_lines():
+            tr.write_line(line)
+
+    def pytest_unconfigure(self, config):
+        self.run.close()

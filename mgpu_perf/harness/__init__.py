@@ -1,0 +1,1 @@
+"""What the harness times: training sessions, a user's model, rank pools, collective peers."""

@@ -1,0 +1,113 @@
+"""The gated workloads: what a worker of either arm of the A/B gate builds from a spec and times.
+
+    workload = make_gated({"kind": "train-step", "strategy": "ddp", "devices": 2, "width": 16, "batch": 32})
+    workload.op()        # the timed unit
+    workload.check()     # raises if the results were wrong (non-finite losses, weights that did not move)
+    workload.close()
+
+Kinds: `train-step` and `train-epoch` (mgpu's ResNet-18 through its Trainer), `matmul` (the
+notebook's kernel), `model-step` (a user's model, `MODULE:FUNCTION`: harness/models.py). A worker
+runs this module against whatever `mgpu` (or user's code) its tree holds, so it reaches them only
+through their public API: an API the baseline lacks raises ImportError or AttributeError at
+construction, which the gate reports as `not comparable`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mgpu_perf.harness.models import ModelBench, module_file
+from mgpu_perf.harness.ranks import StrategyRankPool, spawns_ranks
+from mgpu_perf.harness.sessions import TrainBench, TrainSession, require_training_api
+
+__all__ = ["GATE_KINDS", "make_gated"]
+
+
+class _TrainStep:
+    """One training step of a strategy (a DDP rank pool for ddp); check: finite losses, weights moved."""
+
+    def __init__(self, spec: dict):
+        require_training_api()
+        bench = TrainBench(spec["strategy"], spec["devices"], per_device_batch=spec.get("batch", 32),
+                           width=spec.get("width", 16), steps_per_epoch=spec.get("steps_per_epoch", 3),
+                           threads_per_device=spec.get("threads_per_device"))
+        ranks = spawns_ranks(bench.strategy)
+        if not ranks and bench.threads_per_device:
+            torch.set_num_threads(bench.threads_per_device)
+        self.session = StrategyRankPool(bench) if ranks else TrainSession(bench)
+        self.losses: list[float] = []
+
+    def op(self) -> None:
+        self.losses.append(self.session.step())
+
+    def check(self) -> None:
+        bad = [v for v in self.losses if not math.isfinite(v)]
+        if bad:
+            raise AssertionError(f"non-finite losses: {bad[:3]}")
+        if self.session.weights_moved() <= 0:
+            raise AssertionError("the steps did not change the weights")
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class _TrainEpoch(_TrainStep):
+    """One short epoch (a few steps, then evaluation of one test batch)."""
+
+    def op(self) -> None:
+        self.losses.append(self.session.epoch().loss)
+
+
+class _MatmulKernel:
+    """The notebook's kernel experiment: `products` products of a size x size matrix with itself."""
+
+    def __init__(self, spec: dict):
+        if spec.get("threads"):
+            torch.set_num_threads(spec["threads"])
+        g = torch.Generator().manual_seed(0)
+        self.device = torch.device(spec.get("device", "cpu"))
+        self.x = torch.rand(spec.get("size", 384), spec.get("size", 384), generator=g).to(self.device)
+        self.products = spec.get("products", 20)
+        self.last = None
+
+    def op(self) -> None:
+        for _ in range(self.products):
+            self.last = self.x.mm(self.x)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def check(self) -> None:
+        # Benchmarks run PyTorch's defaults; a machine set to TF32 products (10-bit mantissa) still passes.
+        rtol, atol = (2e-2, 1e-1) if self.device.type == "cuda" else (1e-4, 1e-3)
+        torch.testing.assert_close(self.last.double(), self.x.double() @ self.x.double(), rtol=rtol, atol=atol)
+
+    def close(self) -> None:
+        pass
+
+
+class _ModelStep(_TrainStep):
+    """One training step of a user's model (mgpu's model contract) under a strategy and device count."""
+
+    def __init__(self, spec: dict):
+        bench = ModelBench(spec["model"], spec.get("strategy", "single"), spec.get("devices", 1),
+                           per_device_batch=spec.get("batch", 32), input_shape=spec.get("input_shape"),
+                           classes=spec.get("classes"), threads_per_device=spec.get("threads_per_device"))
+        bench.spec()  # here, in the calling process: a model this tree cannot load is not comparable (SpecError)
+        self.session = StrategyRankPool(bench) if spawns_ranks(bench.strategy) else bench.open()
+        self.origin = module_file(bench.model)  # the worker refuses a model imported from outside its tree
+        self.losses: list[float] = []
+
+
+GATE_KINDS = {"train-step": _TrainStep, "train-epoch": _TrainEpoch, "matmul": _MatmulKernel, "model-step": _ModelStep}
+
+
+def make_gated(spec: dict):
+    """The gated workload of a spec such as {"kind": "train-step", "strategy": "single", "devices": 1}:
+    an object with op() (the timed unit), check() (raises if results were wrong) and close()."""
+    try:
+        cls = GATE_KINDS[spec["kind"]]
+    except KeyError:
+        raise ValueError(f"unknown gated workload kind {spec.get('kind')!r}: one of {', '.join(GATE_KINDS)}") from None
+    return cls(spec)
