@@ -4,13 +4,17 @@
     python -m mgpu train --strategy ddp --devices 2 --batch-size 512 --lr 0.2
     python -m mgpu check examples/tiny_lm.py:spec --json check.json
     python -m mgpu check torchvision.models:resnet18 --input-shape 3,32,32 --classes 10
+    python -m mgpu bench examples/tiny_lm.py:spec --devices 1,2          # your model's step, timed
+    python -m mgpu gate mymodel.py:spec --baseline origin/main           # the A/B gate (docs/gate.md)
 
 Every mistake a user can make ends in one line on stderr, `mgpu: error: ...`, and exit code 2.
 Exit codes (docs/failures.md lists every case):
 
-    0    the run finished; check: every check passed (findings do not count, unless --strict)
+    0    the run finished; check: every check passed (findings do not count, unless --strict);
+         gate: no benchmark `slower` (nor `inconclusive` with --strict)
     1    the run failed while training: a rank failed (its error is shown), or a NaN/Inf loss;
-         check: a parity check failed (its first divergence is shown)
+         check: a parity check failed (its first divergence is shown); bench: a case failed;
+         gate: a benchmark is `slower`, or a workload failed in an arm (named)
     2    bad input: a wrong option, missing or corrupt data, an unwritable folder, a bad checkpoint
     130  interrupted by Ctrl-C (SIGINT); 143 stopped by SIGTERM; every rank is stopped first
 """
@@ -122,8 +126,100 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in --checkpoint-dir (starts afresh, saying so, if there is none)")
     _add_check_parser(commands)
+    _add_bench_parser(commands)
+    _add_gate_parser(commands)
     return parser
 
+
+def _model_arguments(p) -> None:
+    p.add_argument("model", metavar="MODULE:FUNCTION",
+                   help="a function (in a module, or a .py file) returning an nn.Module or an mgpu.ModelSpec")
+    p.add_argument("--input-shape", default=None, metavar="C,H,W", help="one input image, for a function returning an nn.Module")
+    p.add_argument("--classes", type=_int, default=None, help="class count (default: read off the model's output)")
+
+
+def _add_bench_parser(commands) -> None:
+
+    b = commands.add_parser("bench", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            help="time your model's training step under each strategy and device count")
+    _model_arguments(b)
+    b.add_argument("--strategies", default="single,manual,ddp,fsdp", metavar="S[,S...]",
+                   help=f"strategies to time, from {','.join(STRATEGY_NAMES)}")
+    b.add_argument("--devices", default="1,2", metavar="N[,N...]", help="device counts (emulated on the CPU without GPUs)")
+    b.add_argument("--batch", type=_int, default=32, help="examples per device (weak scaling)")
+    b.add_argument("--rounds", type=_int, default=10, help="interleaved rounds: one step of every case each")
+    b.add_argument("--warmup", type=_int, default=2, help="untimed steps of every case first")
+    b.add_argument("--out", default="perf-results", help="folder for bench.json and bench.png")
+
+def _add_gate_parser(commands) -> None:
+
+    g = commands.add_parser("gate", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            help="the A/B regression gate on your model's step: this working tree against a baseline")
+    _model_arguments(g)
+    g.add_argument("--baseline", default=None, metavar="REF",
+                   help="a git revision of this repository, or another checkout of it")
+    g.add_argument("--baseline-python", default=None, metavar="PATH",
+                   help="run the baseline with this Python (another torch/CUDA/NCCL)")
+    g.add_argument("--strategies", default="single", metavar="S[,S...]",
+                   help=f"strategies to gate, from {','.join(STRATEGY_NAMES)}")
+    g.add_argument("--devices", default="1", metavar="N[,N...]", help="device counts (emulated on the CPU without GPUs)")
+    g.add_argument("--batch", type=_int, default=32, help="examples per device")
+    g.add_argument("--threshold", default="10", metavar="PERCENT", help="the slowdown the gate exists to catch")
+    g.add_argument("--max-rounds", default="40", metavar="N", help="most rounds per benchmark (>= 3)")
+    g.add_argument("--strict", action="store_true", help="an inconclusive benchmark fails the run too")
+    g.add_argument("--out", default="perf-results", help="folder for ab.json, ab-baseline.json, ab-candidate.json")
+
+def _names_and_counts(parser, args) -> None:
+    """--strategies and --devices of bench and gate as tuples, checked (one line, exit 2 on a bad one)."""
+    args.strategies = tuple(p.strip() for p in args.strategies.split(",") if p.strip())
+    unknown = [s for s in args.strategies if s not in STRATEGY_NAMES]
+    if unknown or not args.strategies:
+        parser.error(f"--strategies: unknown strategy {unknown[0] if unknown else args.strategies!r}: choose from "
+                     f"{', '.join(STRATEGY_NAMES)}")
+    try:
+        args.devices = tuple(int(p) for p in args.devices.split(","))
+    except ValueError:
+        parser.error(f"--devices must be comma-separated positive integers such as 1,2, got {args.devices!r}")
+    if any(n < 1 for n in args.devices):
+        parser.error(f"--devices must be positive, got {args.devices}")
+    if not isinstance(args.batch, int) or args.batch < 1:
+        parser.error(f"--batch must be a positive integer, got {args.batch!r}")
+
+def _bench_main(parser: argparse.ArgumentParser, args) -> int:
+    from pathlib import Path
+
+    _names_and_counts(parser, args)
+    for name in ("rounds", "warmup"):
+        value = getattr(args, name)
+        if not isinstance(value, int) or value < (1 if name == "rounds" else 0):
+            parser.error(f"--{name} must be an integer >= {1 if name == 'rounds' else 0}, got {value!r}")
+    from mgpu.spec import load_spec, validate_spec
+    from mgpu_perf.bench import BenchOptions, format_table, run_bench, write_outputs
+    from mgpu_perf.harness.ranks import RankPoolError
+
+    try:
+        validate_spec(load_spec(args.model, input_shape=args.input_shape, classes=args.classes), batch_size=2)
+        options = BenchOptions(args.strategies, args.devices, args.batch, args.rounds, args.warmup, args.input_shape,
+                               args.classes)
+        result = run_bench(args.model, options, log=lambda line: print(f"mgpu bench: {line}", file=sys.stderr, flush=True))
+    except (MgpuError, ValueError) as e:
+        print(f"mgpu: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
+    except (RankPoolError, FloatingPointError, AssertionError) as e:
+        print(f"mgpu: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_FAILED
+    print("\n".join(format_table(result)))
+    for path in write_outputs(result, Path(args.out)):
+        print(f"wrote {path}")
+    return 0
+
+def _gate_main(parser: argparse.ArgumentParser, args) -> int:
+    _names_and_counts(parser, args)
+    if not args.baseline and not args.baseline_python:
+        parser.error("gate needs --baseline REF (a revision of this repository, or another checkout) or --baseline-python")
+    from mgpu_perf.gate.command import run_gate_command
+
+    return run_gate_command(args, parser.error)
 
 def _add_check_parser(commands) -> None:
     d = CheckOptions()
@@ -147,7 +243,6 @@ def _add_check_parser(commands) -> None:
                    help="seconds a step may take before the model counts as hanging")
     c.add_argument("--json", default=None, metavar="PATH", help="write one record per check here")
     c.add_argument("--strict", action="store_true", help="findings fail the check too (exit 1)")
-
 
 def _check_main(parser: argparse.ArgumentParser, args) -> int:
     """`python -m mgpu check`: the table on stdout, a progress line per check on stderr, --json."""
@@ -188,12 +283,15 @@ def _check_main(parser: argparse.ArgumentParser, args) -> int:
         write_json(report, args.json)
     return report.exit_code(strict=args.strict)
 
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "check":
         return _check_main(parser, args)
+    if args.command == "bench":
+        return _bench_main(parser, args)
+    if args.command == "gate":
+        return _gate_main(parser, args)
     cfg = config_or_exit(parser, **{k: v for k, v in vars(args).items() if k != "command"})
     from mgpu.run import train  # after checking: `--help`, typos and bad values answer without importing torch
 
@@ -214,7 +312,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mgpu: {'interrupted' if signum == 2 else 'terminated'}: every rank stopped", file=sys.stderr)
         return 128 + signum
     return 0
-
 
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split("\n"))

@@ -1,0 +1,150 @@
+"""`python -m mgpu bench MODULE:FUNCTION`: your model's training step under every strategy and
+device count, timed interleaved, with samples/s, speed-up, efficiency and (CUDA) peak memory.
+
+    python -m mgpu bench examples/tiny_lm.py:spec
+    python -m mgpu bench mymodel.py:spec --strategies single,manual,ddp --devices 1,2 --batch 16 --out bench/
+    python -m mgpu bench torchvision.models:resnet18 --input-shape 3,32,32 --classes 10 --rounds 20
+
+Weak scaling: every device gets `--batch` examples, so the global batch grows with the devices.
+Every case is set up first (DDP and FSDP ranks start once and wait), then each round steps every
+case once, the order reversed every other round, so that a machine whose speed drifts slows all
+cases alike; the figures are medians over the rounds. Speed-up is samples/s against the `single`
+strategy on one device (the first case when single is not run); efficiency is speed-up / devices.
+On a CPU, N devices are N emulated devices (manual) or N processes (ddp, fsdp), each with the same
+share of the cores at every count (so a speed-up measures parallel execution, not more threads);
+`dataparallel` on more than one device needs as many GPUs and is left out without them.
+Writes bench.json and bench.png into --out (default perf-results/).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["BenchOptions", "plan_cases", "run_bench", "format_table", "write_outputs"]
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    strategies: tuple[str, ...] = ("single", "manual", "ddp", "fsdp")
+    devices: tuple[int, ...] = (1, 2)
+    batch: int = 32          # per device
+    rounds: int = 10
+    warmup: int = 2
+    input_shape: str | None = None
+    classes: int | None = None
+
+
+def plan_cases(options: BenchOptions, gpus: int) -> tuple[list[tuple[str, int]], list[str]]:
+    """(strategy, devices) to time, and a note for each one left out (and why)."""
+    cases, notes = [], []
+    for strategy in options.strategies:
+        for n in options.devices:
+            if strategy == "single" and n != 1:
+                continue  # one device by definition
+            if strategy == "dataparallel" and n > 1 and gpus < n:
+                notes.append(f"dataparallel on {n} devices left out: it needs {n} CUDA devices (found {gpus}); "
+                             "without them nn.DataParallel runs on one")
+                continue
+            cases.append((strategy, n))
+    return cases, notes
+
+
+def run_bench(model: str, options: BenchOptions, log: Callable[[str], None] = lambda _: None) -> dict:
+    """Set up every case, time `rounds` interleaved rounds after `warmup`, check every case trained."""
+    import torch
+
+    from mgpu.devices import torch_threads, usable_cores
+    from mgpu_perf.harness.models import ModelBench
+    from mgpu_perf.harness.ranks import StrategyRankPool, spawns_ranks
+
+    gpus = torch.cuda.device_count()
+    cases, notes = plan_cases(options, gpus)
+    if not cases:
+        raise ValueError("no case to time: " + "; ".join(notes))
+    threads = None if gpus else max(1, len(usable_cores()) // max(n for _, n in cases))
+    times: dict[tuple[str, int], list[float]] = {c: [] for c in cases}
+    with ExitStack() as stack, torch_threads(threads):
+        sessions = {}
+        for strategy, n in cases:
+            log(f"setting up {strategy} on {n} device(s)")
+            bench = ModelBench(model, strategy, n, per_device_batch=options.batch, input_shape=options.input_shape,
+                               classes=options.classes, threads_per_device=threads)
+            session = StrategyRankPool(bench) if spawns_ranks(strategy) else bench.open()
+            stack.callback(session.close)
+            sessions[(strategy, n)] = session
+        for _ in range(options.warmup):
+            for session in sessions.values():
+                session.step()
+        for i in range(options.rounds):
+            for case in (cases if i % 2 == 0 else cases[::-1]):
+                start = time.perf_counter()
+                loss = sessions[case].step()
+                times[case].append(time.perf_counter() - start)
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"loss {loss} under {case[0]} on {case[1]} device(s) in round {i}")
+            log(f"round {i + 1}/{options.rounds} done")
+        memory = {}
+        for case, session in sessions.items():
+            if session.weights_moved() <= 0:
+                raise AssertionError(f"the steps did not change the weights under {case[0]} on {case[1]} device(s)")
+            memory[case] = session.memory_bytes().get("peak_allocated")
+    rows = []
+    for (strategy, n), ts in times.items():
+        median = statistics.median(ts)
+        rows.append({"strategy": strategy, "devices": n, "global_batch": options.batch * n, "rounds": len(ts),
+                     "step_s_median": median, "step_s_min": min(ts), "step_s_max": max(ts),
+                     "samples_per_s": options.batch * n / median, "peak_memory_bytes": memory[(strategy, n)]})
+    base = next((r for r in rows if (r["strategy"], r["devices"]) == ("single", 1)), rows[0])
+    for r in rows:
+        r["speedup"] = r["samples_per_s"] / base["samples_per_s"]
+        r["efficiency"] = r["speedup"] * base["devices"] / r["devices"]
+    return {"model": model, "scaling": "weak (fixed per-device batch)", "per_device_batch": options.batch,
+            "rounds": options.rounds, "warmup": options.warmup, "speedup_against": f"{base['strategy']} on "
+            f"{base['devices']} device(s)", "gpus": gpus, "threads_per_device": threads,
+            "emulated": gpus == 0, "torch": torch.__version__, "notes": notes, "rows": rows}
+
+
+def format_table(result: dict) -> list[str]:
+    header = f"{'strategy':<13}{'devices':>8}{'step ms':>10}{'samples/s':>11}{'speed-up':>10}{'efficiency':>11}" \
+             f"{'peak MiB':>10}"
+    lines = [header, "-" * len(header)]
+    for r in result["rows"]:
+        peak = f"{r['peak_memory_bytes'] / 2**20:.0f}" if r["peak_memory_bytes"] else "-"
+        lines.append(f"{r['strategy']:<13}{r['devices']:>8}{r['step_s_median'] * 1e3:>10.1f}{r['samples_per_s']:>11.1f}"
+                     f"{r['speedup']:>10.2f}{r['efficiency']:>11.2f}{peak:>10}")
+    devices = "emulated CPU devices (CPU ranks for ddp/fsdp)" if result["emulated"] else f"{result['gpus']} GPU(s)"
+    lines.append(f"{result['model']}: {result['per_device_batch']} samples a device, median of {result['rounds']} "
+                 f"interleaved rounds, speed-up against {result['speedup_against']}, on {devices}")
+    lines += [f"note: {n}" for n in result["notes"]]
+    return lines
+
+
+def write_outputs(result: dict, out: Path) -> list[Path]:
+    """bench.json and bench.png (samples/s against devices, one line per strategy)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for strategy in dict.fromkeys(r["strategy"] for r in result["rows"]):
+        rows = [r for r in result["rows"] if r["strategy"] == strategy]
+        ax.plot([r["devices"] for r in rows], [r["samples_per_s"] for r in rows], marker="o", label=strategy)
+    ax.set_xlabel("devices" + (" (emulated)" if result["emulated"] else ""))
+    ax.set_ylabel("samples/s")
+    ax.set_title(f"{result['model']}: training step, weak scaling", fontsize=9)
+    ax.set_xticks(sorted({r["devices"] for r in result["rows"]}))
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "bench.png", dpi=100)
+    plt.close(fig)
+    return [out / "bench.json", out / "bench.png"]
