@@ -79,6 +79,8 @@ class ABGate:
             session.exitstatus = status
 
     def pytest_terminal_summary(self, terminalreporter):
+        if not self.run.started:
+            return  # nothing ran (--collect-only, or nothing gated): nothing to report
         tr = terminalreporter
         tr.section(f"mgpu A/B gate: baseline {self.run.baseline_desc} vs the working tree")
         for line in self.run.summary_lines():

@@ -1,0 +1,264 @@
+"""mgpu's pytest plugin (mgpu_perf/plugin.py) in a user's repository: a small git repository with a
+model at two commits, the plugin run on it with pytester; its cost in unrelated runs; the marker's
+fields; `python -m mgpu gate` and `python -m mgpu bench` on the same model.
+
+    pytest perf/test_plugin.py
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from mgpu_perf.bench import BenchOptions, format_table, plan_cases, run_bench, write_outputs
+from mgpu_perf.gate.command import gate_cases, model_in_repository
+from mgpu_perf.markers import marker_spec
+
+MODEL = '''
+import torch
+from torch import nn
+
+from mgpu.spec import ModelSpec
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(32, 128), nn.Linear(128, 128), nn.Linear(128, 10)
+
+    def forward(self, x):  # (B, 32) -> (B, 10)
+        h = torch.relu(self.a(x))
+        for _ in range(REPEATS):
+            h = torch.relu(self.b(h))
+        return self.c(h)
+
+
+def draw(n, g):
+    return torch.randn(n, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def spec():
+    return ModelSpec(build=Net, draw=draw, name="tiny")
+'''
+
+TESTS = '''
+import pytest
+
+
+@pytest.mark.mgpu_gate(model="model.py:spec", strategy="single", devices=1, batch=64)
+def test_step(mgpu_workload):
+    for _ in range(3):
+        mgpu_workload.op()
+
+
+def test_unrelated():
+    assert True
+'''
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _training_modules_imported_here_first(tmp_path_factory):
+    """pytester's in-process runs drop the modules they imported when they end; torch registers
+    operator libraries once per process (torch._inductor's, imported by a first optimizer step), so
+    a later import in this process would fail. One step here imports them for good."""
+    from mgpu_perf.harness.models import ModelBench
+
+    folder = tmp_path_factory.mktemp("warm")
+    (folder / "warm_model.py").write_text(textwrap.dedent(MODEL.replace("REPEATS", "1")))
+    session = ModelBench(f"{folder / 'warm_model.py'}:spec", "single", 1, per_device_batch=4).open()
+    session.step()
+    session.close()
+
+
+def _git(repo: Path, *args: str) -> str:
+    out = subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def _commit(repo: Path, files: dict[str, str], message: str) -> None:
+    for name, text in files.items():
+        (repo / name).write_text(textwrap.dedent(text))
+    _git(repo, "add", *files)
+    _git(repo, "commit", "-q", "-m", message)
+
+
+@pytest.fixture
+def user_repo(pytester) -> Path:
+    """pytester's folder as a user's repository: a fast model, then a forward 4x as deep."""
+    repo = Path(pytester.path)
+    _git(repo, "init", "-q")
+    _commit(repo, {"model.py": MODEL.replace("REPEATS", "1"), "test_speed.py": TESTS}, "fast model")
+    _commit(repo, {"model.py": MODEL.replace("REPEATS", "4")}, "slower forward")
+    return repo
+
+
+def _worktrees(repo: Path) -> int:
+    return _git(repo, "worktree", "list").count("\n") + 1
+
+
+# -- the plugin ------------------------------------------------------------------------------------
+
+def test_without_its_options_the_installed_plugin_costs_nothing(pytester):
+    """An unrelated test run in an environment with mgpu installed: the plugin is loaded (its options
+    exist) but imports no torch, mgpu or gate code, and adds no line to the output."""
+    pytester.makepyfile(test_plain='''
+        import sys
+
+        def test_nothing_heavy_was_imported(pytestconfig):
+            assert pytestconfig.pluginmanager.has_plugin("mgpu_perf.plugin"), "the entry point did not load"
+            heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "mgpu") or m.startswith("mgpu_perf.gate"))
+            assert not heavy, f"imported without being asked: {heavy[:5]}"
+        ''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    ours = [line for line in result.outlines if "mgpu" in line.lower() and not line.startswith("plugins:")]
+    assert not ours, f"lines the plugin added to an unrelated run: {ours}"  # pytest's own list of plugins aside
+    assert "--ab-baseline=REF" in "\n".join(pytester.runpytest_subprocess("--help").outlines)
+
+
+def test_collecting_a_gated_repository_starts_nothing(pytester, user_repo):
+    before = _worktrees(user_repo)
+    result = pytester.runpytest_inprocess("--ab-baseline", "HEAD~1", "--collect-only", "-p", "no:cacheprovider")
+    assert result.ret == 0, result.outlines
+    assert "<Function test_step>" in result.stdout.str() and "test_unrelated" not in result.stdout.str()
+    assert _worktrees(user_repo) == before, "--collect-only checked out the baseline"
+    assert "mgpu A/B gate" not in result.stdout.str(), "--collect-only started the gate"
+
+
+def test_a_users_slower_forward_is_slower_and_the_same_commit_unchanged(pytester, user_repo, tmp_path):
+    """The gate on a user's repository: the marked test only, each arm importing model.py from its
+    own tree; a forward 4x as deep is `slower` (exit 1), the same commit in both arms is not."""
+    slower = pytester.runpytest_inprocess("--ab-baseline", "HEAD~1", "--ab-max-rounds", "10", "-p", "no:cacheprovider",
+                                          "--perf-out", str(tmp_path / "slower"))
+    report = json.loads((tmp_path / "slower" / "ab.json").read_text())
+    verdicts = {b["name"]: b["verdict"] for b in report["benchmarks"]}
+    assert slower.ret == 1 and verdicts == {"test_speed.py::test_step": "slower"}, (verdicts, slower.outlines[-15:])
+    assert "no uncommitted changes" in report["candidate"] and "HEAD~1" in report["baseline"], report
+    same = pytester.runpytest_inprocess("--ab-baseline", "HEAD", "--ab-max-rounds", "10", "-p", "no:cacheprovider",
+                                        "--perf-out", str(tmp_path / "same"))
+    report = json.loads((tmp_path / "same" / "ab.json").read_text())
+    assert same.ret == 0 and report["benchmarks"][0]["verdict"] != "slower", (report["benchmarks"][0], same.outlines[-15:])
+
+
+def test_a_model_the_baseline_lacks_is_not_comparable_and_one_failing_in_an_arm_fails_naming_it(pytester, tmp_path):
+    """Smoke runs (three rounds): a model file the baseline revision does not have is skipped as
+    `not comparable` with the reason; a model that fails in the candidate only fails its test, naming the arm."""
+    repo = Path(pytester.path)
+    _git(repo, "init", "-q")
+    _commit(repo, {"broken.py": MODEL.replace("REPEATS", "1")}, "a model that works")
+    broken = MODEL.replace("REPEATS", "1").replace("h = torch.relu(self.a(x))", "h = torch.relu(self.a(x[:, :31]))")
+    _commit(repo, {"model.py": MODEL.replace("REPEATS", "1"), "broken.py": broken, "test_speed.py": TESTS + '''
+
+@pytest.mark.mgpu_gate(model="broken.py:spec")
+def test_broken_step(mgpu_workload):
+    mgpu_workload.op()
+'''}, "a new model, and a broken one")
+    result = pytester.runpytest_inprocess("--ab-baseline", "HEAD~1", "--benchmark-disable", "-p", "no:cacheprovider",
+                                          "-rs", "--perf-out", str(tmp_path / "out"))
+    text = result.stdout.str()
+    result.assert_outcomes(failed=1, skipped=1, deselected=1)
+    assert "not comparable: the baseline cannot run it" in text and "model.py" in text, text[-3000:]
+    assert "candidate: sample failed" in text and "mat1 and mat2 shapes cannot be multiplied" in text, text[-3000:]
+
+
+def test_the_workload_fixture_steps_the_model_in_a_normal_run(pytester, user_repo):
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(strategy="single"), "needs model='MODULE:FUNCTION'"),
+    (dict(model="model.py"), "model must be 'MODULE:FUNCTION'"),
+    (dict(model="m.py:spec", strategy="dpp"), "unknown strategy 'dpp'"),
+    (dict(model="m.py:spec", devices=0), "devices must be a positive integer"),
+    (dict(model="m.py:spec", batch="32"), "batch must be a positive integer"),
+    (dict(model="m.py:spec", gpus=2), "unexpected keyword argument 'gpus'"),
+])
+def test_a_bad_marker_names_its_problem(fields, message):
+    with pytest.raises(ValueError, match=message):
+        marker_spec(SimpleNamespace(args=(), kwargs=fields))
+
+
+def test_marker_fields_become_the_model_step_spec():
+    spec = marker_spec(SimpleNamespace(args=(), kwargs=dict(model="m.py:spec", strategy="ddp", devices=2, batch=16)))
+    assert spec == {"kind": "model-step", "model": "m.py:spec", "strategy": "ddp", "devices": 2, "batch": 16}
+    whole = {"kind": "matmul", "size": 8}
+    assert marker_spec(SimpleNamespace(args=(whole,), kwargs={})) == whole
+
+
+# -- python -m mgpu gate ------------------------------------------------------------------------------
+
+def test_the_gate_command_names_its_cases_and_keeps_model_paths_inside_the_repository(tmp_path):
+    cases = gate_cases("m.py:spec", ("single", "ddp"), (1, 2), 8)
+    assert [name for name, _ in cases] == ["single-1", "ddp-1", "ddp-2"]
+    assert model_in_repository(str(tmp_path / "sub" / "m.py") + ":spec", tmp_path) == "sub/m.py:spec"
+    assert model_in_repository("pkg.models:spec", tmp_path) == "pkg.models:spec"
+    with pytest.raises(ValueError, match="outside the repository"):
+        model_in_repository("/elsewhere/m.py:spec", tmp_path)
+
+
+def test_the_gate_command_end_to_end(user_repo, tmp_path):
+    """Once as a user runs it: bad input is one line and exit 2; the pair of commits is `slower`, exit 1."""
+    def gate(*args):
+        return subprocess.run([sys.executable, "-m", "mgpu", "gate", "model.py:spec", *args], cwd=user_repo,
+                              capture_output=True, text=True, timeout=300)
+
+    for args, message in ((["--baseline", "no-such-ref"], "--baseline no-such-ref: not a revision of the repository"),
+                          (["--baseline", "HEAD", "--threshold", "0"], "--threshold must be a percentage"),
+                          (["--baseline", "HEAD", "--strategies", "dpp"], "unknown strategy 'dpp'")):
+        out = gate(*args)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, (args, out.stderr)
+    out = gate("--baseline", "HEAD~1", "--max-rounds", "10", "--out", str(tmp_path))
+    assert out.returncode == 1 and "single-1" in out.stdout and "slower" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert json.loads((tmp_path / "ab.json").read_text())["benchmarks"][0]["verdict"] == "slower"
+
+
+# -- python -m mgpu bench --------------------------------------------------------------------------------
+
+def test_bench_times_every_case_interleaved_and_writes_its_outputs(tmp_path, monkeypatch):
+    (tmp_path / "model.py").write_text(textwrap.dedent(MODEL.replace("REPEATS", "1")))
+    monkeypatch.chdir(tmp_path)
+    options = BenchOptions(strategies=("single", "manual"), devices=(1, 2), batch=8, rounds=2, warmup=1)
+    result = run_bench("model.py:spec", options)
+    rows = {(r["strategy"], r["devices"]): r for r in result["rows"]}
+    assert set(rows) == {("single", 1), ("manual", 1), ("manual", 2)}, rows
+    assert rows[("single", 1)]["speedup"] == 1.0 and all(r["rounds"] == 2 and r["samples_per_s"] > 0 for r in rows.values())
+    assert rows[("manual", 2)]["efficiency"] == pytest.approx(rows[("manual", 2)]["speedup"] / 2)
+    assert rows[("manual", 2)]["global_batch"] == 16
+    table = "\n".join(format_table(result))
+    assert "manual" in table and "speed-up against single on 1 device" in table, table
+    paths = write_outputs(result, tmp_path / "out")
+    assert all(p.stat().st_size > 0 for p in paths) and json.loads(paths[0].read_text())["rows"]
+
+
+def test_bench_leaves_out_what_this_machine_cannot_run_and_says_why():
+    cases, notes = plan_cases(BenchOptions(strategies=("single", "dataparallel"), devices=(1, 2)), gpus=0)
+    assert cases == [("single", 1), ("dataparallel", 1)]
+    assert len(notes) == 1 and "needs 2 CUDA devices (found 0)" in notes[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["examples/tiny_lm.py:nope"], "has no function 'nope'"),
+    (["examples/tiny_lm.py:spec", "--devices", "0"], "--devices must be positive"),
+    (["examples/tiny_lm.py:spec", "--strategies", "single,foo"], "unknown strategy 'foo'"),
+    (["examples/tiny_lm.py:spec", "--rounds", "0"], "--rounds must be an integer >= 1"),
+])
+def test_bench_bad_input_is_one_line_and_exit_2(args, message, capsys):
+    from mgpu.cli import main
+
+    root = Path(__file__).resolve().parent.parent
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        try:
+            code = main(["bench", *args])
+        except SystemExit as e:
+            code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1, err
