@@ -135,13 +135,13 @@ def test_collecting_a_gated_repository_starts_nothing(pytester, user_repo):
 def test_a_users_slower_forward_is_slower_and_the_same_commit_unchanged(pytester, user_repo, tmp_path):
     """The gate on a user's repository: the marked test only, each arm importing model.py from its
     own tree; a forward 4x as deep is `slower` (exit 1), the same commit in both arms is not."""
-    slower = pytester.runpytest_inprocess("--ab-baseline", "HEAD~1", "--ab-max-rounds", "10", "-p", "no:cacheprovider",
+    slower = pytester.runpytest_inprocess("--ab-baseline", "HEAD~1", "--ab-max-rounds", "6", "-p", "no:cacheprovider",
                                           "--perf-out", str(tmp_path / "slower"))
     report = json.loads((tmp_path / "slower" / "ab.json").read_text())
     verdicts = {b["name"]: b["verdict"] for b in report["benchmarks"]}
     assert slower.ret == 1 and verdicts == {"test_speed.py::test_step": "slower"}, (verdicts, slower.outlines[-15:])
     assert "no uncommitted changes" in report["candidate"] and "HEAD~1" in report["baseline"], report
-    same = pytester.runpytest_inprocess("--ab-baseline", "HEAD", "--ab-max-rounds", "10", "-p", "no:cacheprovider",
+    same = pytester.runpytest_inprocess("--ab-baseline", "HEAD", "--ab-max-rounds", "6", "-p", "no:cacheprovider",
                                         "--perf-out", str(tmp_path / "same"))
     report = json.loads((tmp_path / "same" / "ab.json").read_text())
     assert same.ret == 0 and report["benchmarks"][0]["verdict"] != "slower", (report["benchmarks"][0], same.outlines[-15:])
@@ -204,18 +204,30 @@ def test_the_gate_command_names_its_cases_and_keeps_model_paths_inside_the_repos
         model_in_repository("/elsewhere/m.py:spec", tmp_path)
 
 
-def test_the_gate_command_end_to_end(user_repo, tmp_path):
-    """Once as a user runs it: bad input is one line and exit 2; the pair of commits is `slower`, exit 1."""
-    def gate(*args):
-        return subprocess.run([sys.executable, "-m", "mgpu", "gate", "model.py:spec", *args], cwd=user_repo,
-                              capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("args, message", [
+    (["--baseline", "no-such-ref"], "--baseline no-such-ref: not a revision of the repository"),
+    (["--baseline", "HEAD", "--threshold", "0"], "--threshold must be a percentage"),
+    (["--baseline", "HEAD", "--strategies", "dpp"], "unknown strategy 'dpp'"),
+    (["--strategies", "single"], "gate needs --baseline REF"),
+    (["--baseline", "HEAD", "--max-rounds", "2"], "--max-rounds must be an integer >= 3"),
+])
+def test_gate_command_bad_input_is_one_line_and_exit_2(user_repo, args, message, capsys, monkeypatch):
+    from mgpu.cli import main
 
-    for args, message in ((["--baseline", "no-such-ref"], "--baseline no-such-ref: not a revision of the repository"),
-                          (["--baseline", "HEAD", "--threshold", "0"], "--threshold must be a percentage"),
-                          (["--baseline", "HEAD", "--strategies", "dpp"], "unknown strategy 'dpp'")):
-        out = gate(*args)
-        assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, (args, out.stderr)
-    out = gate("--baseline", "HEAD~1", "--max-rounds", "10", "--out", str(tmp_path))
+    monkeypatch.chdir(user_repo)
+    try:
+        code = main(["gate", "model.py:spec", *args])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_the_gate_command_end_to_end(user_repo, tmp_path):
+    """Once as a user runs it: the pair of commits is `slower`, exit 1."""
+    out = subprocess.run([sys.executable, "-m", "mgpu", "gate", "model.py:spec", "--baseline", "HEAD~1",
+                          "--max-rounds", "6", "--out", str(tmp_path)], cwd=user_repo, capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 1 and "single-1" in out.stdout and "slower" in out.stdout, out.stdout + out.stderr[-2000:]
     assert json.loads((tmp_path / "ab.json").read_text())["benchmarks"][0]["verdict"] == "slower"
 

@@ -42,6 +42,7 @@ class Settings:
     epoch_rounds: int
     epoch_warmup: int
     interleaved_rounds: int  # DDP scaling: steps at each rank count, taken in turn
+    width: int = 64          # ResNet-18 base width (64: the full network)
 
 
 # CPU: a full-width ResNet-18 step takes about 0.65 s a core at batch 32, so few rounds fit the
@@ -83,13 +84,14 @@ def pytest_generate_tests(metafunc):
 def settings(sweep, pytestconfig) -> Settings:
     chosen = GPU if sweep.gpus else CPU
     if pytestconfig.getoption("benchmark_disable"):
-        chosen = replace(chosen, steps_per_epoch=1)  # a smoke run checks that an epoch works, not its time
+        # A smoke run checks that every benchmark works, not its time: one step an epoch, a narrow network.
+        chosen = replace(chosen, steps_per_epoch=1, width=16)
     return chosen
 
 
 @pytest.fixture(scope="module")
-def model_name(pytestconfig) -> str:
-    return pytestconfig.getoption("model", None) or "resnet18 width 64"
+def model_name(pytestconfig, settings) -> str:
+    return pytestconfig.getoption("model", None) or f"resnet18 width {settings.width}"
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +109,8 @@ def sessions(sweep, settings, pytestconfig):
                                    classes=pytestconfig.getoption("classes", None), threads_per_device=sweep.threads_per_device)
             else:
                 bench = TrainBench(case.strategy, case.devices, per_device_batch=settings.per_device_batch,
-                                   steps_per_epoch=settings.steps_per_epoch, threads_per_device=sweep.threads_per_device)
+                                   width=settings.width, steps_per_epoch=settings.steps_per_epoch,
+                                   threads_per_device=sweep.threads_per_device)
             cache[case] = StrategyRankPool(bench) if case.strategy in RANK_STRATEGIES else bench.open()
         return cache[case]
 
@@ -202,7 +205,7 @@ def test_rank_scaling_interleaved(strategy, sessions, sweep, settings, scaling_r
 def test_train_step_option(benchmark, option, sweep, settings, cpu_threads):
     """The single-device step with a speed option GPU users turn on (--amp bf16, --channels-last);
     compare with test_train_step[single-...] (figures: docs/perf.md)."""
-    bench = TrainBench("single", 1, per_device_batch=settings.per_device_batch,
+    bench = TrainBench("single", 1, per_device_batch=settings.per_device_batch, width=settings.width,
                        steps_per_epoch=settings.steps_per_epoch, threads_per_device=sweep.threads_per_device,
                        amp="bf16" if option == "amp-bf16" else "off", channels_last=option == "channels-last")
     session = TrainSession(bench)
@@ -214,5 +217,6 @@ def test_train_step_option(benchmark, option, sweep, settings, cpu_threads):
         assert session.weights_moved() > 0, f"the steps with {option} did not change the weights"
     finally:
         session.close()
-    benchmark.extra_info.update(option=option, model="resnet18 width 64", per_device_batch=settings.per_device_batch)
+    benchmark.extra_info.update(option=option, model=f"resnet18 width {settings.width}",
+                                per_device_batch=settings.per_device_batch)
     record_rate(benchmark, settings.per_device_batch, "images/s", per_device=1)
