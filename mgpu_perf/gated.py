@@ -1,11 +1,11 @@
 """The A/B gate's benchmark set, defined once: which perf benchmarks the gate times, and each one's
-workload spec (what a worker of either arm builds: perf/workloads.py `make_gated`).
+workload spec (what a worker of either arm builds: mgpu_perf/harness/workloads.py `make_gated`).
 
     >>> [name for name, _ in gated_set(make_sweep(None))]    # on a 2-core CPU without GPUs
     ['test_train_step[single]', 'test_train_step[manual]', ..., 'test_matmul_one_device[synchronised]']
 
-perf/test_training.py and perf/test_kernels.py mark these benchmarks (`pytest.mark.gate(spec)`); the gate sizes
-Holm's levels by the tests it collects, and `python -m perf.validate_gate` and the gate's tests by
+perf/test_training.py and perf/test_kernels.py mark these benchmarks (`pytest.mark.mgpu_gate(spec)`); the gate sizes
+Holm's levels by the tests it collects, and `python -m mgpu_perf validate-gate` and the gate's tests by
 `len(gated_set(sweep))`. A benchmark added to the gate is added here, nowhere else.
 """
 

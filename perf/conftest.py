@@ -77,7 +77,7 @@ def pytest_report_header(config):
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
-    """The GPUs' names, maximum clocks and whether they were locked (perf/clocks.py); the root
+    """The GPUs' names, maximum clocks and whether they were locked (mgpu_perf/clocks.py); the root
     conftest records versions and PyTorch's settings. Not the idle clock itself: it differs from
     run to run, and pytest-benchmark warns on every --benchmark-compare whose machine_info differs."""
     machine_info["gpu_clocks"] = [{k: g[k] for k in ("index", "name", "max_sm_mhz", "locked")}

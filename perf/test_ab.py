@@ -428,9 +428,9 @@ def test_a_baseline_that_crashes_fails_the_gate_run(tmp_path):
 
 
 def test_the_suite_gates_exactly_the_gated_set(request, sweep):
-    """perf/gated.py is the one definition: the benchmarks this session collected with a `gate`
+    """mgpu_perf/gated.py is the one definition: the benchmarks this session collected with an `mgpu_gate`
     marker are its set, with its specs (a benchmark marked elsewhere, or a spec that differs from
-    the one validate_gate measures the rates with, fails here)."""
+    the one validate-gate measures the rates with, fails here)."""
     import json
 
     items = request.session.items

@@ -58,7 +58,7 @@ def _info(benchmark, devs, size, count, timing):
 
 
 def _gate(sweep_gpus: int):
-    """The A/B gate's kernel workload (perf/gated.py): the synchronised products on the first device."""
+    """The A/B gate's kernel workload (mgpu_perf/gated.py): the synchronised products on the first device."""
     return pytest.mark.mgpu_gate(matmul_spec(sweep_gpus))
 
 

@@ -8,7 +8,7 @@ strategy at every device count, with images/s, speedup and scaling efficiency ag
 
 Weak scaling: each device gets the same batch at every count, so the global batch grows with the
 devices. On a CPU each emulated device (a replica for manual, a process for ddp) gets the same
-threads at every count (see perf/sweep.py), so manual's replicas take turns on those threads while
+threads at every count (see mgpu_perf/sweep.py), so manual's replicas take turns on those threads while
 ddp's ranks run in parallel. DDP ranks start once per count (a process start costs seconds) and
 run each step when the benchmark asks, so pytest-benchmark times every DDP step itself: slowest
 rank, gradient allreduce and the loss allreduce included.
@@ -141,7 +141,7 @@ def _report(benchmark, case, sweep, settings, scaling_rows, measure: str, images
 
 
 def _scaling_row(strategy, measure, n, label, sweep, settings, images_per_s, median_s, min_s) -> dict:
-    """One row of the scaling table (perf/scaling.py fills in speedup and efficiency)."""
+    """One row of the scaling table (mgpu_perf/scaling.py fills in speedup and efficiency)."""
     return {"strategy": strategy, "measure": measure, "devices": n, "label": label, "emulated": sweep.emulated(n),
             "images_per_s": images_per_s, "per_device_batch": settings.per_device_batch,
             "median_s": median_s, "min_s": min_s}

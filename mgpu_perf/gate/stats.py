@@ -18,7 +18,7 @@ identical worker processes differ by a few percent for reasons no code change ma
 layout, which core) and, with enough rounds, a test against 0 would call that significant.
 A 10 % slowdown clears T/2 by 5 points, which 20 to 40 rounds resolve at the noise measured
 here (docs/perf.md). One-sided tests at level alpha; across k benchmarks Holm's step-down keeps
-the chance of any false `slower` in a whole run at alpha. (perf/ab.py may stop a benchmark early
+the chance of any false `slower` in a whole run at alpha. (gate/compare.py may stop a benchmark early
 only on `unchanged` or `faster`; `slower` is tested once, on all its rounds.)
 """
 
