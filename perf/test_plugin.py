@@ -168,6 +168,16 @@ def test_broken_step(mgpu_workload):
     assert "candidate: sample failed" in text and "mat1 and mat2 shapes cannot be multiplied" in text, text[-3000:]
 
 
+def test_bad_gate_options_are_pytests_usage_error_in_one_line_before_anything_starts(pytester, user_repo, tmp_path):
+    before = _worktrees(user_repo)
+    result = pytester.runpytest_inprocess("--ab-baseline", "HEAD", "--ab-threshold", "0", "-p", "no:cacheprovider",
+                                          "--perf-out", str(tmp_path))
+    errors = [line for line in result.errlines if line.startswith("ERROR:")]
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.outlines
+    assert len(errors) == 1 and "--ab-threshold must be a percentage in (0, 100)" in errors[0], result.errlines
+    assert _worktrees(user_repo) == before and not (tmp_path / "ab.json").exists(), "bad input started something"
+
+
 def test_the_workload_fixture_steps_the_model_in_a_normal_run(pytester, user_repo):
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)

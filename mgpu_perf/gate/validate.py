@@ -162,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runs = args.runs or (5 if args.quick else 20)
     set_runs = args.set_runs if args.set_runs is not None else (1 if args.quick else 3)
-    if runs < 1 or set_runs < 0:
-        parser.error("--runs must be at least 1 and --set-runs at least 0")
+    if runs < 0 or set_runs < 0 or runs + set_runs == 0:
+        parser.error("--runs and --set-runs must be at least 0, and one of them positive")
     if not (0 < args.threshold < 100) or args.max_rounds < 3 or args.sample_s <= 0:
         parser.error("--threshold must be in (0, 100), --max-rounds at least 3, --sample-s positive")
     from mgpu_perf.gate.baseline import is_mgpu_checkout
@@ -180,9 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mgpu-validate-gate-") as tmp:
         tmp = Path(tmp)
-        same = copy_tree(root, tmp / "same")
+        same = copy_tree(root, tmp / "same")  # the baseline of every run
+        unchanged = copy_tree(root, tmp / "unchanged")  # a candidate identical to it (a folder may not be both arms)
         slowed = {full: copy_tree(root, tmp / "slowed-full", full), half: copy_tree(root, tmp / "slowed-half", half)}
-        kinds = {"same tree": same, big: slowed[full], small: slowed[half]}
+        kinds = {"same tree": unchanged, big: slowed[full], small: slowed[half]}
         decisions: dict[str, list[dict]] = {k: [] for k in kinds}
         print(f"1. {name} ({spec}), {runs} runs per kind, threshold {args.threshold:g} %, judged at alpha "
               f"{settings.alpha}/{family}", flush=True)
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         sets: dict[str, list[dict]] = {"same tree": [], big: []}
         print(f"2. the whole gated set, {set_runs} runs per kind", flush=True)
         for i in range(set_runs):
-            for kind, candidate in (("same tree", same), (big, slowed[full])):
+            for kind, candidate in (("same tree", unchanged), (big, slowed[full])):
                 r = whole_set(candidate, same, tmp / f"set-{kind.split()[0]}-{i}", settings)
                 sets[kind].append(r)
                 verdicts = ", ".join(f"{k}: {v}" for k, v in r["verdicts"].items())
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     false_alarms = sum(d["verdict"] == "slower" for d in decisions["same tree"])
     caught = sum(d["verdict"] == "slower" for d in decisions[big])
     allowed_false, needed = math.floor(runs / 20), math.ceil(runs * 19 / 20)
+    decisions = {k: v for k, v in decisions.items() if v}  # --runs 0: the whole set only
     def as_required(r: dict, slowed: bool) -> bool:
         """Unchanged tree: exit 0, no `slower`. Slowed: exit 1, every training benchmark `slower`, the kernel `unchanged`."""
         if not slowed:
