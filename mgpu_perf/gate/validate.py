@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-s", type=float, default=Settings.sample_s, help="seconds a sample (default 0.25)")
     parser.add_argument("--tree", default=".", help="the checkout of mgpu to validate (default: this folder)")
     args = parser.parse_args(argv)
-    runs = args.runs or (5 if args.quick else 20)
+    runs = args.runs if args.runs is not None else (5 if args.quick else 20)
     set_runs = args.set_runs if args.set_runs is not None else (1 if args.quick else 3)
     if runs < 0 or set_runs < 0 or runs + set_runs == 0:
         parser.error("--runs and --set-runs must be at least 0, and one of them positive")
