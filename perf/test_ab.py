@@ -211,6 +211,18 @@ def test_compare_stops_early_only_on_unchanged_and_judges_slower_on_every_round(
     assert abstats.verdict(slower.estimate, 0.10, 0.05) == "slower"
 
 
+def test_a_slowdown_inside_the_unchanged_margin_but_beyond_half_the_threshold_is_not_stopped_early():
+    """At threshold 5 %, a 3 % slowdown's interval lies inside the `unchanged` margin (0.952, 1.05)
+    at the first look ([1.022, 1.038] here); stopping there called it `unchanged`. It must run on
+    and end `slower` (more than T/2 = 2.5 %, with confidence)."""
+    settings = Settings(threshold=0.05, min_rounds=5, max_rounds=20, look_every=5)
+    first_look = abstats.estimate([0.1] * 5, [0.1 * 1.03 / 1.01 * (1 + 0.01 * (n % 3)) for n in range(3, 8)], 0.05)
+    assert abstats.verdict(first_look, 0.05, 0.05) == "unchanged", "the case must be one the old rule stopped on"
+    result = compare("b", {"kind": "x"}, _arms([], ratio=1.03 / 1.01), settings)  # candidates 1.03 +- 1 %
+    assert len(result.samples["baseline"]) == 20, "stopped early inside the unchanged margin"
+    assert abstats.verdict(result.estimate, 0.05, 0.05) == "slower", result.estimate
+
+
 def test_early_looks_do_not_inflate_false_slower():
     """Simulated A/B runs at exactly the boundary ratio 1 + T/2 (the worst case for a false
     `slower`) with 15 % per-round noise (a busy machine): with looks at 10, 15, ..., 35 rounds and

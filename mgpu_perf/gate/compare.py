@@ -10,7 +10,8 @@ One arm works at a time. Per benchmark: both arms set up and warm up (untimed), 
 alternate the order (A B, B A, A B, ...), each round one sample per arm (the median of a few
 operations, about `sample_s` seconds). From `min_rounds` on, every `look_every` rounds the
 interval is checked at the strictest Holm level, and the benchmark stops early only when it is
-`unchanged` or `faster`; otherwise it runs to `max_rounds`, where `slower` is tested once.
+settled (stats.settled: inside half the threshold, or faster); otherwise it runs to `max_rounds`,
+where `slower` is tested once.
 
 A worker that crashes, a workload that fails or computes a wrong result in either arm raises
 ArmError: never "unchanged". A workload the baseline cannot even set up (an API the change added, a
@@ -127,7 +128,7 @@ def compare(name: str, spec: dict, arms: dict[str, Arm], settings: Settings, fam
                 # for `slower` after every few rounds would test it again and again (a false
                 # alarm rate up to 3x the nominal level, simulated). `slower` is judged once, at the end.
                 est = abstats.estimate(result.samples["baseline"], result.samples["candidate"], settings.threshold)
-                if abstats.verdict(est, settings.threshold, strictest) in ("unchanged", "faster"):
+                if abstats.settled(est, settings.threshold, strictest):
                     break
         for label in ("baseline", "candidate"):
             arms[label].request("check")  # wrong results fail the run, in either arm

@@ -18,8 +18,13 @@ identical worker processes differ by a few percent for reasons no code change ma
 layout, which core) and, with enough rounds, a test against 0 would call that significant.
 A 10 % slowdown clears T/2 by 5 points, which 20 to 40 rounds resolve at the noise measured
 here (docs/perf.md). One-sided tests at level alpha; across k benchmarks Holm's step-down keeps
-the chance of any false `slower` in a whole run at alpha. (gate/compare.py may stop a benchmark early
-only on `unchanged` or `faster`; `slower` is tested once, on all its rounds.)
+the chance of any false `slower` in a whole run at alpha.
+
+gate/compare.py may stop a benchmark early only when it is `settled`: its interval lies inside
+(1/(1 + T/2), 1 + T/2), clear of a slowdown of half the threshold, or it is `faster`. The
+`unchanged` margin of the final verdict, 1 + T, is too wide to stop on: a true slowdown of T whose
+first rounds happened to measure low stopped there as `unchanged` (1 run in 10 at
+--ab-threshold 5, docs/perf.md). `slower` is tested once, on all its rounds.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from dataclasses import asdict, dataclass
 
 from scipy import stats as scipy_stats
 
-__all__ = ["Estimate", "estimate", "verdict", "holm_levels", "decide", "VERDICTS"]
+__all__ = ["Estimate", "estimate", "verdict", "settled", "holm_levels", "decide", "VERDICTS"]
 
 VERDICTS = ("slower", "faster", "unchanged", "inconclusive")
 
@@ -91,6 +96,14 @@ def verdict(est: Estimate, threshold: float, alpha: float) -> str:
     if low > 1 / full and high < full:
         return "unchanged"
     return "inconclusive"
+
+
+def settled(est: Estimate, threshold: float, alpha: float) -> bool:
+    """True when more rounds cannot make the benchmark `slower` at this level: its interval lies
+    inside (1/(1 + T/2), 1 + T/2), or below 1/(1 + T/2) (`faster`). What may stop it early."""
+    low, high = est.interval(alpha)
+    half = 1 + threshold / 2
+    return high < half and (low > 1 / half or high < 1 / half)
 
 
 def holm_levels(p_values: list[float], alpha: float) -> list[float]:
