@@ -284,3 +284,26 @@ def test_bench_bad_input_is_one_line_and_exit_2(args, message, capsys):
             code = e.code
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+# -- pytest perf --model ----------------------------------------------------------------------------------
+
+@pytest.mark.multiprocess
+def test_the_perf_suite_times_a_users_model_with_model(tmp_path):
+    """`pytest perf --model MODULE:FUNCTION`: the training step benchmarks (and the interleaved
+    rank scaling) run on that model, timed, with the scaling table; the rest is deselected."""
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-m", "pytest", "perf", "--model", "examples/tiny_lm.py:spec", "-q",
+                          "-p", "no:cacheprovider", "--perf-out", str(tmp_path), "--benchmark-min-rounds", "1",
+                          "--devices", "1,2", "-k", "single or manual or (interleaved and ddp)",
+                          "--benchmark-json", str(tmp_path / "b.json")],
+                         cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    names = sorted(b["name"] for b in json.loads((tmp_path / "b.json").read_text())["benchmarks"])
+    assert names == ["test_train_step[manual-1cpu]", "test_train_step[manual-2dev-emulated]",
+                     "test_train_step[single-1cpu]"], names
+    models = {b["extra_info"]["model"] for b in json.loads((tmp_path / "b.json").read_text())["benchmarks"]}
+    assert models == {"examples/tiny_lm.py:spec"}, models
+    assert "model examples/tiny_lm.py:spec (--model)" in out.stdout and "deselected" in out.stdout, out.stdout[-2000:]
+    scaling = json.loads((tmp_path / "scaling.json").read_text())
+    assert {(r["strategy"], r["measure"]) for r in scaling["rows"]} >= {("manual", "step"), ("ddp", "interleaved")}, scaling
