@@ -19,9 +19,7 @@ Writes bench.json and bench.png into --out (default perf-results/).
 from __future__ import annotations
 
 import json
-import math
 import statistics
-import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +59,7 @@ def run_bench(model: str, options: BenchOptions, log: Callable[[str], None] = la
     import torch
 
     from mgpu.devices import torch_threads, usable_cores
+    from mgpu_perf.harness.interleave import interleaved_step_times
     from mgpu_perf.harness.models import ModelBench
     from mgpu_perf.harness.ranks import StrategyRankPool, spawns_ranks
 
@@ -69,32 +68,20 @@ def run_bench(model: str, options: BenchOptions, log: Callable[[str], None] = la
     if not cases:
         raise ValueError("no case to time: " + "; ".join(notes))
     threads = None if gpus else max(1, len(usable_cores()) // max(n for _, n in cases))
-    times: dict[tuple[str, int], list[float]] = {c: [] for c in cases}
+    labels = {f"{strategy} on {n} device(s)": (strategy, n) for strategy, n in cases}
     with ExitStack() as stack, torch_threads(threads):
         sessions = {}
-        for strategy, n in cases:
-            log(f"setting up {strategy} on {n} device(s)")
+        for label, (strategy, n) in labels.items():
+            log(f"setting up {label}")
             bench = ModelBench(model, strategy, n, per_device_batch=options.batch, input_shape=options.input_shape,
                                classes=options.classes, threads_per_device=threads)
             session = StrategyRankPool(bench) if spawns_ranks(strategy) else bench.open()
             stack.callback(session.close)
-            sessions[(strategy, n)] = session
-        for _ in range(options.warmup):
-            for session in sessions.values():
-                session.step()
-        for i in range(options.rounds):
-            for case in (cases if i % 2 == 0 else cases[::-1]):
-                start = time.perf_counter()
-                loss = sessions[case].step()
-                times[case].append(time.perf_counter() - start)
-                if not math.isfinite(loss):
-                    raise FloatingPointError(f"loss {loss} under {case[0]} on {case[1]} device(s) in round {i}")
-            log(f"round {i + 1}/{options.rounds} done")
-        memory = {}
-        for case, session in sessions.items():
-            if session.weights_moved() <= 0:
-                raise AssertionError(f"the steps did not change the weights under {case[0]} on {case[1]} device(s)")
-            memory[case] = session.memory_bytes().get("peak_allocated")
+            sessions[label] = session
+        # Raises on a non-finite loss or a case whose weights did not move.
+        timed = interleaved_step_times(sessions, options.rounds, options.warmup, alternate=True)
+        memory = {labels[label]: session.memory_bytes().get("peak_allocated") for label, session in sessions.items()}
+    times = {labels[label]: ts for label, ts in timed.items()}
     rows = []
     for (strategy, n), ts in times.items():
         median = statistics.median(ts)

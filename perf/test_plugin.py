@@ -58,7 +58,7 @@ def test_step(mgpu_workload):
 
 
 def test_unrelated():
-    assert True
+    assert sorted([3, 1, 2]) == [1, 2, 3]
 '''
 
 
@@ -231,6 +231,19 @@ def test_gate_command_bad_input_is_one_line_and_exit_2(user_repo, args, message,
         code = e.code
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_the_gate_command_refuses_a_model_from_outside_the_repository(user_repo, capsys, monkeypatch):
+    """A library's model (here torch's own) is the same code in both arms: bad input, not a run."""
+    from mgpu.cli import main
+
+    monkeypatch.chdir(user_repo)
+    try:
+        code = main(["gate", "torch.nn:Identity", "--input-shape", "1,2,2", "--classes", "4", "--baseline", "HEAD"])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and "outside the repository" in err and err.count("\n") == 1, err
 
 
 def test_the_gate_command_end_to_end(user_repo, tmp_path):

@@ -35,7 +35,7 @@ import pytest
 from mgpu_perf.gated import gated_set
 from mgpu_perf.sweep import make_sweep
 
-yaml = pytest.importorskip("yaml")
+yaml = pytest.importorskip("yaml", reason="reads the workflow file with PyYAML (pyyaml, in the test extras)")
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = ROOT / ".github" / "workflows" / "gpu-regression.yml"

@@ -75,10 +75,16 @@ def run_gate_command(args, error: Callable[[str], None]) -> int:
         error(_as_command_options(one_line(e)))
     from mgpu.spec import load_spec
 
+    from mgpu_perf.harness.models import module_file
+
     try:  # the candidate must load it: a typo is bad input here, not a failed arm
         load_spec(model if Path.cwd() == root else args.model, input_shape=args.input_shape, classes=args.classes)
     except MgpuError as e:
         error(f"{args.model}: {one_line(e)}")
+    origin = module_file(args.model)
+    if origin and not Path(origin).resolve().is_relative_to(root):
+        error(f"{args.model}: its module comes from {origin}, outside the repository at {root}: both arms would "
+              "time the same code (gate a model defined in this repository)")
     status = 1
     try:
         for name, spec in cases:

@@ -44,10 +44,6 @@ class ABGate:
         except GateError as e:
             raise pytest.UsageError(str(e)) from None
 
-    @property
-    def settings(self):
-        return self.run.settings
-
     def pytest_collection_modifyitems(self, config, items):
         gated = [item for item in items if item.get_closest_marker(MARKER)]
         deselected = [item for item in items if not item.get_closest_marker(MARKER)]

@@ -47,27 +47,32 @@ def interleaved_ratio(a: Callable[[], float], b: Callable[[], float], rounds: in
 
 # -- scaling -----------------------------------------------------------------------------------
 
-def interleaved_step_times(pools: dict, rounds: int, warmup: int = 0) -> dict[int, list[float]]:
-    """Step times of each pool (keyed by rank count), taken in turn: one step at every count, then
-    the next round. A machine whose speed drifts (a VM whose host is busy for a minute) then slows
-    every count alike, rather than whichever count happened to run during the slow minute, so the
-    ratios between counts hold even when the absolute times move."""
+def interleaved_step_times(pools: dict, rounds: int, warmup: int = 0, alternate: bool = False) -> dict:
+    """Step times of each pool (keyed by rank count, or by a label), taken in turn: one step at
+    every count, then the next round (`alternate`: the order reversed every other round). A machine
+    whose speed drifts (a VM whose host is busy for a minute) then slows every count alike, rather
+    than whichever count happened to run during the slow minute, so the ratios between counts hold
+    even when the absolute times move. Raises on a non-finite loss or a pool whose weights did not move."""
     if not isinstance(rounds, int) or rounds < 1 or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"rounds must be an integer >= 1 and warmup >= 0, got rounds={rounds!r}, warmup={warmup!r}")
     for pool in pools.values():
         for _ in range(warmup):
             pool.step()
-    times: dict[int, list[float]] = {n: [] for n in pools}
-    for _ in range(rounds):
-        for n, pool in pools.items():
+    def where(key) -> str:
+        return f"{key} ranks" if isinstance(key, int) else str(key)
+
+    times: dict = {n: [] for n in pools}
+    order = list(pools)
+    for i in range(rounds):
+        for n in (order[::-1] if alternate and i % 2 else order):
             start = time.perf_counter()
-            loss = pool.step()
+            loss = pools[n].step()
             times[n].append(time.perf_counter() - start)
             if not math.isfinite(loss):
-                raise FloatingPointError(f"loss {loss} at {n} ranks")
+                raise FloatingPointError(f"loss {loss} at {where(n)} in round {i}")
     for n, pool in pools.items():
         if pool.weights_moved() <= 0:
-            raise AssertionError(f"weights did not change at {n} ranks")
+            raise AssertionError(f"weights did not change at {where(n)}")
     return times
 
 

@@ -94,8 +94,11 @@ class _ModelStep(_TrainStep):
         bench = ModelBench(spec["model"], spec.get("strategy", "single"), spec.get("devices", 1),
                            per_device_batch=spec.get("batch", 32), input_shape=spec.get("input_shape"),
                            classes=spec.get("classes"), threads_per_device=spec.get("threads_per_device"))
-        bench.spec()  # here, in the calling process: a model this tree cannot load is not comparable (SpecError)
-        self.session = StrategyRankPool(bench) if spawns_ranks(bench.strategy) else bench.open()
+        if spawns_ranks(bench.strategy):
+            bench.spec()  # here, not in the ranks: a model this tree cannot load is not comparable (SpecError)
+            self.session = StrategyRankPool(bench)
+        else:
+            self.session = bench.open()
         self.origin = module_file(bench.model)  # the worker refuses a model imported from outside its tree
         self.losses: list[float] = []
 
