@@ -15,6 +15,8 @@ installed package `mgpu_perf` (its pytest plugin); this folder is the suite.
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,25 @@ from mgpu_perf.sweep import CLOCKS_KEY, ROWS_KEY, SWEEP_KEY, make_sweep
 
 # With --model, the benchmarks that run on any model; the rest time mgpu's own network and kernels.
 MODEL_BENCHMARKS = ("test_train_step", "test_rank_scaling_interleaved")
+
+
+def _plugin_installed() -> bool:
+    return any(ep.name == "mgpu_perf.plugin" for ep in importlib.metadata.entry_points(group="pytest11"))
+
+
+@pytest.fixture
+def pytester(pytester, monkeypatch):
+    """pytester with mgpu_perf's plugin, as a user who installed mgpu has it. A run without the install
+    (`PYTHONPATH=. pytest perf`, the way `make gpu-check` runs) has no entry point: there the plugin
+    is named with -p, and PYTHONPATH's relative folders are made absolute, since the runs (and the
+    gate's workers) start in pytester's folder."""
+    if not _plugin_installed():
+        pytester.plugins.append("mgpu_perf.plugin")
+    entries = os.environ.get("PYTHONPATH")
+    if entries:
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(str(Path(e).resolve()) if e else e
+                                                         for e in entries.split(os.pathsep)))
+    return pytester
 
 
 def pytest_addoption(parser):

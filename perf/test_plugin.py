@@ -19,6 +19,7 @@ import pytest
 from mgpu_perf.bench import BenchOptions, format_table, plan_cases, run_bench, write_outputs
 from mgpu_perf.gate.command import gate_cases, model_in_repository
 from mgpu_perf.markers import marker_spec
+from mgpu_perf.sweep import make_sweep
 
 MODEL = '''
 import torch
@@ -313,8 +314,8 @@ def test_the_perf_suite_times_a_users_model_with_model(tmp_path):
                          cwd=root, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     names = sorted(b["name"] for b in json.loads((tmp_path / "b.json").read_text())["benchmarks"])
-    assert names == ["test_train_step[manual-1cpu]", "test_train_step[manual-2dev-emulated]",
-                     "test_train_step[single-1cpu]"], names
+    sweep = make_sweep("1,2")  # the ids on this machine: 1cpu or 1gpu, 2dev-emulated or 2gpu
+    assert names == sorted(f"test_train_step[{s}-{sweep.label(n)}]" for s, n in [("manual", 1), ("manual", 2), ("single", 1)]), names
     models = {b["extra_info"]["model"] for b in json.loads((tmp_path / "b.json").read_text())["benchmarks"]}
     assert models == {"examples/tiny_lm.py:spec"}, models
     assert "deselected" in out.stdout, out.stdout[-2000:]
