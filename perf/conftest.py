@@ -38,7 +38,7 @@ def _plugin_installed() -> bool:
 
 
 @pytest.fixture
-def pytester(pytester, monkeypatch):
+def pytester(pytester, monkeypatch, pytestconfig):
     """pytester with mgpu_perf's plugin, as a user who installed mgpu has it. A run without the install
     (`PYTHONPATH=. pytest perf`, the way `make gpu-check` runs) has no entry point: there the plugin
     is named with -p, and PYTHONPATH's relative folders are made absolute, since the runs (and the
@@ -47,7 +47,8 @@ def pytester(pytester, monkeypatch):
         pytester.plugins.append("mgpu_perf.plugin")
     entries = os.environ.get("PYTHONPATH")
     if entries:
-        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(str(Path(e).resolve()) if e else e
+        start = pytestconfig.invocation_params.dir  # pytester has moved into its own folder by now
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(str((start / e).resolve()) if e else e
                                                          for e in entries.split(os.pathsep)))
     return pytester
 
