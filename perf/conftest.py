@@ -41,10 +41,10 @@ def _plugin_installed() -> bool:
 def pytester(pytester, monkeypatch, pytestconfig):
     """pytester with mgpu_perf's plugin, as a user who installed mgpu has it. A run without the install
     (`PYTHONPATH=. pytest perf`, the way `make gpu-check` runs) has no entry point: there the plugin
-    is named with -p, and PYTHONPATH's relative folders are made absolute, since the runs (and the
+    is named in PYTEST_PLUGINS, and PYTHONPATH's relative folders are made absolute, since the runs (and the
     gate's workers) start in pytester's folder."""
     if not _plugin_installed():
-        pytester.plugins.append("mgpu_perf.plugin")
+        monkeypatch.setenv("PYTEST_PLUGINS", "mgpu_perf.plugin")  # in-process runs and subprocesses alike
     entries = os.environ.get("PYTHONPATH")
     if entries:
         start = pytestconfig.invocation_params.dir  # pytester has moved into its own folder by now
