@@ -166,6 +166,8 @@ def _add_gate_parser(commands) -> None:
     g.add_argument("--batch", type=_int, default=32, help="examples per device")
     g.add_argument("--threshold", default="10", metavar="PERCENT", help="the slowdown the gate exists to catch")
     g.add_argument("--max-rounds", default="40", metavar="N", help="most rounds per benchmark (>= 3)")
+    g.add_argument("--sample-s", default="0.25", metavar="SECONDS",
+                   help="seconds of work in one timed sample (longer: a narrower interval, a longer run)")
     g.add_argument("--strict", action="store_true", help="an inconclusive benchmark fails the run too")
     g.add_argument("--out", default="perf-results", help="folder for ab.json, ab-baseline.json, ab-candidate.json")
 

@@ -36,6 +36,9 @@ def pytest_addoption(parser):
     group.addoption("--ab-threshold", default="10", metavar="PERCENT",
                     help="the slowdown the gate exists to catch, in percent (default 10)")
     group.addoption("--ab-max-rounds", default="40", metavar="N", help="most rounds per benchmark (default 40, >= 3)")
+    group.addoption("--ab-sample-s", default="0.25", metavar="SECONDS",
+                    help="seconds of work in one timed sample, a whole number of steps (default 0.25); longer "
+                         "samples narrow the interval where steps are noisy (a GPU with unlocked clocks)")
     group.addoption("--ab-strict", action="store_true", help="an inconclusive benchmark fails the run too")
     group.addoption("--perf-out", default=None, metavar="DIR",
                     help=f"folder for ab.json and the perf suite's outputs (default ${ENV_OUT} or {DEFAULT_OUT}/)")

@@ -330,6 +330,9 @@ BAD_GATE_INPUT = {
     "threshold-text": (lambda tmp: dict(baseline="HEAD", threshold="ten"),
                        "--ab-threshold must be a percentage in (0, 100)"),
     "max-rounds-2": (lambda tmp: dict(baseline="HEAD", max_rounds="2"), "--ab-max-rounds must be an integer >= 3"),
+    "sample-s-0": (lambda tmp: dict(baseline="HEAD", sample_s="0"), "--ab-sample-s must be a number of seconds in (0, 60]"),
+    "sample-s-text": (lambda tmp: dict(baseline="HEAD", sample_s="1s"),
+                      "--ab-sample-s must be a number of seconds in (0, 60]"),
 }
 
 
@@ -341,7 +344,8 @@ def test_bad_gate_input_is_a_gate_error_naming_the_problem_before_anything_is_ti
     options = make_options(tmp_path)
     before = _worktrees()
     with pytest.raises(GateError) as raised:
-        run = GateRun(parse_settings(options.get("threshold", "10"), options.get("max_rounds", "40")),
+        run = GateRun(parse_settings(options.get("threshold", "10"), options.get("max_rounds", "40"),
+                                     sample_s=options.get("sample_s", "0.25")),
                       ROOT, options.get("baseline"), options.get("python"))
         try:
             run.start()
@@ -367,8 +371,10 @@ def test_a_revision_of_another_repository_is_named_as_not_one_of_this_repository
 
 
 def test_good_gate_options_become_the_settings():
-    settings = parse_settings("5%", "12", strict=True)
-    assert (settings.threshold, settings.max_rounds, settings.strict, settings.smoke) == (0.05, 12, True, False)
+    settings = parse_settings("5%", "12", strict=True, sample_s="1.5")
+    assert (settings.threshold, settings.max_rounds, settings.strict, settings.smoke, settings.sample_s) == \
+        (0.05, 12, True, False, 1.5)
+    assert parse_settings().sample_s == 0.25
     smoke = parse_settings(smoke=True)
     assert smoke.smoke and smoke.max_rounds == 3, "--benchmark-disable makes the gate a three-round smoke run"
 

@@ -143,8 +143,9 @@ def test_a_users_slower_forward_is_slower_and_the_same_commit_unchanged(pytester
     assert slower.ret == 1 and verdicts == {"test_speed.py::test_step": "slower"}, (verdicts, slower.outlines[-15:])
     assert "no uncommitted changes" in report["candidate"] and "HEAD~1" in report["baseline"], report
     same = pytester.runpytest_inprocess("--ab-baseline", "HEAD", "--ab-max-rounds", "6", "-p", "no:cacheprovider",
-                                        "--perf-out", str(tmp_path / "same"))
+                                        "--ab-sample-s", "0.15", "--perf-out", str(tmp_path / "same"))
     report = json.loads((tmp_path / "same" / "ab.json").read_text())
+    assert report["settings"]["sample_s"] == 0.15, report["settings"]
     assert same.ret == 0 and report["benchmarks"][0]["verdict"] != "slower", (report["benchmarks"][0], same.outlines[-15:])
 
 
@@ -221,6 +222,7 @@ def test_the_gate_command_names_its_cases_and_keeps_model_paths_inside_the_repos
     (["--baseline", "HEAD", "--strategies", "dpp"], "unknown strategy 'dpp'"),
     (["--strategies", "single"], "gate needs --baseline REF"),
     (["--baseline", "HEAD", "--max-rounds", "2"], "--max-rounds must be an integer >= 3"),
+    (["--baseline", "HEAD", "--sample-s", "-1"], "--sample-s must be a number of seconds in (0, 60]"),
 ])
 def test_gate_command_bad_input_is_one_line_and_exit_2(user_repo, args, message, capsys, monkeypatch):
     from mgpu.cli import main

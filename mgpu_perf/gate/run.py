@@ -30,8 +30,10 @@ from mgpu_perf.gate.report import gate_exit_status, write_reports
 __all__ = ["GateRun", "parse_settings", "GateError"]
 
 
-def parse_settings(threshold="10", max_rounds="40", strict: bool = False, smoke: bool = False) -> Settings:
-    """The gate's settings from option text (`--ab-threshold 5%`, `--ab-max-rounds 60`); GateError naming a bad one."""
+def parse_settings(threshold="10", max_rounds="40", strict: bool = False, smoke: bool = False,
+                   sample_s="0.25") -> Settings:
+    """The gate's settings from option text (`--ab-threshold 5%`, `--ab-max-rounds 60`, `--ab-sample-s 1`);
+    GateError naming a bad one."""
     text = str(threshold).strip().rstrip("%")
     try:
         percent = float(text)
@@ -45,8 +47,15 @@ def parse_settings(threshold="10", max_rounds="40", strict: bool = False, smoke:
         raise GateError(f"--ab-max-rounds must be an integer >= 3, got {max_rounds!r}") from None
     if rounds < 3:
         raise GateError(f"--ab-max-rounds must be an integer >= 3, got {rounds}")
+    try:
+        seconds = float(str(sample_s))
+    except ValueError:
+        raise GateError(f"--ab-sample-s must be a number of seconds in (0, 60], got {sample_s!r}") from None
+    if not (math.isfinite(seconds) and 0 < seconds <= 60):
+        raise GateError(f"--ab-sample-s must be a number of seconds in (0, 60], got {sample_s!r}")
     return Settings(threshold=percent / 100, max_rounds=3 if smoke else rounds,
-                    min_rounds=min(Settings.min_rounds, rounds), strict=bool(strict), smoke=bool(smoke))
+                    min_rounds=min(Settings.min_rounds, rounds), strict=bool(strict), smoke=bool(smoke),
+                    sample_s=seconds)
 
 
 class GateRun:

@@ -27,7 +27,8 @@ __all__ = ["ABGate"]
 
 def settings_from(config):
     return parse_settings(config.getoption("ab_threshold"), config.getoption("ab_max_rounds"),
-                          strict=config.getoption("ab_strict"), smoke=bool(config.getoption("benchmark_disable", False)))
+                          strict=config.getoption("ab_strict"), smoke=bool(config.getoption("benchmark_disable", False)),
+                          sample_s=config.getoption("ab_sample_s"))
 
 
 class ABGate:
