@@ -3,14 +3,13 @@ all_reduce calls, so that a benchmark times a collective directly (and checks it
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from mgpu_perf.harness.ranks import RankPool, RankPoolError, _Factory
+from mgpu_perf.harness.ranks import RankPool, RankPoolError, _Factory, rank_context
 
 __all__ = ["CollectivePeers", "allreduce_pattern"]
 
@@ -72,7 +71,7 @@ class CollectivePeers:
             raise RuntimeError("a process group already exists in this process")
         self.world_size, self.backend = world_size, backend
         self.device = torch.device("cuda:0") if backend == "nccl" else torch.device("cpu")
-        self._stop_at = mp.get_context("spawn").RawValue("q", 0)
+        self._stop_at = rank_context().RawValue("q", 0)
         self.pool = RankPool(_Factory(_Peer, backend, self._stop_at), world_size, first_rank=1)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)

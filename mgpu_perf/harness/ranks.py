@@ -19,10 +19,27 @@ import torch
 
 from mgpu_perf.harness.sessions import BareStep, TrainBench
 
-__all__ = ["RankPool", "RankPoolError", "StrategyRankPool", "IndependentPool", "spawns_ranks"]
+__all__ = ["RankPool", "RankPoolError", "StrategyRankPool", "IndependentPool", "spawns_ranks", "rank_context"]
 
 
 # -- one pool of rank processes, for DDP steps and for collective peers -------------------------
+
+# What the fork server imports once, before it forks any rank (see rank_context).
+SERVER_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "mgpu_perf.harness.sessions"]
+
+
+def rank_context():
+    """Where rank processes come from: multiprocessing's fork server, which has imported torch and
+    this harness once, so that a rank starts without importing them again (a pool of 2 DDP ranks:
+    about 1 s instead of 3 s on a 2-core VM, docs/perf.md). Not plain fork: that would copy this
+    process's CUDA and thread-pool state into the ranks; the server is a fresh process that never
+    touches either. Spawn where there is no fork server."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(SERVER_PRELOAD)  # only the first start of the server reads it
+    return ctx
+
 
 class RankPoolError(RuntimeError):
     """A rank of a pool failed, exited, or did not answer in time (the message names it)."""
@@ -30,7 +47,9 @@ class RankPoolError(RuntimeError):
 
 def _rank_main(factory: Callable[[], Any], rank: int, world_size: int, env: dict, inbox, outbox,
                idle_timeout_s: float) -> None:
-    """Inside each rank: torchrun's environment, the server object, then the parent's commands."""
+    """Inside each rank: the parent's environment as it is now (the fork server's is as it was when
+    it started) with torchrun's variables, the server object, then the parent's commands."""
+    os.environ.clear()
     os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
     try:
         server = factory()
@@ -58,13 +77,13 @@ class RankPool:
 
     def __init__(self, factory: Callable[[], Any], world_size: int, first_rank: int = 0, port: int | None = None,
                  command_timeout_s: float = 300.0, idle_timeout_s: float = 900.0):
-        ctx = mp.get_context("spawn")  # fork would copy CUDA and thread-pool state into the ranks
+        ctx = rank_context()
         self.world_size, self.command_timeout_s = world_size, command_timeout_s
         from mgpu.launch import free_port
 
         self.port = port or free_port()
         self.ranks = list(range(first_rank, world_size))
-        env = dict(WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+        env = dict(os.environ, WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(self.port), TORCHELASTIC_USE_AGENT_STORE="False")  # rank 0 hosts the store
         self._outbox = ctx.Queue()
         self._inboxes = {r: ctx.Queue() for r in self.ranks}
