@@ -155,6 +155,14 @@ class FakeArm:
         self.fail_on, self.samples = fail_on, 0
         self.proc = type("P", (), {"poll": staticmethod(lambda: None)})()
 
+    def send(self, command, **fields):
+        self.sent = (command, fields)
+
+    def answer(self, command):
+        sent, fields = self.sent
+        assert sent == command, f"{self.label}: answer to {command!r} asked after sending {sent!r}"
+        return self.request(command, **fields)
+
     def request(self, command, **fields):
         self.log.append((self.label, command))
         if command == self.fail_on:

@@ -137,7 +137,7 @@ def test_a_users_slower_forward_is_slower_and_the_same_commit_unchanged(pytester
     """The gate on a user's repository: the marked test only, each arm importing model.py from its
     own tree; a forward 4x as deep is `slower` (exit 1), the same commit in both arms is not."""
     slower = pytester.runpytest_inprocess("--ab-baseline", "HEAD~1", "--ab-max-rounds", "6", "-p", "no:cacheprovider",
-                                          "--perf-out", str(tmp_path / "slower"))
+                                          "--ab-sample-s", "0.1", "--perf-out", str(tmp_path / "slower"))
     report = json.loads((tmp_path / "slower" / "ab.json").read_text())
     verdicts = {b["name"]: b["verdict"] for b in report["benchmarks"]}
     assert slower.ret == 1 and verdicts == {"test_speed.py::test_step": "slower"}, (verdicts, slower.outlines[-15:])
@@ -252,7 +252,8 @@ def test_the_gate_command_refuses_a_model_from_outside_the_repository(user_repo,
 def test_the_gate_command_end_to_end(user_repo, tmp_path):
     """Once as a user runs it: the pair of commits is `slower`, exit 1."""
     out = subprocess.run([sys.executable, "-m", "mgpu", "gate", "model.py:spec", "--baseline", "HEAD~1",
-                          "--max-rounds", "6", "--out", str(tmp_path)], cwd=user_repo, capture_output=True, text=True,
+                          "--max-rounds", "6", "--sample-s", "0.1", "--out", str(tmp_path)],
+                         cwd=user_repo, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 1 and "single-1" in out.stdout and "slower" in out.stdout, out.stdout + out.stderr[-2000:]
     assert json.loads((tmp_path / "ab.json").read_text())["benchmarks"][0]["verdict"] == "slower"

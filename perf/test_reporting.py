@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
+from types import SimpleNamespace
 
 import pytest
 
+from mgpu.devices import torch_threads
 from mgpu_perf import commands as command
 from mgpu_perf import scaling
 from mgpu_perf.harness import interleave
@@ -81,15 +81,20 @@ def test_scaling_table_from_rows(tmp_path):
     assert paths[1].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _bench_cli(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "mgpu_perf", "ddp-scaling", *args], capture_output=True, text=True,
-                          timeout=timeout)
+def _command(capsys, *argv) -> SimpleNamespace:
+    """`python -m mgpu_perf ARGV`, run in this process (the ranks are processes anyway); this
+    process's torch thread count is given back afterwards."""
+    with torch_threads():
+        code = command.main(list(argv))
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
 
 
 @pytest.mark.multiprocess
-def test_ddp_scaling_command_runs_and_applies_its_bound():
+def test_ddp_scaling_command_runs_and_applies_its_bound(capsys):
     # A tiny network so that it takes seconds; a bound no machine reaches, so the FAIL path runs too.
-    out = _bench_cli("--width", "4", "--batch", "4", "--rounds", "2", "--warmup", "1", "--min-speedup", "1000")
+    out = _command(capsys, "ddp-scaling", "--width", "4", "--batch", "4", "--rounds", "2", "--warmup", "1",
+                   "--min-speedup", "1000")
     assert out.returncode == 1, out.stdout + out.stderr
     assert "1 rank(s)" in out.stdout and "2 rank(s)" in out.stdout and "speedup" in out.stdout, out.stdout
     assert "FAIL: speedup" in out.stderr and "below 1000" in out.stderr, out.stderr
@@ -115,9 +120,8 @@ def test_ddp_scaling_command_rejects_bad_input(args, message, capsys):
 
 
 @pytest.mark.multiprocess
-def test_hot_path_command_prints_its_three_ratios():
-    out = subprocess.run([sys.executable, "-m", "mgpu_perf", "hot-path", "--width", "4", "--batch", "4", "--rounds", "2",
-                          "--warmup", "1"], capture_output=True, text=True, timeout=240)
+def test_hot_path_command_prints_its_three_ratios(capsys):
+    out = _command(capsys, "hot-path", "--width", "4", "--batch", "4", "--rounds", "2", "--warmup", "1")
     assert out.returncode == 0, out.stdout + out.stderr
     single = [line for line in out.stdout.splitlines() if line.startswith("single: mgpu's step at ")]
     ddp = [line for line in out.stdout.splitlines() if line.startswith("ddp: 2 DDP ranks at ")]

@@ -38,7 +38,7 @@ class Arm:
     anywhere else (an installed copy would make both arms time the same code)."""
 
     def __init__(self, label: str, tree: Path, python: str, workdir: Path, timeout_s: float = 600.0,
-                 require_mgpu: bool = False):
+                 require_mgpu: bool = False, wait: bool = True):
         self.label, self.tree, self.python, self.timeout_s = label, Path(tree).resolve(), python, timeout_s
         self.dir = workdir / label
         self.dir.mkdir(parents=True)
@@ -59,10 +59,19 @@ class Arm:
                                              cwd=self.tree, env=env, bufsize=1, start_new_session=True)
             except OSError as e:
                 raise ArmError(f"{label}: cannot start {python}: {e.strerror or e}") from None
+        self.versions = None
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """The worker's first answer (its versions), or ArmError with the reason it cannot work.
+        `Arm(..., wait=False)` then `wait_ready()`: two workers import torch and the code at once."""
+        if self.versions is not None:
+            return
         try:
             hello = self._read()
             if "error" in hello:
-                raise ArmError(f"{label}: {hello['error']}")
+                raise ArmError(f"{self.label}: {hello['error']}")
             self.versions = hello["versions"]
         except BaseException:
             self.kill()
@@ -106,12 +115,19 @@ class Arm:
         self.proc.wait()
 
     def request(self, command: str, **fields) -> dict:
+        self.send(command, **fields)
+        return self.answer(command)
+
+    def send(self, command: str, **fields) -> None:
+        """Half a request: the worker starts on it; `answer(command)` waits for its reply."""
         try:
             self.proc.stdin.write(json.dumps({"command": command, **fields}) + "\n")
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             code = self.proc.wait(timeout=10)
             raise ArmError(f"{self.label} worker exited with code {code}: {self._tail() or 'no output'}") from None
+
+    def answer(self, command: str) -> dict:
         answer = self._read()
         if "error" in answer:
             raise ArmError(f"{self.label}: {command} failed: {answer['error']}")

@@ -91,19 +91,37 @@ def _sample(arm: Arm, ops: int) -> float:
     return statistics.median(arm.request("sample", ops=ops)["times"])
 
 
+def _set_up_in_both(arms: dict, spec: dict) -> dict:
+    """Both arms build the workload at once: untimed, and starting rank pools and models is most
+    of a smoke run. Every answer is read before the first error is raised, so that neither worker
+    is left with an unread reply."""
+    for arm in arms.values():
+        arm.send("setup", spec=spec)
+    answers, error = {}, None
+    for label, arm in arms.items():
+        try:
+            answers[label] = arm.answer("setup")
+        except ArmError as e:
+            error = error or e
+    if error is not None:
+        raise error
+    return answers
+
+
 def compare(name: str, spec: dict, arms: dict[str, Arm], settings: Settings, family_size: int = 1,
             log=lambda _: None) -> Comparison:
     """Time one gated workload in both arms, interleaved, until decided or max_rounds."""
     result = Comparison(name, spec)
     start = time.perf_counter()
-    answer = arms["baseline"].request("setup", spec=spec)
-    if "not_comparable" in answer:
-        result.status, result.reason = "not comparable", f"the baseline cannot run it: {answer['not_comparable']}"
-        arms["baseline"].request("close")
+    answers = _set_up_in_both(arms, spec)
+    if "not_comparable" in answers["baseline"]:
+        result.status = "not comparable"
+        result.reason = f"the baseline cannot run it: {answers['baseline']['not_comparable']}"
+        for arm in arms.values():
+            arm.request("close")
         return result
-    answer = arms["candidate"].request("setup", spec=spec)
-    if "not_comparable" in answer:
-        raise ArmError(f"candidate: setup failed: {answer['not_comparable']}")
+    if "not_comparable" in answers["candidate"]:
+        raise ArmError(f"candidate: setup failed: {answers['candidate']['not_comparable']}")
     try:
         if settings.smoke:
             ops = 1
