@@ -8,7 +8,8 @@ installed) runs the
 workflow's `run:` steps as GitHub Actions would, `${{ ... }}` filled in and each step's `if:`
 obeyed, for both events:
 
-- a pull request: the install, correctness on the GPUs (here all skipped, with the reason), and
+- a pull request: the install, correctness on the GPUs (collected only: its tests run in
+  `make test`, and need GPUs here), and
   the A/B gate against the merge base, which is the previous commit, as a smoke run
   (`--benchmark-disable` through PYTEST_ADDOPTS: every gated workload in both arms, three rounds);
 - a push to main: the timing step twice on one benchmark (`-k`), as two pushes would store and
@@ -92,9 +93,11 @@ def clone(tmp_path_factory) -> Path:
     return tree
 
 
-def run_steps(tree: Path, event: str, extra_env: dict | None = None, only: str | None = None) -> list[tuple[str, str]]:
+def run_steps(tree: Path, event: str, extra_env: dict | None = None, only: str | None = None,
+              step_env: dict[str, dict] | None = None) -> list[tuple[str, str]]:
     """Run the job's `run:` steps for this event in `tree` (bash -e, as Actions runs them); return
-    (step name, output) of each. A failing step fails the test with its output."""
+    (step name, output) of each. A failing step fails the test with its output. `step_env`: more
+    variables for the steps whose name holds a key."""
     job = _job(tree)  # the clone's own workflow: what its commit holds
     sha = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     context = {"runner.name": RUNNER, "github.base_ref": "main", "github.sha": sha, "github.event_name": event}
@@ -108,7 +111,8 @@ def run_steps(tree: Path, event: str, extra_env: dict | None = None, only: str |
     for step in job["steps"]:
         if "run" not in step or not runs(step, event) or (only and only not in step.get("name", "")):
             continue
-        proc = subprocess.Popen(["bash", "-e", "-c", expand(step["run"], context)], cwd=tree, env=env,
+        env_here = dict(env, **next((v for k, v in (step_env or {}).items() if k in step.get("name", "")), {}))
+        proc = subprocess.Popen(["bash", "-e", "-c", expand(step["run"], context)], cwd=tree, env=env_here,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             stdout, stderr = proc.communicate(timeout=400)
@@ -141,9 +145,13 @@ def test_the_workflow_runs_what_this_repository_has():
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
 def test_a_pull_request_runs_the_gate_against_its_merge_base(clone):
-    done = run_steps(clone, "pull_request", {"PYTEST_ADDOPTS": "--benchmark-disable"})
+    # The correctness step is collected only: its commands, paths and marker expression are what
+    # could break here; its tests run in `make test`, and its GPU tests skip on this machine.
+    done = run_steps(clone, "pull_request", {"PYTEST_ADDOPTS": "--benchmark-disable"},
+                     step_env={"Correctness": {"PYTEST_ADDOPTS": "--collect-only"}})
     assert [name for name, _ in done] == ["Install (.venv with mgpu and its test extras)", "Correctness on the GPUs",
                                           "A/B gate against the merge base (pull requests)"], done
+    assert "tests collected" in done[1][1] and "correctness/test_sync_budget.py" in done[1][1], done[1][1][-2000:]
     gate = done[-1][1]
     assert "mgpu A/B gate" in gate and "SMOKE RUN" in gate, gate[-3000:]
     report = json.loads((clone / "perf-results" / "ab.json").read_text())

@@ -33,7 +33,13 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
-from scipy import stats as scipy_stats
+
+def _t():
+    """Student's t from scipy, imported when first needed: most pytest runs that load the plugin
+    judge nothing, and scipy.stats takes about 0.6 s to import."""
+    from scipy.stats import t
+
+    return t
 
 __all__ = ["Estimate", "estimate", "verdict", "settled", "holm_levels", "decide", "VERDICTS"]
 
@@ -55,7 +61,7 @@ class Estimate:
         """The ratio's (1 - 2 alpha) interval: each bound a one-sided bound at level alpha."""
         if self.rounds < 2 or not math.isfinite(self.se):
             return 0.0, math.inf
-        t = scipy_stats.t.ppf(1 - alpha, self.rounds - 1) if self.se > 0 else 0.0
+        t = _t().ppf(1 - alpha, self.rounds - 1) if self.se > 0 else 0.0
         return math.exp(self.mean_log_ratio - t * self.se), math.exp(self.mean_log_ratio + t * self.se)
 
     def to_dict(self) -> dict:
@@ -81,7 +87,7 @@ def estimate(baseline: list[float], candidate: list[float], threshold: float) ->
     elif se == 0:
         p = 0.0 if mean > _half(threshold) else 1.0
     else:
-        p = float(scipy_stats.t.sf((mean - _half(threshold)) / se, n - 1))
+        p = float(_t().sf((mean - _half(threshold)) / se, n - 1))
     return Estimate(rounds=n, mean_log_ratio=mean, se=se, p_slower=p)
 
 
