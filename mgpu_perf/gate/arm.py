@@ -44,12 +44,12 @@ class Arm:
         self.dir.mkdir(parents=True)
         shutil.copytree(PACKAGE_DIR, self.dir / "mgpu_perf", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         self.stderr_path = self.dir / "stderr.log"
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-        if os.environ.get("PYTHONPATH"):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONHOME"}
+        if env.get("PYTHONPATH"):
             # After the harness and the tree (worker.main puts those first), as the parent had it: an
             # mgpu on PYTHONPATH and not installed (make gpu-check) is the one a user's model imports.
             # Absolute, since the worker starts in the tree.
-            env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in os.environ["PYTHONPATH"].split(os.pathsep) if p)
+            env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep) if p)
         with open(self.stderr_path, "w") as err:
             try:
                 # Its own session: killing the worker's group also ends the DDP ranks it started.

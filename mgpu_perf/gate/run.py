@@ -93,30 +93,23 @@ class GateRun:
             base_tree = self.baseline.checkout() if self.baseline else self.root
         except ValueError as e:
             raise GateError(str(e)) from None
-        what = f"--ab-baseline-python {self.baseline_python} is not a Python with torch and mgpu's needs" \
-            if self.baseline_python != sys.executable else \
-            f"the baseline's mgpu ({base_tree}) cannot be imported" if self.require_mgpu else \
-            f"the baseline's worker ({base_tree}) cannot start"
+        cannot_start = {
+            "baseline": f"--ab-baseline-python {self.baseline_python} is not a Python with torch and mgpu's needs"
+            if self.baseline_python != sys.executable else
+            f"the baseline's mgpu ({base_tree}) cannot be imported" if self.require_mgpu else
+            f"the baseline's worker ({base_tree}) cannot start",
+            "candidate": "the candidate's worker cannot start"}
+        where = {"baseline": (base_tree, self.baseline_python), "candidate": (self.root, sys.executable)}
         # Both workers start at once (each imports torch and the code under test: seconds); from
         # their first answer on they work one at a time.
+        label = "baseline"
         try:
-            self.arms["baseline"] = Arm("baseline", base_tree, self.baseline_python, self.workdir,
-                                        require_mgpu=self.require_mgpu, wait=False)
+            for label, (tree, python) in where.items():
+                self.arms[label] = Arm(label, tree, python, self.workdir, require_mgpu=self.require_mgpu, wait=False)
+            for label, arm in self.arms.items():
+                arm.wait_ready()
         except ArmError as e:
-            raise GateError(f"{what}: {e}") from None
-        try:
-            self.arms["candidate"] = Arm("candidate", self.root, sys.executable, self.workdir,
-                                         require_mgpu=self.require_mgpu, wait=False)
-        except ArmError as e:
-            raise GateError(f"the candidate's worker cannot start: {e}") from None
-        try:
-            self.arms["baseline"].wait_ready()
-        except ArmError as e:
-            raise GateError(f"{what}: {e}") from None
-        try:
-            self.arms["candidate"].wait_ready()
-        except ArmError as e:
-            raise GateError(f"the candidate's worker cannot start: {e}") from None
+            raise GateError(f"{cannot_start[label]}: {e}") from None
         self.versions_seen = {label: arm.versions for label, arm in self.arms.items()}  # kept if an arm dies
 
     def compare(self, name: str, spec: dict, family_size: int) -> Comparison:
