@@ -24,8 +24,12 @@ __all__ = ["RankPool", "RankPoolError", "StrategyRankPool", "IndependentPool", "
 
 # -- one pool of rank processes, for DDP steps and for collective peers -------------------------
 
-# What the fork server imports once, before it forks any rank (see rank_context).
-SERVER_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "mgpu_perf.harness.sessions"]
+# What the fork server imports once, before it forks any rank (see rank_context). torch._dynamo:
+# DDP's constructor imports it (about 1 s of every rank's start otherwise). mgpu's modules come from
+# the tree of the process that starts the server (a baseline arm: the baseline's); a module that
+# tree lacks is skipped by multiprocessing, and the rank that needs it fails as it would anyway.
+SERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "torch.distributed.fsdp",
+                  "mgpu.strategies", "mgpu.trainer", "mgpu_perf.harness.sessions"]
 
 
 def rank_context():
