@@ -1,5 +1,5 @@
-"""Root conftest: device facts, the GPU gates (`requires_gpus(n)`, `requires_no_cuda(why)`), hypothesis
-profiles, benchmark machine info, and `--model MODULE:FUNCTION` (your model instead of mgpu's own).
+"""Root conftest: device facts, the GPU gates (`requires_gpus(n)`, `requires_no_cuda(why)`), benchmark
+machine info, and `--model MODULE:FUNCTION` (your model instead of mgpu's own).
 
 Nothing here initialises CUDA: `torch.cuda.device_count()` asks the driver (NVML) only, so
 test collection stays cheap and forked test helpers stay safe.
@@ -12,17 +12,8 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
 
 from mgpu.devices import gpu_count
-
-# -- hypothesis profiles: `ci` (chosen when CI is set) is derandomized so CI runs are repeatable.
-settings.register_profile("dev", max_examples=20, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True, print_blob=True,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
-
 
 # pytester: the plugins' own tests run them on tiny test files. mgpu_perf.plugin: installed, it is
 # already registered under this name (its pytest11 entry point); run from a checkout with

@@ -1,11 +1,21 @@
-"""Fixtures for the whole correctness suite."""
+"""Fixtures and hypothesis profiles for the whole correctness suite (the only suite that uses
+hypothesis: perf/ runs, which start pytest in subprocesses, do not import it)."""
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 from mgpu.devices import exact_gpu_math, torch_threads
+
+# -- hypothesis profiles: `ci` (chosen when CI is set) is derandomized so CI runs are repeatable.
+settings.register_profile("dev", max_examples=20, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
 @pytest.fixture(autouse=True, scope="package")

@@ -311,6 +311,7 @@ def test_the_perf_suite_times_a_users_model_with_model(tmp_path):
     out = subprocess.run([sys.executable, "-m", "pytest", "perf", "--model", "examples/tiny_lm.py:spec", "-q",
                           "-p", "no:cacheprovider", "--perf-out", str(tmp_path), "--benchmark-min-rounds", "1",
                           "--devices", "1,2", "-k", "single or manual or (interleaved and ddp)",
+                          "-p", "no:hypothesispytest",  # unused here, and its plugin imports it (1 s)
                           "--benchmark-json", str(tmp_path / "b.json")],
                          cwd=root, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]

@@ -142,12 +142,17 @@ def test_the_workflow_runs_what_this_repository_has():
         "the history must be restored before the benchmarks are compared with it"
 
 
+# The perf steps' pytest runs use no hypothesis, whose pytest plugin imports it at the end of every
+# run anyway (about 1 s of each run here): the rehearsal leaves the plugin out of them.
+NO_HYPOTHESIS = "-p no:hypothesispytest"
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
 def test_a_pull_request_runs_the_gate_against_its_merge_base(clone):
     # The correctness step is collected only: its commands, paths and marker expression are what
     # could break here; its tests run in `make test`, and its GPU tests skip on this machine.
-    done = run_steps(clone, "pull_request", {"PYTEST_ADDOPTS": "--benchmark-disable"},
+    done = run_steps(clone, "pull_request", {"PYTEST_ADDOPTS": f"--benchmark-disable {NO_HYPOTHESIS}"},
                      step_env={"Correctness": {"PYTEST_ADDOPTS": "--collect-only"}})
     assert [name for name, _ in done] == ["Install (.venv with mgpu and its test extras)", "Correctness on the GPUs",
                                           "A/B gate against the merge base (pull requests)"], done
@@ -175,7 +180,8 @@ def test_a_pull_request_runs_the_gate_against_its_merge_base(clone):
 
 @pytest.mark.timeout(300)
 def test_pushes_to_main_store_their_timings_and_compare_with_the_last_stored_run(clone):
-    one = {"PYTEST_ADDOPTS": "-k 'test_matmul_one_device and synchronised and not launch'"}
+    # One benchmark: what is checked is where the runs are stored and what they compare with.
+    one = {"PYTEST_ADDOPTS": f"-k 'test_matmul_one_device and synchronised and not launch' {NO_HYPOTHESIS}"}
     storage = clone / ".benchmarks" / RUNNER
     shutil.rmtree(storage, ignore_errors=True)
     first = run_steps(clone, "push", one, only="Time every benchmark")
