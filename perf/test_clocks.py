@@ -48,12 +48,13 @@ def test_the_perf_run_records_the_clocks_and_warns_in_its_header(pytester, tmp_p
     fake_nvidia_smi(tmp_path, monkeypatch, "0, NVIDIA H200, 345, 1980")
     pytester.makeconftest("import sys; sys.path.insert(0, %r)\nfrom perf.conftest import *  # noqa\n" % str(ROOT))
     pytester.makepyfile(test_tiny="def test_one(benchmark):\n    assert benchmark(sum, [1, 2]) == 3\n")
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--benchmark-json", str(tmp_path / "b.json"),
+    quick = ("--benchmark-max-time", "0.001", "--benchmark-min-rounds", "1")  # a second of timing each otherwise
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--benchmark-json", str(tmp_path / "b.json"), *quick,
                                            "--perf-out", str(tmp_path / "out"))
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["*GPU clocks at start: 0 NVIDIA H200 345/1980 MHz (not locked)*",
                                  "WARNING: GPU clocks are not locked*"])
-    quiet = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", "--perf-out", str(tmp_path / "out"))
+    quiet = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", "--perf-out", str(tmp_path / "out"), *quick)
     assert quiet.ret == 0 and "WARNING: GPU clocks are not locked" in quiet.stdout.str(), \
         "with -q (no header) the warning must still be printed: " + quiet.stdout.str()
     record = json.loads((tmp_path / "b.json").read_text())["machine_info"]["gpu_clocks"]

@@ -246,14 +246,21 @@ def test_the_gate_command_refuses_a_model_from_outside_the_repository(user_repo,
     assert code == 2 and "outside the repository" in err and err.count("\n") == 1, err
 
 
-def test_the_gate_command_end_to_end(user_repo, tmp_path):
-    """Once as a user runs it, both arms the same commit: not `slower`, exit 0. (A slower commit:
-    the plugin's end-to-end test; both go through the same GateRun.)"""
-    out = subprocess.run([sys.executable, "-m", "mgpu", "gate", "model.py:spec", "--baseline", "HEAD",
-                          "--max-rounds", "6", "--sample-s", "0.15", "--out", str(tmp_path)],
-                         cwd=user_repo, capture_output=True, text=True, timeout=300)
+def test_the_gate_command_end_to_end(user_repo, tmp_path, capsys, monkeypatch):
+    """Once as a user runs it (the command's main, in this process: its workers are processes of
+    their own), both arms the same commit: not `slower`, exit 0. (A slower commit: the plugin's
+    end-to-end test; both go through the same GateRun.)"""
+    from mgpu.cli import main
+
+    monkeypatch.chdir(user_repo)
+    try:
+        code = main(["gate", "model.py:spec", "--baseline", "HEAD", "--max-rounds", "6", "--sample-s", "0.15",
+                     "--out", str(tmp_path)])
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
     report = json.loads((tmp_path / "ab.json").read_text())
-    assert out.returncode == 0 and "single-1" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert code == 0 and "single-1" in out.out, out.out + out.err[-2000:]
     assert report["benchmarks"][0]["verdict"] != "slower" and report["settings"]["sample_s"] == 0.15, report
 
 
