@@ -109,6 +109,9 @@ class GateRun:
             for label, arm in self.arms.items():
                 arm.wait_ready()
         except ArmError as e:
+            for arm in self.arms.values():  # the other worker is of no use now: not waited for
+                arm.kill()
+            self.arms = {}
             raise GateError(f"{cannot_start[label]}: {e}") from None
         self.versions_seen = {label: arm.versions for label, arm in self.arms.items()}  # kept if an arm dies
 
