@@ -156,6 +156,7 @@ class FakeArm:
         self.proc = type("P", (), {"poll": staticmethod(lambda: None)})()
 
     def send(self, command, **fields):
+        self.log.append((self.label, f"send {command}"))
         self.sent = (command, fields)
 
     def answer(self, command):
@@ -206,6 +207,19 @@ def test_compare_interleaves_arms_excludes_warmup_and_checks_both():
     assert len(result.samples["baseline"]) == len(result.samples["candidate"]) == 6, "warm-up samples are excluded"
     assert [a for a, c in log if c == "check"] == ["baseline", "candidate"]
     assert [a for a, c in log if c == "close"] == ["baseline", "candidate"]
+
+
+def test_a_smoke_run_samples_both_arms_at_once_three_rounds_without_warm_up():
+    """Nothing is judged in a smoke run: it checks that each workload runs in both arms. Both
+    work on each request at once (half the wall time of taking turns on two cores)."""
+    log = []
+    result = compare("b", {"kind": "x"}, _arms(log), Settings(smoke=True, max_rounds=3))
+    samples = [(label, command) for label, command in log if command.endswith("sample")]
+    both_at_once = [("baseline", "send sample"), ("candidate", "send sample"), ("baseline", "sample"),
+                    ("candidate", "sample")]
+    assert samples == both_at_once * 3, samples
+    assert result.ops_per_sample == 1 and len(result.samples["candidate"]) == 3, result
+    assert [a for a, c in log if c == "check"] == ["baseline", "candidate"]
 
 
 def test_compare_stops_early_only_on_unchanged_and_judges_slower_on_every_round():

@@ -6,9 +6,10 @@ judged by a paired statistical test (gate/stats.py), Holm-corrected across the r
 
 Each arm is one long-lived worker process (gate/arm.py) importing the code under test from its
 own tree and the candidate's harness, so the same benchmark code times both trees.
-One arm works at a time. Per benchmark: both arms set up and warm up (untimed), then rounds
-alternate the order (A B, B A, A B, ...), each round one sample per arm (the median of a few
-operations, about `sample_s` seconds). From `min_rounds` on, every `look_every` rounds the
+One arm works at a time while timing. Per benchmark: both arms set up at once and warm up
+(untimed), then rounds alternate the order (A B, B A, A B, ...), each round one sample per arm (the
+median of a few operations, about `sample_s` seconds). A smoke run (`--benchmark-disable`: three
+rounds of one operation, judged by nothing) takes each round's samples in both arms at once. From `min_rounds` on, every `look_every` rounds the
 interval is checked at the strictest Holm level, and the benchmark stops early only when it is
 settled (stats.settled: inside half the threshold, or faster); otherwise it runs to `max_rounds`,
 where `slower` is tested once.
@@ -91,16 +92,16 @@ def _sample(arm: Arm, ops: int) -> float:
     return statistics.median(arm.request("sample", ops=ops)["times"])
 
 
-def _set_up_in_both(arms: dict, spec: dict) -> dict:
-    """Both arms build the workload at once: untimed, and starting rank pools and models is most
-    of a smoke run. Every answer is read before the first error is raised, so that neither worker
+def _in_both(arms: dict, command: str, **fields) -> dict:
+    """Both arms work on one request at once (untimed work: setup; or a smoke run's samples, which
+    nothing judges). Every answer is read before the first error is raised, so that neither worker
     is left with an unread reply."""
     for arm in arms.values():
-        arm.send("setup", spec=spec)
+        arm.send(command, **fields)
     answers, error = {}, None
     for label, arm in arms.items():
         try:
-            answers[label] = arm.answer("setup")
+            answers[label] = arm.answer(command)
         except ArmError as e:
             error = error or e
     if error is not None:
@@ -113,7 +114,7 @@ def compare(name: str, spec: dict, arms: dict[str, Arm], settings: Settings, fam
     """Time one gated workload in both arms, interleaved, until decided or max_rounds."""
     result = Comparison(name, spec)
     start = time.perf_counter()
-    answers = _set_up_in_both(arms, spec)
+    answers = _in_both(arms, "setup", spec=spec)  # starting rank pools and models: most of a smoke run
     if "not_comparable" in answers["baseline"]:
         result.status = "not comparable"
         result.reason = f"the baseline cannot run it: {answers['baseline']['not_comparable']}"
@@ -137,8 +138,12 @@ def compare(name: str, spec: dict, arms: dict[str, Arm], settings: Settings, fam
         result.ops_per_sample = ops
         strictest = settings.alpha / family_size
         for i in range(settings.max_rounds):
-            for label in round_order(i):
-                result.samples[label].append(_sample(arms[label], ops))
+            if settings.smoke:  # it checks that the workload runs in both arms: nothing is timed against anything
+                for label, answer in _in_both(arms, "sample", ops=ops).items():
+                    result.samples[label].append(statistics.median(answer["times"]))
+            else:
+                for label in round_order(i):
+                    result.samples[label].append(_sample(arms[label], ops))
             done = i + 1
             if (not settings.smoke and done >= settings.min_rounds and done < settings.max_rounds
                     and (done - settings.min_rounds) % settings.look_every == 0):
@@ -148,8 +153,7 @@ def compare(name: str, spec: dict, arms: dict[str, Arm], settings: Settings, fam
                 est = abstats.estimate(result.samples["baseline"], result.samples["candidate"], settings.threshold)
                 if abstats.settled(est, settings.threshold, strictest):
                     break
-        for label in ("baseline", "candidate"):
-            arms[label].request("check")  # wrong results fail the run, in either arm
+        _in_both(arms, "check")  # wrong results fail the run, in either arm
     finally:
         for arm in arms.values():  # each arm closed on its own: the first error is the one reported
             try:
