@@ -251,19 +251,31 @@ def test_the_gate_command_refuses_a_model_from_outside_the_repository(user_repo,
 def test_the_gate_command_end_to_end(user_repo, tmp_path, capsys, monkeypatch):
     """Once as a user runs it (the command's main, in this process: its workers are processes of
     their own), both arms the same commit: not `slower`, exit 0. (A slower commit: the plugin's
-    end-to-end test; both go through the same GateRun.)"""
+    end-to-end test; both go through the same GateRun.)
+
+    A false `slower` is allowed in up to 5 % of whole runs (alpha), and one run here on a heavily
+    loaded VM did say it (1.197 [1.128, 1.269], both arms 2x their usual step): so a `slower` is
+    retried once, and two in a row (at most 0.25 % of pairs, if the rate holds) fail the test."""
     from mgpu.cli import main
 
     monkeypatch.chdir(user_repo)
-    try:
-        code = main(["gate", "model.py:spec", "--baseline", "HEAD", "--max-rounds", "6", "--sample-s", "0.15",
-                     "--out", str(tmp_path)])
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    report = json.loads((tmp_path / "ab.json").read_text())
-    assert code == 0 and "single-1" in out.out, out.out + out.err[-2000:]
-    assert report["benchmarks"][0]["verdict"] != "slower" and report["settings"]["sample_s"] == 0.15, report
+    verdicts = []
+    for attempt in range(2):
+        out_dir = tmp_path / f"run{attempt}"
+        try:
+            code = main(["gate", "model.py:spec", "--baseline", "HEAD", "--max-rounds", "6", "--sample-s", "0.15",
+                         "--out", str(out_dir)])
+        except SystemExit as e:
+            code = e.code
+        out = capsys.readouterr()
+        report = json.loads((out_dir / "ab.json").read_text())
+        bench = report["benchmarks"][0]
+        verdicts.append((bench["verdict"], bench["ratio"], bench["interval"]))
+        assert "single-1" in out.out and report["settings"]["sample_s"] == 0.15, out.out + out.err[-2000:]
+        assert code == (1 if bench["verdict"] == "slower" else 0), (code, verdicts)
+        if bench["verdict"] != "slower":
+            break
+    assert verdicts[-1][0] != "slower", f"both arms the same commit, `slower` twice in a row: {verdicts}"
 
 
 # -- python -m mgpu bench --------------------------------------------------------------------------------
