@@ -9,10 +9,10 @@ own tree and the candidate's harness, so the same benchmark code times both tree
 One arm works at a time while timing. Per benchmark: both arms set up at once and warm up
 (untimed), then rounds alternate the order (A B, B A, A B, ...), each round one sample per arm (the
 median of a few operations, about `sample_s` seconds). A smoke run (`--benchmark-disable`: three
-rounds of one operation, judged by nothing) takes each round's samples in both arms at once. From `min_rounds` on, every `look_every` rounds the
-interval is checked at the strictest Holm level, and the benchmark stops early only when it is
-settled (stats.settled: inside half the threshold, or faster); otherwise it runs to `max_rounds`,
-where `slower` is tested once.
+rounds of one operation, judged by nothing) takes each round's samples in both arms at once. From
+`min_rounds` on, every `look_every` rounds the interval is checked at the strictest Holm level, and
+the benchmark stops early only when it is settled (stats.settled: inside half the threshold, or
+faster); otherwise it runs to `max_rounds`, where `slower` is tested once.
 
 A worker that crashes, a workload that fails or computes a wrong result in either arm raises
 ArmError: never "unchanged". A workload the baseline cannot even set up (an API the change added, a
