@@ -26,6 +26,10 @@ from mgpu.data import make_loaders
 from mgpu.run import make_optimizer_factory
 from mgpu.trainer import Trainer
 
+# The GPU workflow's correctness step selects this module by its marker, in the same run as the
+# GPU-gated properties (one pytest start instead of two).
+pytestmark = pytest.mark.sync_budget
+
 READS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__")
 STEPS = 3
 
