@@ -2,9 +2,10 @@
 pytest-benchmark's saved-run format (ab-baseline.json, ab-candidate.json: `pytest-benchmark
 compare` shows them).
 
-Verdicts: `slower` (the ratio's interval lies above 1 + threshold/2), `unchanged` (inside the
-equivalence margin), `faster`, `inconclusive` (neither: more rounds would be needed), `not
-comparable` (the baseline cannot set the workload up). Exit status 1 on `slower` (and on
+The ratio is the rounds' 20 % trimmed mean of log ratios (gate/stats.py). Verdicts: `slower` (the
+ratio's interval lies above 1 + threshold/2), `unchanged` (inside the equivalence margin),
+`faster`, `inconclusive` (neither: more rounds would be needed), `not comparable` (the baseline
+cannot set the workload up). Exit status 1 on `slower` (and on
 `inconclusive` with strict), else 0; a smoke run judges nothing.
 """
 
@@ -14,6 +15,7 @@ import json
 import math
 from pathlib import Path
 
+from mgpu_perf.gate import stats as abstats
 from mgpu_perf.gate.compare import Comparison, Settings
 
 __all__ = ["gate_exit_status", "format_table", "write_reports"]
@@ -37,7 +39,8 @@ def format_table(results: list[Comparison], settings: Settings) -> list[str]:
         interval = f"{low:.3f}-{high:.3f}" if math.isfinite(high) else "-"
         lines.append(f"{name:<44}{r.median('baseline') * 1e3:>8.1f}ms{r.median('candidate') * 1e3:>9.1f}ms"
                      f"{r.estimate.ratio:>8.3f}  {interval:<15}{len(r.samples['baseline']):>7}  {r.verdict}")
-    lines.append(f"threshold {settings.threshold:.0%}: slower = interval above {1 + settings.threshold / 2:.3f}; "
+    lines.append(f"ratio: the rounds' {abstats.TRIM:.0%} trimmed mean (Yuen's interval); "
+                 f"threshold {settings.threshold:.0%}: slower = interval above {1 + settings.threshold / 2:.3f}; "
                  f"whole-run false-alarm level {settings.alpha} (Holm)" + ("; SMOKE RUN: verdicts mean nothing"
                                                                              if settings.smoke else ""))
     return lines

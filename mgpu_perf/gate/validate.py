@@ -122,7 +122,8 @@ def one_decision(baseline: Path, candidate: Path, name: str, spec: dict, family:
     result.verdict = abstats.verdict(result.estimate, settings.threshold, level)
     low, high = result.interval()
     return {"verdict": result.verdict, "ratio": result.estimate.ratio, "interval": [low, high],
-            "rounds": len(result.samples["baseline"]), "seconds": time.perf_counter() - start}
+            "rounds": len(result.samples["baseline"]), "seconds": time.perf_counter() - start,
+            "samples": result.samples}  # every round, to replay the decision under another rule
 
 
 def whole_set(candidate: Path, baseline: Path, out: Path, settings: Settings) -> dict:
