@@ -280,6 +280,37 @@ def test_compare_stops_early_only_on_unchanged_and_judges_slower_on_every_round(
     assert abstats.verdict(slower.estimate, 0.10, 0.05) == "slower"
 
 
+def test_rounds_rotate_through_worker_pairs_and_average_their_bias():
+    """Two workers an arm whose candidate workers are biased +4 % and -4 % (what two identical
+    processes can differ by): the rounds go to pair 0, 0, 1, 1, 0, 0, ... (each pair both orders),
+    every worker sets up, warms up, checks and closes, and the biases average out to 1.00.
+    With one worker (the +4 % one) the same comparison measures the bias as a change."""
+    log = []
+    bias = {"baseline": 1.0, "baseline-2": 1.0, "candidate": 1.04, "candidate-2": 1 / 1.04}
+    arms = {arm: [FakeArm(name, log, lambda label, n: 0.1 * bias[label]) for name in (arm, f"{arm}-2")]
+            for arm in ("baseline", "candidate")}
+    settings = Settings(min_rounds=10, max_rounds=12, look_every=5, workers=2)
+    result = compare("b", {"kind": "x"}, arms, settings)
+    assert result.pairs == [0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1], result.pairs
+    assert result.estimate.ratio == pytest.approx(1.0, abs=1e-9), result.estimate
+    for worker in bias:
+        asked = [c for label, c in log if label == worker and not c.startswith("send ")]
+        assert asked[0] == "setup" and asked[-2:] == ["check", "close"], (worker, asked)
+        assert asked.count("sample") == 2 + 6, f"{worker}: 2 warm-up samples and 6 rounds, got {asked}"
+    single = compare("b", {"kind": "x"}, {k: [v[0]] for k, v in arms.items()}, Settings(min_rounds=10, max_rounds=12))
+    assert single.estimate.ratio == pytest.approx(1.04), "one worker pair: its bias is all the gate sees"
+
+
+def test_a_baseline_worker_that_cannot_set_up_makes_the_benchmark_not_comparable():
+    log = []
+    arms = {"baseline": [FakeArm("baseline", log, lambda *_: 0.1),
+                         FakeArm("baseline-2", log, lambda *_: 0.1, setup_answer={"not_comparable": "no such model"})],
+            "candidate": [FakeArm("candidate", log, lambda *_: 0.1), FakeArm("candidate-2", log, lambda *_: 0.1)]}
+    result = compare("b", {"kind": "x"}, arms, Settings(workers=2))
+    assert result.status == "not comparable" and "no such model" in result.reason, result
+    assert sorted(label for label, c in log if c == "close") == ["baseline", "baseline-2", "candidate", "candidate-2"]
+
+
 def test_a_slowdown_inside_the_unchanged_margin_but_beyond_half_the_threshold_is_not_stopped_early():
     """At threshold 5 %, a 3 % slowdown's interval lies inside the `unchanged` margin (0.952, 1.05)
     at the first look ([1.022, 1.038] here); stopping there called it `unchanged`. It must run on
@@ -402,6 +433,9 @@ BAD_GATE_INPUT = {
     "sample-s-0": (lambda tmp: dict(baseline="HEAD", sample_s="0"), "--ab-sample-s must be a number of seconds in (0, 60]"),
     "sample-s-text": (lambda tmp: dict(baseline="HEAD", sample_s="1s"),
                       "--ab-sample-s must be a number of seconds in (0, 60]"),
+    "workers-0": (lambda tmp: dict(baseline="HEAD", workers="0"), "--ab-workers must be an integer from 1 to 4"),
+    "workers-5": (lambda tmp: dict(baseline="HEAD", workers="5"), "--ab-workers must be an integer from 1 to 4"),
+    "workers-text": (lambda tmp: dict(baseline="HEAD", workers="two"), "--ab-workers must be an integer from 1 to 4"),
 }
 
 
@@ -414,7 +448,7 @@ def test_bad_gate_input_is_a_gate_error_naming_the_problem_before_anything_is_ti
     before = _worktrees()
     with pytest.raises(GateError) as raised:
         run = GateRun(parse_settings(options.get("threshold", "10"), options.get("max_rounds", "40"),
-                                     sample_s=options.get("sample_s", "0.25")),
+                                     sample_s=options.get("sample_s", "0.25"), workers=options.get("workers", "1")),
                       ROOT, options.get("baseline"), options.get("python"))
         try:
             run.start()
@@ -440,10 +474,10 @@ def test_a_revision_of_another_repository_is_named_as_not_one_of_this_repository
 
 
 def test_good_gate_options_become_the_settings():
-    settings = parse_settings("5%", "12", strict=True, sample_s="1.5")
-    assert (settings.threshold, settings.max_rounds, settings.strict, settings.smoke, settings.sample_s) == \
-        (0.05, 12, True, False, 1.5)
-    assert parse_settings().sample_s == 0.25
+    settings = parse_settings("5%", "12", strict=True, sample_s="1.5", workers="2")
+    assert (settings.threshold, settings.max_rounds, settings.strict, settings.smoke, settings.sample_s,
+            settings.workers) == (0.05, 12, True, False, 1.5, 2)
+    assert (parse_settings().sample_s, parse_settings().workers) == (0.25, 1)
     smoke = parse_settings(smoke=True)
     assert smoke.smoke and smoke.max_rounds == 3, "--benchmark-disable makes the gate a three-round smoke run"
 

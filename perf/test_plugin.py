@@ -140,12 +140,14 @@ def test_a_users_slower_forward_is_slower(pytester, user_repo, tmp_path):
     own tree; a forward 16 layers deep is `slower` (exit 1). (The same commit in both arms: the command's
     end-to-end test.)"""
     slower = pytester.runpytest_inprocess("--ab-baseline", "HEAD~1", "--ab-max-rounds", "6", "-p", "no:cacheprovider",
-                                          "--ab-sample-s", "0.1", "--perf-out", str(tmp_path / "slower"))
+                                          "--ab-sample-s", "0.1", "--ab-workers", "2",
+                                          "--perf-out", str(tmp_path / "slower"))
     report = json.loads((tmp_path / "slower" / "ab.json").read_text())
     verdicts = {b["name"]: b["verdict"] for b in report["benchmarks"]}
     assert slower.ret == 1 and verdicts == {"test_speed.py::test_step": "slower"}, (verdicts, slower.outlines[-15:])
     assert "no uncommitted changes" in report["candidate"] and "HEAD~1" in report["baseline"], report
-    assert report["settings"]["sample_s"] == 0.1, report["settings"]
+    assert (report["settings"]["sample_s"], report["settings"]["workers"]) == (0.1, 2), report["settings"]
+    assert report["benchmarks"][0]["pairs"] == [0, 0, 1, 1, 0, 0], "the rounds rotate through both worker pairs"
 
 
 def test_a_model_the_baseline_lacks_is_not_comparable_and_one_failing_in_an_arm_fails_naming_it(pytester, tmp_path):
@@ -222,6 +224,7 @@ def test_the_gate_command_names_its_cases_and_keeps_model_paths_inside_the_repos
     (["--strategies", "single"], "gate needs --baseline REF"),
     (["--baseline", "HEAD", "--max-rounds", "2"], "--max-rounds must be an integer >= 3"),
     (["--baseline", "HEAD", "--sample-s", "-1"], "--sample-s must be a number of seconds in (0, 60]"),
+    (["--baseline", "HEAD", "--workers", "0"], "--workers must be an integer from 1 to 4"),
 ])
 def test_gate_command_bad_input_is_one_line_and_exit_2(user_repo, args, message, capsys, monkeypatch):
     from mgpu.cli import main
@@ -264,7 +267,7 @@ def test_the_gate_command_end_to_end(user_repo, tmp_path, capsys, monkeypatch):
         out_dir = tmp_path / f"run{attempt}"
         try:
             code = main(["gate", "model.py:spec", "--baseline", "HEAD", "--max-rounds", "6", "--sample-s", "0.15",
-                         "--out", str(out_dir)])
+                         "--workers", "2", "--out", str(out_dir)])
         except SystemExit as e:
             code = e.code
         out = capsys.readouterr()
@@ -272,6 +275,7 @@ def test_the_gate_command_end_to_end(user_repo, tmp_path, capsys, monkeypatch):
         bench = report["benchmarks"][0]
         verdicts.append((bench["verdict"], bench["ratio"], bench["interval"]))
         assert "single-1" in out.out and report["settings"]["sample_s"] == 0.15, out.out + out.err[-2000:]
+        assert report["settings"]["workers"] == 2 and bench["pairs"] == [0, 0, 1, 1, 0, 0], (report["settings"], bench)
         assert code == (1 if bench["verdict"] == "slower" else 0), (code, verdicts)
         if bench["verdict"] != "slower":
             break

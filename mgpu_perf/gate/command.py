@@ -67,7 +67,8 @@ def run_gate_command(args, error: Callable[[str], None]) -> int:
 
     root = repository_root(Path.cwd())
     try:
-        settings = parse_settings(args.threshold, args.max_rounds, strict=args.strict, sample_s=args.sample_s)
+        settings = parse_settings(args.threshold, args.max_rounds, strict=args.strict, sample_s=args.sample_s,
+                                  workers=args.workers)
         model = model_in_repository(args.model, root)
         cases = gate_cases(model, args.strategies, args.devices, args.batch, args.input_shape, args.classes)
         run = GateRun(settings, root, args.baseline, args.baseline_python, gpu_clocks())

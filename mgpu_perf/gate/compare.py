@@ -4,8 +4,12 @@ judged by a paired statistical test (gate/stats.py), Holm-corrected across the r
     result = compare("test_step[ddp-2]", spec, {"baseline": arm_a, "candidate": arm_b}, Settings(), family_size=7)
     judge(results, settings)                 # fills verdict and level of every result
 
-Each arm is one long-lived worker process (gate/arm.py) importing the code under test from its
-own tree and the candidate's harness, so the same benchmark code times both trees.
+Each arm is one long-lived worker process (gate/arm.py), or `workers` of them, importing the code
+under test from its own tree and the candidate's harness, so the same benchmark code times both
+trees. Two identical workers differ by a bias of their own (memory layout, placement: 1-1.6 % from
+one pair of processes to the next here, docs/perf.md) that no number of rounds removes; with
+`workers` > 1 the rounds go to the arms' worker pairs in turn, two rounds each (A B, B A), so the
+pairs' biases average out.
 One arm works at a time while timing. Per benchmark: both arms set up at once and warm up
 (untimed), then rounds alternate the order (A B, B A, A B, ...), each round one sample per arm (the
 median of a few operations, about `sample_s` seconds). A smoke run (`--benchmark-disable`: three
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field
 from mgpu_perf.gate import stats as abstats
 from mgpu_perf.gate.arm import Arm, ArmError
 
-__all__ = ["Settings", "round_order", "Comparison", "compare", "judge", "ArmError"]
+__all__ = ["Settings", "round_order", "round_pair", "Comparison", "compare", "judge", "ArmError"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class Settings:
     look_every: int = 5       # rounds between looks at the interval, once min_rounds are in
     warmup: int = 2           # untimed samples per arm before the rounds
     sample_s: float = 0.25    # target duration of one sample (a whole number of operations)
+    workers: int = 1          # worker processes per arm; the rounds rotate through their pairs
     strict: bool = False      # `inconclusive` fails the run too
     smoke: bool = False       # --benchmark-disable: exercise the machinery, judge nothing
 
@@ -49,6 +54,12 @@ class Settings:
 def round_order(i: int) -> tuple[str, str]:
     """Arms of round i (from 0): A B, B A, A B, ... so neither arm always runs first."""
     return ("baseline", "candidate") if i % 2 == 0 else ("candidate", "baseline")
+
+
+def round_pair(i: int, workers: int) -> int:
+    """The worker pair of round i: two rounds each (A B, then B A), in turn, so that every pair
+    runs both orders and the pairs share the rounds evenly."""
+    return (i // 2) % workers
 
 
 # -- one benchmark, both arms ----------------------------------------------------------------------
@@ -61,6 +72,7 @@ class Comparison:
     reason: str = ""
     ops_per_sample: int = 0
     samples: dict = field(default_factory=lambda: {"baseline": [], "candidate": []})  # one per round
+    pairs: list = field(default_factory=list)  # the worker pair of each round
     seconds: float = 0.0
     estimate: abstats.Estimate | None = None
     verdict: str = ""
@@ -85,7 +97,7 @@ class Comparison:
                 "ratio": finite(self.estimate.ratio) if self.estimate else None, "interval": [low, high],
                 "level": self.level, "p_slower": self.estimate.p_slower if self.estimate else None,
                 "seconds": self.seconds,
-                "samples": self.samples}
+                "samples": self.samples, "pairs": self.pairs}
 
 
 def _sample(arm: Arm, ops: int) -> float:
@@ -93,36 +105,50 @@ def _sample(arm: Arm, ops: int) -> float:
 
 
 def _in_both(arms: dict, command: str, **fields) -> dict:
-    """Both arms work on one request at once (untimed work: setup; or a smoke run's samples, which
-    nothing judges). Every answer is read before the first error is raised, so that neither worker
-    is left with an unread reply."""
-    for arm in arms.values():
+    """Every worker given works on one request at once (untimed work: setup; or a smoke run's
+    samples, which nothing judges). `arms`: label -> a worker or a list of them; the answers come
+    back in the same shape. Every answer is read before the first error is raised, so that no
+    worker is left with an unread reply."""
+    workers = [(label, arm) for label, group in arms.items() for arm in _listed(group)]
+    for _, arm in workers:
         arm.send(command, **fields)
-    answers, error = {}, None
-    for label, arm in arms.items():
+    answers, error = {label: [] for label in arms}, None
+    for label, arm in workers:
         try:
-            answers[label] = arm.answer(command)
+            answers[label].append(arm.answer(command))
         except ArmError as e:
             error = error or e
     if error is not None:
         raise error
-    return answers
+    return {label: got if isinstance(arms[label], list) else got[0] for label, got in answers.items()}
 
 
-def compare(name: str, spec: dict, arms: dict[str, Arm], settings: Settings, family_size: int = 1,
+def _listed(group) -> list:
+    return group if isinstance(group, list) else [group]
+
+
+def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: Settings, family_size: int = 1,
             log=lambda _: None) -> Comparison:
-    """Time one gated workload in both arms, interleaved, until decided or max_rounds."""
+    """Time one gated workload in both arms, interleaved, until decided or max_rounds. `arms`:
+    "baseline" and "candidate", each a worker or a list of `settings.workers` workers."""
     result = Comparison(name, spec)
     start = time.perf_counter()
-    answers = _in_both(arms, "setup", spec=spec)  # starting rank pools and models: most of a smoke run
-    if "not_comparable" in answers["baseline"]:
+    pools = {label: _listed(group) for label, group in arms.items()}
+    if len({len(pool) for pool in pools.values()}) != 1:
+        raise ValueError(f"both arms need as many workers: {({k: len(v) for k, v in pools.items()})}")
+    answers = _in_both(pools, "setup", spec=spec)  # starting rank pools and models: most of a smoke run
+    lacking = [a["not_comparable"] for a in answers["baseline"] if "not_comparable" in a]
+    if lacking:
         result.status = "not comparable"
-        result.reason = f"the baseline cannot run it: {answers['baseline']['not_comparable']}"
-        for arm in arms.values():
-            arm.request("close")
+        result.reason = f"the baseline cannot run it: {lacking[0]}"
+        for pool in pools.values():
+            for arm in pool:
+                arm.request("close")
         return result
-    if "not_comparable" in answers["candidate"]:
-        raise ArmError(f"candidate: setup failed: {answers['candidate']['not_comparable']}")
+    failed = [a["not_comparable"] for a in answers["candidate"] if "not_comparable" in a]
+    if failed:
+        raise ArmError(f"candidate: setup failed: {failed[0]}")
+    workers = len(pools["baseline"])
     try:
         if settings.smoke:
             ops = 1
@@ -132,18 +158,21 @@ def compare(name: str, spec: dict, arms: dict[str, Arm], settings: Settings, fam
             # 10 ms step on an H200), so the samples are sized by each arm's fastest warm-up
             # operation. Sized by a median that included it, the first GPU gate took one-step
             # samples, 40 % apart (docs/gpu.md).
-            warm = {label: [_sample(arm, 1) for _ in range(max(settings.warmup, 2))] for label, arm in arms.items()}
+            warm = {label: [_sample(arm, 1) for arm in pool for _ in range(max(settings.warmup, 2))]
+                    for label, pool in pools.items()}
             op_s = statistics.fmean(min(v) for v in warm.values())
             ops = max(1, round(settings.sample_s / max(op_s, 1e-6)))
         result.ops_per_sample = ops
         strictest = settings.alpha / family_size
         for i in range(settings.max_rounds):
+            pair = round_pair(i, workers)
             if settings.smoke:  # it checks that the workload runs in both arms: nothing is timed against anything
-                for label, answer in _in_both(arms, "sample", ops=ops).items():
+                for label, answer in _in_both({k: v[pair] for k, v in pools.items()}, "sample", ops=ops).items():
                     result.samples[label].append(statistics.median(answer["times"]))
             else:
                 for label in round_order(i):
-                    result.samples[label].append(_sample(arms[label], ops))
+                    result.samples[label].append(_sample(pools[label][pair], ops))
+            result.pairs.append(pair)
             done = i + 1
             if (not settings.smoke and done >= settings.min_rounds and done < settings.max_rounds
                     and (done - settings.min_rounds) % settings.look_every == 0):
@@ -153,9 +182,9 @@ def compare(name: str, spec: dict, arms: dict[str, Arm], settings: Settings, fam
                 est = abstats.estimate(result.samples["baseline"], result.samples["candidate"], settings.threshold)
                 if abstats.settled(est, settings.threshold, strictest):
                     break
-        _in_both(arms, "check")  # wrong results fail the run, in either arm
+        _in_both(pools, "check")  # wrong results fail the run, in either arm
     finally:
-        for arm in arms.values():  # each arm closed on its own: the first error is the one reported
+        for arm in (arm for pool in pools.values() for arm in pool):  # each on its own: the first error is reported
             try:
                 if arm.proc.poll() is None:
                     arm.request("close")

@@ -41,8 +41,9 @@ def format_table(results: list[Comparison], settings: Settings) -> list[str]:
                      f"{r.estimate.ratio:>8.3f}  {interval:<15}{len(r.samples['baseline']):>7}  {r.verdict}")
     lines.append(f"ratio: the rounds' {abstats.TRIM:.0%} trimmed mean (Yuen's interval); "
                  f"threshold {settings.threshold:.0%}: slower = interval above {1 + settings.threshold / 2:.3f}; "
-                 f"whole-run false-alarm level {settings.alpha} (Holm)" + ("; SMOKE RUN: verdicts mean nothing"
-                                                                             if settings.smoke else ""))
+                 f"whole-run false-alarm level {settings.alpha} (Holm)"
+                 + (f"; {settings.workers} worker processes an arm" if settings.workers > 1 else "")
+                 + ("; SMOKE RUN: verdicts mean nothing" if settings.smoke else ""))
     return lines
 
 
@@ -81,6 +82,7 @@ def write_reports(results: list[Comparison], settings: Settings, out: Path, base
     report = {"baseline": baseline, "candidate": candidate, "versions": versions, "gpu_clocks": gpu_clocks,
               "settings": {"threshold": s.threshold, "alpha": s.alpha, "min_rounds": s.min_rounds,
                            "max_rounds": s.max_rounds, "look_every": s.look_every, "sample_s": s.sample_s,
+                           "workers": s.workers,
                            "strict": s.strict, "smoke": s.smoke, "correction": "holm"},
               "benchmarks": [r.to_dict() for r in results]}
     (out / "ab.json").write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")

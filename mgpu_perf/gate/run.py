@@ -30,10 +30,13 @@ from mgpu_perf.gate.report import gate_exit_status, write_reports
 __all__ = ["GateRun", "parse_settings", "GateError"]
 
 
+MAX_WORKERS = 4  # per arm: each holds the workload (a model, a pool of ranks) for the whole benchmark
+
+
 def parse_settings(threshold="10", max_rounds="40", strict: bool = False, smoke: bool = False,
-                   sample_s="0.25") -> Settings:
-    """The gate's settings from option text (`--ab-threshold 5%`, `--ab-max-rounds 60`, `--ab-sample-s 1`);
-    GateError naming a bad one."""
+                   sample_s="0.25", workers="1") -> Settings:
+    """The gate's settings from option text (`--ab-threshold 5%`, `--ab-max-rounds 60`, `--ab-sample-s 1`,
+    `--ab-workers 2`); GateError naming a bad one."""
     text = str(threshold).strip().rstrip("%")
     try:
         percent = float(text)
@@ -53,9 +56,15 @@ def parse_settings(threshold="10", max_rounds="40", strict: bool = False, smoke:
         raise GateError(f"--ab-sample-s must be a number of seconds in (0, 60], got {sample_s!r}") from None
     if not (math.isfinite(seconds) and 0 < seconds <= 60):
         raise GateError(f"--ab-sample-s must be a number of seconds in (0, 60], got {sample_s!r}")
+    try:
+        count = int(str(workers))
+    except ValueError:
+        raise GateError(f"--ab-workers must be an integer from 1 to {MAX_WORKERS}, got {workers!r}") from None
+    if not 1 <= count <= MAX_WORKERS:
+        raise GateError(f"--ab-workers must be an integer from 1 to {MAX_WORKERS}, got {count}")
     return Settings(threshold=percent / 100, max_rounds=3 if smoke else rounds,
                     min_rounds=min(Settings.min_rounds, rounds), strict=bool(strict), smoke=bool(smoke),
-                    sample_s=seconds)
+                    sample_s=seconds, workers=count)
 
 
 class GateRun:
@@ -79,7 +88,7 @@ class GateRun:
         self.candidate_desc = describe_candidate(self.root, self.changes)
         self.gpu_clocks = gpu_clocks or []
         self.results: list[Comparison] = []
-        self.arms: dict[str, Arm] = {}
+        self.arms: dict[str, list[Arm]] = {}  # settings.workers workers an arm
         self.versions_seen: dict = {}
         self.started = self.broken = False
         self.workdir: Path | None = None
@@ -100,20 +109,27 @@ class GateRun:
             f"the baseline's worker ({base_tree}) cannot start",
             "candidate": "the candidate's worker cannot start"}
         where = {"baseline": (base_tree, self.baseline_python), "candidate": (self.root, sys.executable)}
-        # Both workers start at once (each imports torch and the code under test: seconds); from
+        # All workers start at once (each imports torch and the code under test: seconds); from
         # their first answer on they work one at a time.
         label = "baseline"
         try:
             for label, (tree, python) in where.items():
-                self.arms[label] = Arm(label, tree, python, self.workdir, require_mgpu=self.require_mgpu, wait=False)
-            for label, arm in self.arms.items():
-                arm.wait_ready()
+                self.arms[label] = []
+                for n in range(self.settings.workers):
+                    self.arms[label].append(Arm(label if n == 0 else f"{label}-{n + 1}", tree, python, self.workdir,
+                                                require_mgpu=self.require_mgpu, wait=False))
+            for label, pool in self.arms.items():
+                for arm in pool:
+                    arm.wait_ready()
         except ArmError as e:
-            for arm in self.arms.values():  # the other worker is of no use now: not waited for
+            for arm in self._workers():  # the others are of no use now: not waited for
                 arm.kill()
             self.arms = {}
             raise GateError(f"{cannot_start[label]}: {e}") from None
-        self.versions_seen = {label: arm.versions for label, arm in self.arms.items()}  # kept if an arm dies
+        self.versions_seen = {label: pool[0].versions for label, pool in self.arms.items()}  # kept if an arm dies
+
+    def _workers(self) -> list[Arm]:
+        return [arm for pool in self.arms.values() for arm in pool]
 
     def compare(self, name: str, spec: dict, family_size: int) -> Comparison:
         """One gated workload in both arms (arms started on first use). ArmError if an arm fails."""
@@ -128,7 +144,7 @@ class GateRun:
         try:
             result = compare(name, spec, self.arms, self.settings, family_size)
         except Exception:
-            for arm in self.arms.values():  # a failed arm (or a broken exchange) leaves no state to trust
+            for arm in self._workers():  # a failed arm (or a broken exchange) leaves no state to trust
                 arm.kill()
             self.arms, self.broken = {}, True
             raise
@@ -160,7 +176,7 @@ class GateRun:
         return lines
 
     def close(self) -> None:
-        for arm in self.arms.values():
+        for arm in self._workers():
             arm.close()
         self.arms = {}
         if self.baseline is not None:

@@ -28,7 +28,7 @@ __all__ = ["ABGate"]
 def settings_from(config):
     return parse_settings(config.getoption("ab_threshold"), config.getoption("ab_max_rounds"),
                           strict=config.getoption("ab_strict"), smoke=bool(config.getoption("benchmark_disable", False)),
-                          sample_s=config.getoption("ab_sample_s"))
+                          sample_s=config.getoption("ab_sample_s"), workers=config.getoption("ab_workers"))
 
 
 class ABGate:

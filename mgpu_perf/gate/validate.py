@@ -3,6 +3,7 @@
     python -m mgpu_perf validate-gate                # the full validation (about 25 minutes on 2 cores)
     python -m mgpu_perf validate-gate --quick        # a smaller version (about 5 minutes)
     python -m mgpu_perf validate-gate --threshold 5  # the gate at --ab-threshold 5 against a 5 % slower step
+    python -m mgpu_perf validate-gate --threshold 5 --workers 2   # ... with two worker processes an arm
 
 Run it from a checkout of mgpu with nothing else on the machine; it is not part of CI. It copies
 the tree three times into a temporary folder (so the checkout may change while it runs): `same`
@@ -107,13 +108,17 @@ def one_decision(baseline: Path, candidate: Path, name: str, spec: dict, family:
     """A whole gate decision on one benchmark with fresh workers: baseline tree vs candidate tree."""
     run_dir = Path(tempfile.mkdtemp(dir=workdir))
     start = time.perf_counter()
-    arms = {}
+    arms = {"baseline": [], "candidate": []}
     try:
-        arms["baseline"] = Arm("baseline", baseline, sys.executable, run_dir, require_mgpu=True)
-        arms["candidate"] = Arm("candidate", candidate, sys.executable, run_dir, require_mgpu=True)
+        for label, tree in (("baseline", baseline), ("candidate", candidate)):
+            for n in range(settings.workers):  # all started at once, as the gate starts them
+                arms[label].append(Arm(label if n == 0 else f"{label}-{n + 1}", tree, sys.executable, run_dir,
+                                       require_mgpu=True, wait=False))
+        for arm in arms["baseline"] + arms["candidate"]:
+            arm.wait_ready()
         result = compare(name, spec, arms, settings, family_size=family)
     finally:
-        for arm in arms.values():
+        for arm in arms["baseline"] + arms["candidate"]:
             arm.close()
         shutil.rmtree(run_dir, ignore_errors=True)
     level = settings.alpha / family
@@ -131,6 +136,7 @@ def whole_set(candidate: Path, baseline: Path, out: Path, settings: Settings) ->
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pytest", "perf", "--ab-baseline", str(baseline), "-q",
                            "--ab-threshold", f"{settings.threshold * 100:g}", "--ab-max-rounds", str(settings.max_rounds),
+                           "--ab-sample-s", f"{settings.sample_s:g}", "--ab-workers", str(settings.workers),
                            "-p", "no:cacheprovider", "--perf-out", str(out)], cwd=candidate, capture_output=True,
                           text=True)
     seconds = time.perf_counter() - start
@@ -159,20 +165,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="the gate's --ab-threshold in percent, and the slowdown it must catch (default 10)")
     parser.add_argument("--max-rounds", type=int, default=Settings.max_rounds, help="the gate's --ab-max-rounds")
     parser.add_argument("--sample-s", type=float, default=Settings.sample_s, help="seconds a sample (default 0.25)")
+    parser.add_argument("--workers", type=int, default=Settings.workers, help="the gate's --ab-workers (default 1)")
     parser.add_argument("--tree", default=".", help="the checkout of mgpu to validate (default: this folder)")
     args = parser.parse_args(argv)
     runs = args.runs if args.runs is not None else (5 if args.quick else 20)
     set_runs = args.set_runs if args.set_runs is not None else (1 if args.quick else 3)
     if runs < 0 or set_runs < 0 or runs + set_runs == 0:
         parser.error("--runs and --set-runs must be at least 0, and one of them positive")
-    if not (0 < args.threshold < 100) or args.max_rounds < 3 or args.sample_s <= 0:
-        parser.error("--threshold must be in (0, 100), --max-rounds at least 3, --sample-s positive")
+    if not (0 < args.threshold < 100) or args.max_rounds < 3 or args.sample_s <= 0 or not 1 <= args.workers <= 4:
+        parser.error("--threshold must be in (0, 100), --max-rounds at least 3, --sample-s positive, --workers 1 to 4")
     from mgpu_perf.gate.baseline import is_mgpu_checkout
 
     root = Path(args.tree).resolve()
     if not is_mgpu_checkout(root):
         parser.error(f"--tree {root} is not a checkout of mgpu (validate-gate plants slowdowns in its mgpu/trainer.py)")
-    settings = Settings(threshold=args.threshold / 100, max_rounds=args.max_rounds, sample_s=args.sample_s)
+    settings = Settings(threshold=args.threshold / 100, max_rounds=args.max_rounds, sample_s=args.sample_s,
+                        workers=args.workers)
     full, half = args.threshold / 100, args.threshold / 200
     big, small = f"{args.threshold:g}% slower", f"{args.threshold / 2:g}% slower"
     out = Path(args.out)
@@ -186,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         slowed = {full: copy_tree(root, tmp / "slowed-full", full), half: copy_tree(root, tmp / "slowed-half", half)}
         kinds = {"same tree": unchanged, big: slowed[full], small: slowed[half]}
         decisions: dict[str, list[dict]] = {k: [] for k in kinds}
-        print(f"1. {name} ({spec}), {runs} runs per kind, threshold {args.threshold:g} %, judged at alpha "
+        print(f"1. {name} ({spec}), {runs} runs per kind, threshold {args.threshold:g} %, {settings.workers} worker(s) an arm, judged at alpha "
               f"{settings.alpha}/{family}", flush=True)
         for i in range(runs):
             for kind, candidate in kinds.items():
@@ -218,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     set_ok = all(as_required(r, False) for r in sets["same tree"]) and all(as_required(r, True) for r in sets[big])
     summary = {
         "benchmark": name, "spec": spec, "runs_per_kind": runs, "set_runs_per_kind": set_runs,
-        "settings": {"threshold": settings.threshold, "max_rounds": settings.max_rounds, "sample_s": settings.sample_s},
+        "settings": {"threshold": settings.threshold, "max_rounds": settings.max_rounds, "sample_s": settings.sample_s,
+                     "workers": settings.workers},
         "rates": {kind: {v: rate(ds, v) for v in ("slower", "unchanged", "inconclusive", "faster")}
                   for kind, ds in decisions.items()},
         "seconds_per_decision": {kind: sum(d["seconds"] for d in ds) / len(ds) for kind, ds in decisions.items()},
