@@ -25,7 +25,7 @@ from mgpu.errors import GateError
 from mgpu_perf.gate import stats as abstats
 from mgpu_perf.gate.arm import Arm, ArmError
 from mgpu_perf.gate.baseline import check_baseline
-from mgpu_perf.gate.compare import Comparison, Settings, compare, judge, round_order
+from mgpu_perf.gate.compare import Comparison, Settings, compare, judge, round_order, round_pair
 from mgpu_perf.gate.report import gate_exit_status
 from mgpu_perf.gate.run import GateRun, parse_settings
 from mgpu_perf.gated import gated_set
@@ -242,6 +242,31 @@ def test_samples_are_sized_by_warmed_operations_not_the_workers_first_one():
 def test_round_order_alternates_which_arm_goes_first():
     order = [label for i in range(4) for label in round_order(i)]
     assert order == ["baseline", "candidate", "candidate", "baseline"] * 2, order
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_a_worker_timed_right_after_itself_favours_neither_arm(workers):
+    """A worker's sample right after its own previous one is faster (warm caches: about 2 % here).
+    Whatever the number of worker pairs, both arms must get such samples equally often, or identical
+    trees come out different: with pairs changing at A0 | A1 only the candidate ever ran twice in a
+    row, and the same tree measured 0.987 of itself."""
+    last = {"worker": None}
+
+    def timed(label, n):
+        t = 0.1 * (0.98 if last["worker"] == label else 1.0)
+        last["worker"] = label
+        return t
+
+    arms = {arm: [FakeArm(arm if w == 0 else f"{arm}-{w + 1}", [], timed) for w in range(workers)]
+            for arm in ("baseline", "candidate")}
+    result = compare("b", {"kind": "x"}, arms, Settings(min_rounds=40, max_rounds=40, warmup=2, workers=workers))
+    assert result.estimate.ratio == pytest.approx(1.0, abs=0.0015), \
+        f"{workers} worker(s) an arm: the same tree measured {result.estimate.ratio:.4f} of itself"
+    orders = {}
+    for i in range(40):
+        orders.setdefault(round_pair(i, workers), []).append(round_order(i, workers)[0])
+    for pair, firsts in orders.items():
+        assert firsts.count("baseline") == firsts.count("candidate"), f"pair {pair} runs one order more: {firsts}"
 
 
 def test_compare_interleaves_arms_excludes_warmup_and_checks_both():
