@@ -168,9 +168,9 @@ def _add_gate_parser(commands) -> None:
     g.add_argument("--max-rounds", default="40", metavar="N", help="most rounds per benchmark (>= 3)")
     g.add_argument("--sample-s", default="0.25", metavar="SECONDS",
                    help="seconds of work in one timed sample (longer: a narrower interval, a longer run)")
-    g.add_argument("--workers", default="1", metavar="N",
-                   help="worker processes per arm, at most 4: the rounds rotate through their pairs, averaging out "
-                        "one process's bias against another (for --threshold 5: 2)")
+    g.add_argument("--workers", default="auto", metavar="N",
+                   help="worker processes per arm, 1 to 4 (auto: 2 below --threshold 10, else 1): the rounds rotate "
+                        "through their pairs, averaging out one process's bias against another")
     g.add_argument("--strict", action="store_true", help="an inconclusive benchmark fails the run too")
     g.add_argument("--out", default="perf-results", help="folder for ab.json, ab-baseline.json, ab-candidate.json")
 

@@ -39,10 +39,10 @@ def pytest_addoption(parser):
     group.addoption("--ab-sample-s", default="0.25", metavar="SECONDS",
                     help="seconds of work in one timed sample, a whole number of steps (default 0.25); longer "
                          "samples narrow the interval where steps are noisy (a GPU with unlocked clocks)")
-    group.addoption("--ab-workers", default="1", metavar="N",
-                    help="worker processes per arm (default 1, at most 4): the rounds rotate through the arms' "
-                         "worker pairs, averaging out the few-percent bias of one process against another "
-                         "(for --ab-threshold 5: 2)")
+    group.addoption("--ab-workers", default="auto", metavar="N",
+                    help="worker processes per arm, 1 to 4 (default auto: 2 below --ab-threshold 10, else 1): "
+                         "the rounds rotate through the arms' worker pairs, averaging out the bias of one "
+                         "process against another")
     group.addoption("--ab-strict", action="store_true", help="an inconclusive benchmark fails the run too")
     group.addoption("--perf-out", default=None, metavar="DIR",
                     help=f"folder for ab.json and the perf suite's outputs (default ${ENV_OUT} or {DEFAULT_OUT}/)")

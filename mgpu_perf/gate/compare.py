@@ -6,10 +6,10 @@ judged by a paired statistical test (gate/stats.py), Holm-corrected across the r
 
 Each arm is one long-lived worker process (gate/arm.py), or `workers` of them, importing the code
 under test from its own tree and the candidate's harness, so the same benchmark code times both
-trees. Two identical workers differ by a bias of their own (memory layout, placement: 1-1.6 % from
-one pair of processes to the next here, docs/perf.md) that no number of rounds removes; with
-`workers` > 1 the rounds go to the arms' worker pairs in turn, two rounds each (A B, B A), so the
-pairs' biases average out.
+trees. Two identical workers differ by a bias of their own (the process's memory layout and the
+like: an sd of 1-1.6 % from one pair of processes to the next here, docs/perf.md) that no number
+of rounds removes; with `workers` > 1 the rounds go to the arms' worker pairs in turn, two rounds
+each (round_pair, round_order), so the pairs' biases average out.
 One arm works at a time while timing. Per benchmark: both arms set up at once and warm up
 (untimed), then rounds alternate the order (A B, B A, A B, ...), each round one sample per arm (the
 median of a few operations, about `sample_s` seconds). A smoke run (`--benchmark-disable`: three
@@ -51,11 +51,19 @@ class Settings:
     smoke: bool = False       # --benchmark-disable: exercise the machinery, judge nothing
 
 
+def workers_for(threshold: float) -> int:
+    """Worker processes an arm when none is asked for: 2 below a 10 % threshold, else 1. Below 10 %
+    the T/2 margin comes near the bias of one pair of processes (docs/perf.md: at T = 5 % one worker
+    an arm caught 18/20 slowdowns of 5 %, two caught 20/20); at 10 % one pair is enough (20/20)."""
+    return 2 if threshold < 0.10 else 1
+
+
 def round_order(i: int, workers: int = 1) -> tuple[str, str]:
     """Arms of round i (from 0): A B, B A, A B, ... so neither arm always runs first, and each arm
     runs twice in a row as often as the other (B B, then A A, ...). That matters: a worker timed
-    right after its own previous sample is about 2 % faster here (caches still warm: the rounds'
-    log ratios averaged 1.7-2.5 points lower where the candidate went twice, docs/perf.md).
+    right after its own previous sample is about 1 % faster here (caches still warm: the rounds'
+    log ratios were 1.7-2.5 points apart between rounds where the baseline had gone twice and
+    rounds where the candidate had, docs/perf.md).
 
     With several worker pairs (round_pair), each pair's two rounds are A B, B A on even turns and
     B A, A B on odd ones: A0 B0 B0 A0 | B1 A1 A1 B1 | ... A plain A B, B A for every pair would put

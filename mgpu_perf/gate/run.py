@@ -24,7 +24,7 @@ from mgpu.errors import GateError
 from mgpu_perf.gate.arm import Arm, ArmError
 from mgpu_perf.gate.baseline import (Baseline, check_baseline, describe_candidate, is_mgpu_checkout,
                                      uncommitted_changes)
-from mgpu_perf.gate.compare import Comparison, Settings, compare, judge
+from mgpu_perf.gate.compare import Comparison, Settings, compare, judge, workers_for
 from mgpu_perf.gate.report import gate_exit_status, write_reports
 
 __all__ = ["GateRun", "parse_settings", "GateError"]
@@ -34,9 +34,9 @@ MAX_WORKERS = 4  # per arm: each holds the workload (a model, a pool of ranks) f
 
 
 def parse_settings(threshold="10", max_rounds="40", strict: bool = False, smoke: bool = False,
-                   sample_s="0.25", workers="1") -> Settings:
+                   sample_s="0.25", workers="auto") -> Settings:
     """The gate's settings from option text (`--ab-threshold 5%`, `--ab-max-rounds 60`, `--ab-sample-s 1`,
-    `--ab-workers 2`); GateError naming a bad one."""
+    `--ab-workers 2`; `auto`: compare.workers_for the threshold); GateError naming a bad one."""
     text = str(threshold).strip().rstrip("%")
     try:
         percent = float(text)
@@ -57,11 +57,11 @@ def parse_settings(threshold="10", max_rounds="40", strict: bool = False, smoke:
     if not (math.isfinite(seconds) and 0 < seconds <= 60):
         raise GateError(f"--ab-sample-s must be a number of seconds in (0, 60], got {sample_s!r}")
     try:
-        count = int(str(workers))
+        count = workers_for(percent / 100) if str(workers).strip() == "auto" else int(str(workers))
     except ValueError:
-        raise GateError(f"--ab-workers must be an integer from 1 to {MAX_WORKERS}, got {workers!r}") from None
+        raise GateError(f"--ab-workers must be an integer from 1 to {MAX_WORKERS} or auto, got {workers!r}") from None
     if not 1 <= count <= MAX_WORKERS:
-        raise GateError(f"--ab-workers must be an integer from 1 to {MAX_WORKERS}, got {count}")
+        raise GateError(f"--ab-workers must be an integer from 1 to {MAX_WORKERS} or auto, got {count}")
     return Settings(threshold=percent / 100, max_rounds=3 if smoke else rounds,
                     min_rounds=min(Settings.min_rounds, rounds), strict=bool(strict), smoke=bool(smoke),
                     sample_s=seconds, workers=count)

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from mgpu_perf.gate import stats as abstats
 from mgpu_perf.gate.arm import Arm
-from mgpu_perf.gate.compare import Settings, compare
+from mgpu_perf.gate.compare import Settings, compare, workers_for
 
 
 # Appended to the slowed copies' mgpu/trainer.py.
@@ -165,13 +165,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="the gate's --ab-threshold in percent, and the slowdown it must catch (default 10)")
     parser.add_argument("--max-rounds", type=int, default=Settings.max_rounds, help="the gate's --ab-max-rounds")
     parser.add_argument("--sample-s", type=float, default=Settings.sample_s, help="seconds a sample (default 0.25)")
-    parser.add_argument("--workers", type=int, default=Settings.workers, help="the gate's --ab-workers (default 1)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="the gate's --ab-workers (default: as the gate's auto, 2 below --threshold 10, else 1)")
     parser.add_argument("--tree", default=".", help="the checkout of mgpu to validate (default: this folder)")
     args = parser.parse_args(argv)
     runs = args.runs if args.runs is not None else (5 if args.quick else 20)
     set_runs = args.set_runs if args.set_runs is not None else (1 if args.quick else 3)
     if runs < 0 or set_runs < 0 or runs + set_runs == 0:
         parser.error("--runs and --set-runs must be at least 0, and one of them positive")
+    if args.workers is None:
+        args.workers = workers_for(args.threshold / 100)
     if not (0 < args.threshold < 100) or args.max_rounds < 3 or args.sample_s <= 0 or not 1 <= args.workers <= 4:
         parser.error("--threshold must be in (0, 100), --max-rounds at least 3, --sample-s positive, --workers 1 to 4")
     from mgpu_perf.gate.baseline import is_mgpu_checkout
