@@ -9,12 +9,18 @@ path of `python -m mgpu train --strategy ddp`). To fit the suite's time budget o
 instead of 64, the synthetic data resized to 14x14, 8192 training examples. Both runs use one
 fixed seed (a convergence run is too costly for many examples), and the reference run must
 itself have learnt, or "within 2 points" would say nothing. Enough epochs that the 2-rank run,
-which takes half as many steps per epoch, has converged too (after fewer it still lags by more
-than 2 points, legitimately), and the last two epochs are compared, not only the last: a 2-rank
-run whose gradient is halved (averaged over the ranks twice, the same as half the learning rate)
-still lags by far more than 2 points an epoch before the end and catches up only in the last one.
-Fewer examples, epochs, pixels or channels make the correct 2-rank run itself miss the 2 points
-(docs/perf.md, "The correctness suite's time").
+which takes half as many steps per epoch, has converged too, and the last two epochs are
+compared, not only the last. Eight epochs, not the six this test first had: on a CPU with
+AVX-512 and AMX (2026-11-24) the correct 2-rank run at seed 0 came out [0.096, 0.23, 0.24, 0.772,
+0.922, 0.956] against the reference's 0.96-0.97, 3.8 points short at epoch 5, with the same
+torch that passed on earlier machines; its early epochs at learning rate 0.2 are chaotic, and
+which epoch it recovers in depends on the CPU's rounding. Over 8 epochs the last two agreed within
+0.4 points at seeds 0, 1 and 2 there, and at seed 0 with AVX2 kernels forced
+(ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2). A run whose gradient is halved (averaged over
+the ranks twice, as half the learning rate) converged as fast there, so this test does not
+catch that: the exact-gradient properties do (test_gradients.py, test_weights.py). It catches a lasting gap, as the
+chapter's drop to 0.73 was. Fewer examples, pixels or channels make the correct 2-rank run itself
+miss the 2 points (docs/perf.md, "The correctness suite's time").
 
 The 1-device reference trains on one thread of this process while the DDP ranks train in theirs,
 side by side rather than one after the other (it would leave a core idle). Nothing in this
@@ -32,7 +38,7 @@ from correctness.helpers import DDP_DEADLINE_S, TrainJob, run_config, run_jobs_i
 from mgpu.launch import spawn
 from mgpu.run import train
 
-RUN = dict(model="resnet18", width=4, resize=14, epochs=6, train_size=8192, test_size=500, seed=0)
+RUN = dict(model="resnet18", width=4, resize=14, epochs=8, train_size=8192, test_size=500, seed=0)
 COMPARED = 2  # the last epochs whose accuracies must agree
 
 
