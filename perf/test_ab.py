@@ -116,6 +116,12 @@ def test_the_trimmed_mean_and_its_error_are_yuens_as_scipy_computes_them(rounds)
     assert df == yuen.df == rounds - 2 * int(0.2 * rounds) - 1, f"{rounds} rounds: df {df} vs scipy {yuen.df}"
 
 
+@pytest.mark.parametrize("trim", [-0.1, 0.4, 0.5])
+def test_a_trim_that_would_leave_too_few_values_is_refused(trim):
+    with pytest.raises(ValueError, match="trim must be a fraction in"):
+        abstats.trimmed_mean([0.1, 0.2, 0.3, 0.4, 0.5], trim)
+
+
 def test_below_five_rounds_nothing_is_trimmed():
     logs = [0.1, 0.3, -0.2, 0.05]
     mean, se, df = abstats.trimmed_mean(logs)

@@ -65,7 +65,7 @@ class Arm:
 
     def wait_ready(self) -> None:
         """The worker's first answer (its versions), or ArmError with the reason it cannot work.
-        `Arm(..., wait=False)` then `wait_ready()`: two workers import torch and the code at once."""
+        `Arm(..., wait=False)` then `wait_ready()`: several workers import torch and the code at once."""
         if self.versions is not None:
             return
         try:

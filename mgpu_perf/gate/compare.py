@@ -10,8 +10,9 @@ trees. Two identical workers differ by a bias of their own (the process's memory
 like: an sd of 1-1.6 % from one pair of processes to the next here, docs/perf.md) that no number
 of rounds removes; with `workers` > 1 the rounds go to the arms' worker pairs in turn, two rounds
 each (round_pair, round_order), so the pairs' biases average out.
-One arm works at a time while timing. Per benchmark: both arms set up at once and warm up
-(untimed), then rounds alternate the order (A B, B A, A B, ...), each round one sample per arm (the
+One arm works at a time while timing. Per benchmark: every worker of both arms sets up at once and
+warms up (untimed), then rounds alternate the order (A B, B A, A B, ...; with several workers an
+arm, round_order's A B, B A, B A, A B, ...), each round one sample per arm (the
 median of a few operations, about `sample_s` seconds). A smoke run (`--benchmark-disable`: three
 rounds of one operation, judged by nothing) takes each round's samples in both arms at once. From
 `min_rounds` on, every `look_every` rounds the interval is checked at the strictest Holm level, and

@@ -95,7 +95,7 @@ class GateRun:
 
     # -- arms ------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Check out the baseline and start both workers; GateError if either cannot start."""
+        """Check out the baseline and start every worker of both arms; GateError if one cannot start."""
         self.started = True
         self.workdir = Path(tempfile.mkdtemp(prefix="mgpu-ab-"))
         try:

@@ -114,10 +114,13 @@ def estimate(baseline: list[float], candidate: list[float], threshold: float, tr
 
 def trimmed_mean(values: list[float], trim: float = TRIM) -> tuple[float, float, int]:
     """(trimmed mean, Yuen's standard error, degrees of freedom) of one sample: g = floor(trim n)
-    values cut from each end; the error from the winsorised sample (those g set to the nearest kept
-    value) as sqrt((n - 1) s_w^2 / (h (h - 1))), h = n - 2g kept, with h - 1 degrees of freedom.
-    With g = 0 it is the mean, its standard error and n - 1. (scipy.stats has Yuen's test only for
-    two independent samples, `ttest_ind(trim=)`; the rounds here are paired, one log ratio each.)"""
+    values cut from each end (none below 5 values); the error from the winsorised sample (those g
+    set to the nearest kept value) as sqrt((n - 1) s_w^2 / (h (h - 1))), h = n - 2g kept, with h - 1
+    degrees of freedom. With g = 0 it is the mean, its standard error and n - 1. (scipy.stats has
+    Yuen's test only for two independent samples, `ttest_ind(trim=)`; the rounds here are paired,
+    one log ratio each.) `trim` in [0, 0.4): from 0.4 on, 5 values would keep 1 (no error to take)."""
+    if not 0 <= trim < 0.4:
+        raise ValueError(f"trim must be a fraction in [0, 0.4), got {trim}")
     n = len(values)
     if n == 0:
         return math.nan, math.inf, 0
