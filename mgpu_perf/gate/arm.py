@@ -19,7 +19,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-__all__ = ["Arm", "ArmError", "PACKAGE_DIR"]
+__all__ = ["Arm", "ArmError", "PACKAGE_DIR", "start_workers"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # mgpu_perf/, copied whole into every worker's folder
 
@@ -28,7 +28,32 @@ BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from mgpu_perf.gate.worker 
 
 
 class ArmError(RuntimeError):
-    """A worker could not start, crashed, hung, or a workload failed in it (the message says which)."""
+    """A worker could not start, crashed, hung, or a workload failed in it (the message says which).
+    `label`: the arm ("baseline" or "candidate") whose worker failed, where start_workers knows it."""
+
+    label: str = ""
+
+
+def start_workers(where: dict[str, tuple[Path, str]], count: int, workdir: Path,
+                  require_mgpu: bool = False) -> dict[str, list["Arm"]]:
+    """`count` workers for each arm, {label: (tree, python)}, all started at once (each imports torch
+    and the code under test: seconds), then each waited for. Worker n > 1 of an arm is named
+    "label-n". If one cannot start, every worker is killed and its ArmError raised, `label` set."""
+    pools: dict[str, list[Arm]] = {}
+    label = next(iter(where))
+    try:
+        for label, (tree, python) in where.items():
+            pools[label] = [Arm(label if n == 0 else f"{label}-{n + 1}", tree, python, workdir,
+                                require_mgpu=require_mgpu, wait=False) for n in range(count)]
+        for label, pool in pools.items():
+            for arm in pool:
+                arm.wait_ready()
+    except ArmError as e:
+        for arm in (arm for pool in pools.values() for arm in pool):  # the others are of no use now
+            arm.kill()
+        e.label = label
+        raise
+    return pools
 
 
 class Arm:

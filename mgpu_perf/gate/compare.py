@@ -122,15 +122,14 @@ def _sample(arm: Arm, ops: int) -> float:
     return statistics.median(arm.request("sample", ops=ops)["times"])
 
 
-def _in_both(arms: dict, command: str, **fields) -> dict:
+def _in_both(pools: dict[str, list[Arm]], command: str, **fields) -> dict[str, list[dict]]:
     """Every worker given works on one request at once (untimed work: setup; or a smoke run's
-    samples, which nothing judges). `arms`: label -> a worker or a list of them; the answers come
-    back in the same shape. Every answer is read before the first error is raised, so that no
-    worker is left with an unread reply."""
-    workers = [(label, arm) for label, group in arms.items() for arm in _listed(group)]
+    samples, which nothing judges); each arm's answers in its workers' order. Every answer is read
+    before the first error is raised, so that no worker is left with an unread reply."""
+    workers = [(label, arm) for label, pool in pools.items() for arm in pool]
     for _, arm in workers:
         arm.send(command, **fields)
-    answers, error = {label: [] for label in arms}, None
+    answers, error = {label: [] for label in pools}, None
     for label, arm in workers:
         try:
             answers[label].append(arm.answer(command))
@@ -138,11 +137,7 @@ def _in_both(arms: dict, command: str, **fields) -> dict:
             error = error or e
     if error is not None:
         raise error
-    return {label: got if isinstance(arms[label], list) else got[0] for label, got in answers.items()}
-
-
-def _listed(group) -> list:
-    return group if isinstance(group, list) else [group]
+    return answers
 
 
 def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: Settings, family_size: int = 1,
@@ -151,7 +146,7 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
     "baseline" and "candidate", each a worker or a list of `settings.workers` workers."""
     result = Comparison(name, spec)
     start = time.perf_counter()
-    pools = {label: _listed(group) for label, group in arms.items()}
+    pools = {label: group if isinstance(group, list) else [group] for label, group in arms.items()}
     if len({len(pool) for pool in pools.values()}) != 1:
         raise ValueError(f"both arms need as many workers: {({k: len(v) for k, v in pools.items()})}")
     answers = _in_both(pools, "setup", spec=spec)  # starting rank pools and models: most of a smoke run
@@ -185,7 +180,7 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
         for i in range(settings.max_rounds):
             pair = round_pair(i, workers)
             if settings.smoke:  # it checks that the workload runs in both arms: nothing is timed against anything
-                for label, answer in _in_both({k: v[pair] for k, v in pools.items()}, "sample", ops=ops).items():
+                for label, (answer,) in _in_both({k: [v[pair]] for k, v in pools.items()}, "sample", ops=ops).items():
                     result.samples[label].append(statistics.median(answer["times"]))
             else:
                 for label in round_order(i, workers):

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from mgpu.errors import GateError
-from mgpu_perf.gate.arm import Arm, ArmError
+from mgpu_perf.gate.arm import Arm, ArmError, start_workers
 from mgpu_perf.gate.baseline import (Baseline, check_baseline, describe_candidate, is_mgpu_checkout,
                                      uncommitted_changes)
 from mgpu_perf.gate.compare import Comparison, Settings, compare, judge, workers_for
@@ -109,23 +109,10 @@ class GateRun:
             f"the baseline's worker ({base_tree}) cannot start",
             "candidate": "the candidate's worker cannot start"}
         where = {"baseline": (base_tree, self.baseline_python), "candidate": (self.root, sys.executable)}
-        # All workers start at once (each imports torch and the code under test: seconds); from
-        # their first answer on they work one at a time.
-        label = "baseline"
-        try:
-            for label, (tree, python) in where.items():
-                self.arms[label] = []
-                for n in range(self.settings.workers):
-                    self.arms[label].append(Arm(label if n == 0 else f"{label}-{n + 1}", tree, python, self.workdir,
-                                                require_mgpu=self.require_mgpu, wait=False))
-            for label, pool in self.arms.items():
-                for arm in pool:
-                    arm.wait_ready()
+        try:  # all at once; from their first answer on they work one at a time
+            self.arms = start_workers(where, self.settings.workers, self.workdir, self.require_mgpu)
         except ArmError as e:
-            for arm in self._workers():  # the others are of no use now: not waited for
-                arm.kill()
-            self.arms = {}
-            raise GateError(f"{cannot_start[label]}: {e}") from None
+            raise GateError(f"{cannot_start[e.label]}: {e}") from None
         self.versions_seen = {label: pool[0].versions for label, pool in self.arms.items()}  # kept if an arm dies
 
     def _workers(self) -> list[Arm]:

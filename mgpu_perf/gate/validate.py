@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from mgpu_perf.gate import stats as abstats
-from mgpu_perf.gate.arm import Arm
+from mgpu_perf.gate.arm import start_workers
 from mgpu_perf.gate.compare import Settings, compare, workers_for
 
 
@@ -108,17 +108,13 @@ def one_decision(baseline: Path, candidate: Path, name: str, spec: dict, family:
     """A whole gate decision on one benchmark with fresh workers: baseline tree vs candidate tree."""
     run_dir = Path(tempfile.mkdtemp(dir=workdir))
     start = time.perf_counter()
-    arms = {"baseline": [], "candidate": []}
-    try:
-        for label, tree in (("baseline", baseline), ("candidate", candidate)):
-            for n in range(settings.workers):  # all started at once, as the gate starts them
-                arms[label].append(Arm(label if n == 0 else f"{label}-{n + 1}", tree, sys.executable, run_dir,
-                                       require_mgpu=True, wait=False))
-        for arm in arms["baseline"] + arms["candidate"]:
-            arm.wait_ready()
+    arms = {}
+    try:  # as the gate starts them
+        arms = start_workers({"baseline": (baseline, sys.executable), "candidate": (candidate, sys.executable)},
+                             settings.workers, run_dir, require_mgpu=True)
         result = compare(name, spec, arms, settings, family_size=family)
     finally:
-        for arm in arms["baseline"] + arms["candidate"]:
+        for arm in (arm for pool in arms.values() for arm in pool):
             arm.close()
         shutil.rmtree(run_dir, ignore_errors=True)
     level = settings.alpha / family
@@ -197,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         slowed = {full: copy_tree(root, tmp / "slowed-full", full), half: copy_tree(root, tmp / "slowed-half", half)}
         kinds = {"same tree": unchanged, big: slowed[full], small: slowed[half]}
         decisions: dict[str, list[dict]] = {k: [] for k in kinds}
-        print(f"1. {name} ({spec}), {runs} runs per kind, threshold {args.threshold:g} %, {settings.workers} worker(s) an arm, judged at alpha "
-              f"{settings.alpha}/{family}", flush=True)
+        print(f"1. {name} ({spec}), {runs} runs per kind, threshold {args.threshold:g} %, "
+              f"{settings.workers} worker(s) an arm, judged at alpha {settings.alpha}/{family}", flush=True)
         for i in range(runs):
             for kind, candidate in kinds.items():
                 d = one_decision(same, candidate, name, spec, family, tmp, settings)
