@@ -29,6 +29,7 @@ class EpochStats:
     eval_seconds: float     # evaluation time, not part of `seconds`
     images_per_sec: float   # training examples per second of `seconds`
     skipped_steps: int = 0  # steps whose update was skipped for a non-finite loss
+    rank_seconds: list[float] = field(default_factory=list)  # each rank's own training time; `seconds` is their max
 
 
 MEMORY_LABELS = (("parameters", "parameters"), ("gradients", "gradients"), ("optimizer", "optimizer state"),

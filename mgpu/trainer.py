@@ -107,14 +107,20 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(loss=f"{loss_sum / max(seen, 1):.3f}", refresh=False)
         s.synchronize()
-        # The slowest rank's wall time: the epoch is over when the last rank is done.
-        seconds = float(s.all_max(torch.tensor([time.perf_counter() - start], dtype=torch.float64)))
+        # The slowest rank's wall time: the epoch is over when the last rank is done. Every rank's own
+        # time travels in its slot of a vector summed over the ranks (one collective), so results.json
+        # shows each one beside the maximum it reports.
+        rank_seconds = torch.zeros(s.world_size, dtype=torch.float64)
+        rank_seconds[s.rank] = time.perf_counter() - start
+        rank_seconds = s.all_sum(rank_seconds).tolist()
+        seconds = max(rank_seconds)
         bar.close()
         eval_start = time.perf_counter()
         test_acc = self.evaluate()
         return EpochStats(epoch=epoch + 1, loss=loss_sum / max(seen, 1), train_acc=correct / max(seen, 1),
                           test_acc=test_acc, seconds=seconds, eval_seconds=time.perf_counter() - eval_start,
-                          images_per_sec=seen / seconds if seconds > 0 else float("nan"), skipped_steps=skipped)
+                          images_per_sec=seen / seconds if seconds > 0 else float("nan"), skipped_steps=skipped,
+                          rank_seconds=rank_seconds)
 
     def evaluate(self, loader: "BatchLoader | None" = None) -> float:
         """Accuracy over every example of the loader (default: the test set), on all devices."""
