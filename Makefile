@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: train test test-correctness perf gpu-check clean
+.PHONY: train test test-correctness test-kernels convergence perf gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,9 +16,24 @@ train: $(VENV)/.installed
 	$(PY) -m mgpu train --model resnet18 --width 16 --epochs 2 --batch-size 128 --lr 0.1 \
 		--train-size 8192 --test-size 2000 --out runs/quick
 
-# Everything CI runs: the correctness suite, and every benchmark once as a smoke test.
+# Other CPUs round differently: these switch this CPU's kernels to paths another CPU would take
+# (PyTorch's ATen kernels by ATEN_CPU_CAPABILITY, oneDNN's by ONEDNN_MAX_CPU_ISA; docs/kernels.md).
+ROUNDING_PATH := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
+KERNEL_PATHS ?= default:SSE41 avx2:AVX2 $(if $(shell grep -m1 -o avx512f /proc/cpuinfo 2>/dev/null),avx512:AVX512_CORE)
+
+# Everything CI runs: the correctness suite, every benchmark once as a smoke test, and the
+# comparisons that rounding could break (marker `rounding`) again under the generic kernels, so that
+# a test tuned to this CPU's rounding goes red here before it reaches another machine.
 test: $(VENV)/.installed
 	$(PY) -m pytest correctness perf --benchmark-disable -q
+	$(ROUNDING_PATH) $(PY) -m pytest correctness -m rounding -q -p no:cacheprovider
+
+# The whole correctness suite under every kernel path this CPU has (a few minutes each).
+test-kernels: $(VENV)/.installed
+	@for path in $(KERNEL_PATHS); do \
+		echo "== ATEN_CPU_CAPABILITY=$${path%%:*} ONEDNN_MAX_CPU_ISA=$${path##*:}"; \
+		ATEN_CPU_CAPABILITY=$${path%%:*} ONEDNN_MAX_CPU_ISA=$${path##*:} $(PY) -m pytest correctness -q -p no:cacheprovider || exit 1; \
+	done
 
 test-correctness: $(VENV)/.installed
 	$(PY) -m pytest correctness -q

@@ -1,4 +1,4 @@
-"""Root conftest: device facts, the GPU gates (`requires_gpus(n)`, `requires_no_cuda(why)`), benchmark
+"""Root conftest: device facts, the GPU gate (`requires_gpus(n)`), benchmark
 machine info, and `--model MODULE:FUNCTION` (your model instead of mgpu's own).
 
 Nothing here initialises CUDA: `torch.cuda.device_count()` asks the driver (NVML) only, so
@@ -71,18 +71,22 @@ def requires_gpus(n: int = 1):
     return lambda f: functools.reduce(lambda g, m: m(g), [*marks, skip], f)
 
 
-def requires_no_cuda(why: str):
-    """Skip when any CUDA device is present: for behaviour that exists only without CUDA (e.g.
-    DataParallel's pass-through on the CPU). `why` says what the test checks instead on GPUs."""
-    found = gpu_count()
-    return pytest.mark.skipif(found > 0, reason=f"needs a machine without CUDA (found {found} CUDA device"
-                                                f"{'s' if found != 1 else ''}): {why}")
-
-
 def pytest_report_header(config):
     n = gpu_count()
     names = ", ".join(torch.cuda.get_device_name(i) for i in range(n)) if n else "none: CPU only, devices emulated"
-    return [f"mgpu: torch {torch.__version__}, CUDA devices: {n} ({names}), CPU threads: {torch.get_num_threads()}"]
+    from mgpu.devices import comparison_kind
+
+    lines = [f"mgpu: torch {torch.__version__}, CUDA devices: {n} ({names}), CPU threads: {torch.get_num_threads()}, "
+             f"CPU kernels: {torch.backends.cpu.get_cpu_capability()} (ONEDNN_MAX_CPU_ISA "
+             f"{os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset')})"]
+    if any("correctness" in str(arg) for arg in config.args):
+        most = 3  # correctness.helpers.MOST_DEVICES (not imported here: the root conftest serves perf/ too)
+        kind = comparison_kind(most, n)
+        where = (f"on the GPUs ({n} >= {most})" if kind == "cuda" else
+                 f"everything on the CPU, one-device references included ({n} CUDA device{'s' if n != 1 else ''}, "
+                 f"fewer than the {most} the largest comparison uses)" if n else "on the CPU")
+        lines.append(f"mgpu: correctness comparisons run {where}")
+    return lines
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):

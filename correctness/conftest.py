@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+from mgpu.config import EXACT_GPU_MATH_ENV
 from mgpu.devices import exact_gpu_math, torch_threads
 
 # -- hypothesis profiles: `ci` (chosen when CI is set) is derandomized so CI runs are repeatable.
@@ -16,6 +17,20 @@ settings.register_profile("dev", max_examples=20, deadline=None,
 settings.register_profile("ci", max_examples=20, deadline=None, derandomize=True, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+@pytest.fixture(autouse=True, scope="package")
+def exact_gpu_math_in_every_process():
+    """Processes a test starts (`python -m mgpu train`, their ranks) compute with exact GPU math too:
+    they do not get the fixture below, but mgpu's runs honour MGPU_EXACT_GPU_MATH. Package-wide,
+    undone before perf/ runs, which times PyTorch's defaults."""
+    saved = os.environ.get(EXACT_GPU_MATH_ENV)
+    os.environ[EXACT_GPU_MATH_ENV] = "1"
+    yield
+    if saved is None:
+        os.environ.pop(EXACT_GPU_MATH_ENV, None)
+    else:
+        os.environ[EXACT_GPU_MATH_ENV] = saved
 
 
 @pytest.fixture(autouse=True, scope="package")
@@ -47,7 +62,17 @@ def native_cpu_conv():
 
 
 @pytest.fixture(scope="session")
-def rank_runs():
+def single_trajectory(tmp_path_factory):
+    """helpers.weights_config's single-device run step by step (helpers.reference_trajectory), once
+    per session, on the suite's COMPARISON_KIND: what test_weights compares every strategy's steps with."""
+    from correctness.helpers import reference_trajectory, weights_config
+
+    with torch_threads(1):
+        return reference_trajectory(weights_config("single"), tmp_path_factory.mktemp("trajectory"))
+
+
+@pytest.fixture(scope="session")
+def rank_runs(single_trajectory, tmp_path_factory):
     """`rank_runs(world_size)`: the suite's shared ddp and fsdp runs (helpers.spawn_rank_runs), spawned at
     most once per world size and session, on first use. A failed spawn is kept too, so that every
     test needing that world size reports it rather than spawning again."""
@@ -58,7 +83,8 @@ def rank_runs():
     def get(world_size: int):
         if world_size not in outcomes:
             try:
-                outcomes[world_size] = spawn_rank_runs(world_size)
+                outcomes[world_size] = spawn_rank_runs(world_size, single_trajectory,
+                                                       tmp_path_factory.mktemp(f"ranks{world_size}"))
             except Exception as e:
                 outcomes[world_size] = e
         outcome = outcomes[world_size]

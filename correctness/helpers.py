@@ -37,6 +37,12 @@ from mgpu.strategies import RANK_STRATEGIES, DistributedDataParallel, Manual, ge
 DDP_DEADLINE_S = 120.0
 # A test of the suite's ResNet-18 uses this width: the same architecture, (64/4)^2 = 256 times fewer multiply-adds.
 RESNET_WIDTH = 4
+# The most devices (or ranks) a comparison of the suite's training runs uses (manual over 3, ddp and fsdp on 3).
+MOST_DEVICES = 3
+# One device kind for every comparison of training runs, the one-device reference included: the GPUs when
+# there are MOST_DEVICES of them, else the CPU for all (a GPU reference against emulated CPU devices would
+# compare two kinds of hardware). The root conftest prints it in the header.
+COMPARISON_KIND = devmod.comparison_kind(MOST_DEVICES, devmod.gpu_count())
 
 
 # -- models and data ---------------------------------------------------------------------------
@@ -69,8 +75,9 @@ def sgd(lr: float = 0.1, momentum: float = 0.0, weight_decay: float = 0.0) -> Ca
 
 
 def run_config(strategy: str, devices: int = 1, **overrides) -> TrainConfig:
-    """A TrainConfig for tests: nothing written, no progress bar."""
-    settings = dict(strategy=strategy, devices=devices, out=None, progress=False)
+    """A TrainConfig for tests: nothing written, no progress bar, on the suite's COMPARISON_KIND."""
+    settings = dict(strategy=strategy, devices=devices, out=None, progress=False,
+                    device="cuda" if overrides.get("require_gpus") else COMPARISON_KIND)
     settings.update(overrides)
     return TrainConfig(**settings)
 
@@ -84,6 +91,74 @@ def weights_config(strategy: str, devices: int = 1) -> TrainConfig:
     """
     return run_config(strategy, devices, model="lenet", epochs=4, batch_size=25, train_size=40, test_size=30,
                       lr=0.05, momentum=0.9, weight_decay=1e-3, seed=7)
+
+
+# -- step by step from a shared state ------------------------------------------------------------
+# Runs of different strategies, thread counts or CPU kernels round differently, and over many steps
+# one rounding difference can flip a ReLU and move the weights far past float32 tolerance (LeNet
+# moved 4e-3 in 25 steps when only the CPU kernels changed). So runs are compared one step at a
+# time: every step of the checked run starts from the reference's state after the step before,
+# through the run's own checkpoint and --resume (weights, momentum buffers, RNG states), and ends
+# within float32 tolerance of the reference's next state. weights_config takes one step an epoch,
+# so epoch e is step e.
+
+@dataclass
+class Trajectory:
+    """The single-device reference of `cfg`, step by step: the checkpoint folder after each step and
+    the weights after each step (both indexed from step 1)."""
+    cfg: TrainConfig
+    folders: list
+    weights: list
+
+    def steps(self) -> int:
+        return len(self.weights)
+
+
+def reference_trajectory(cfg: TrainConfig, root) -> Trajectory:
+    """Training of `cfg` (single-device, as a rule), one epoch (= one step) a run, each resumed from
+    the last one's checkpoint: bitwise what one uninterrupted run computes (test_reliability_checkpoint)."""
+    import shutil
+    from pathlib import Path
+
+    from mgpu.run import train
+
+    root, folders, weights = Path(root), [], []
+    for step in range(1, cfg.epochs + 1):
+        folder = root / f"single-step{step}"
+        if folders:
+            shutil.copytree(folders[-1], folder)
+        result = train(dataclasses.replace(cfg, epochs=step, checkpoint_dir=str(folder), resume=step > 1))
+        folders.append(folder)
+        weights.append(result.state_dict)
+    return Trajectory(cfg, folders, weights)
+
+
+def stepwise_configs(reference: Trajectory, strategy: str, devices: int, root, **overrides) -> list[TrainConfig]:
+    """One config a step of `reference`: step s under `strategy` on `devices` (and `overrides`, such
+    as channels_last=True), resumed from a copy of the reference's checkpoint after step s - 1
+    (step 1: the seeded start every strategy shares)."""
+    import shutil
+    from pathlib import Path
+
+    configs = []
+    for step in range(1, reference.steps() + 1):
+        folder = Path(root) / f"{strategy}{devices}-{len(overrides)}-step{step}"
+        if step > 1:
+            shutil.copytree(reference.folders[step - 2], folder)
+        configs.append(dataclasses.replace(reference.cfg, strategy=strategy, devices=devices, epochs=step,
+                                           checkpoint_dir=str(folder) if step > 1 else None, resume=step > 1,
+                                           **overrides))
+    return configs
+
+
+def assert_stepwise_close(results: list, reference: Trajectory, what: str) -> None:
+    """Each step's weights (RunResults of stepwise_configs) within float32 tolerance of the reference's."""
+    assert len(results) == reference.steps(), f"{what}: {len(results)} steps run, {reference.steps()} expected"
+    cfg = reference.cfg
+    for step, (result, want) in enumerate(zip(results, reference.weights), start=1):
+        assert_tensors_close(result.state_dict, want, where=(
+            f"{what} vs {cfg.strategy} on {cfg.devices}: weights after step {step} of {cfg.epochs}, started from "
+            f"the reference's state after step {step - 1} (batch {cfg.batch_size}, seed {cfg.seed})"))
 
 
 def labelled_by(model: nn.Module, images: torch.Tensor, seed: int, wrong_fraction: float = 0.4) -> torch.Tensor:
@@ -209,8 +284,26 @@ def run_jobs_in_rank(jobs: list) -> list:
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
     for job in jobs:
         os.environ.update(MASTER_PORT=str(job.port), TORCHELASTIC_USE_AGENT_STORE="False")  # rank 0 hosts this store
+        if os.environ.get("RANK", "0") != "0":
+            _wait_until_listening(job.port)
         results.append(job.run())
     return results
+
+
+def _wait_until_listening(port: int, timeout_s: float = DDP_DEADLINE_S) -> None:
+    """Rank 0 ends a job later than the others (it writes the checkpoint): a rank that reaches the
+    next job's store first and finds nothing listening backs off for up to ~0.4 s (torch's TCPStore
+    client), every job. Polling every 5 ms instead cuts that; the store itself is unchanged."""
+    import socket
+    import time
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            socket.create_connection((os.environ.get("MASTER_ADDR", "127.0.0.1"), port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.005)
 
 
 def run_job_in_this_process(job):
@@ -239,28 +332,35 @@ def eval_cases(seed: int = 11) -> tuple[dict, list[EvalCase]]:
 @dataclass
 class RankRuns:
     world_size: int
-    weights: dict                # strategy (ddp, fsdp) -> RunResult of weights_config(strategy, world_size)
+    stepwise: dict               # strategy (ddp, fsdp) -> [RunResult] of stepwise_configs(the single-device trajectory)
+    weights: dict                # strategy (ddp, fsdp) -> RunResult of weights_config(strategy, world_size), uninterrupted
     weights_again: object        # the ddp run repeated (world size 2 only), for determinism
     accuracies: dict             # strategy -> evaluate() of eval_cases() under it
     resumed: dict                # strategy -> RunResult of weights_config interrupted and resumed (world size 2 only)
 
 
-def spawn_rank_runs(world_size: int) -> RankRuns:
-    """The suite's ddp and fsdp runs with `world_size` gloo ranks, in one spawn. Tests get them
+def spawn_rank_runs(world_size: int, reference: Trajectory, root) -> RankRuns:
+    """The suite's ddp and fsdp runs with `world_size` ranks (gloo on the CPU, or nccl on the GPUs:
+    COMPARISON_KIND), in one spawn: each step of `reference` (the single-device trajectory), the
+    uninterrupted run, evaluations, and (2 ranks) a repeat and an interrupted run. Tests get them
     through the session fixture `rank_runs` (correctness/conftest.py), which spawns each world
     size once."""
     state_dict, cases = eval_cases()
     import tempfile
 
+    stepwise = {s: stepwise_configs(reference, s, world_size, root) for s in RANK_STRATEGIES}
+    steps = [TrainJob(cfg) for s in RANK_STRATEGIES for cfg in stepwise[s]]
     jobs = [TrainJob(weights_config(s, world_size)) for s in RANK_STRATEGIES]
     jobs += [EvalJob(state_dict, cases, s) for s in RANK_STRATEGIES]
     if world_size == 2:
         jobs.append(TrainJob(weights_config("ddp", world_size)))
         jobs += [InterruptedJob(dataclasses.replace(weights_config(s, world_size), checkpoint_dir=tempfile.mkdtemp()))
                  for s in RANK_STRATEGIES]
-    results = spawn(run_jobs_in_rank, jobs, nprocs=world_size, deadline_s=DDP_DEADLINE_S)
-    k = len(RANK_STRATEGIES)
-    return RankRuns(world_size, dict(zip(RANK_STRATEGIES, results[:k])), results[2 * k] if world_size == 2 else None,
+    results = spawn(run_jobs_in_rank, steps + jobs, nprocs=world_size, deadline_s=DDP_DEADLINE_S)
+    by_step, results = results[:len(steps)], results[len(steps):]
+    k, n = len(RANK_STRATEGIES), reference.steps()
+    return RankRuns(world_size, {s: by_step[i * n:(i + 1) * n] for i, s in enumerate(RANK_STRATEGIES)},
+                    dict(zip(RANK_STRATEGIES, results[:k])), results[2 * k] if world_size == 2 else None,
                     dict(zip(RANK_STRATEGIES, results[k:2 * k])),
                     dict(zip(RANK_STRATEGIES, results[2 * k + 1:])) if world_size == 2 else {})
 

@@ -23,6 +23,8 @@ from correctness.helpers import (DDP_DEADLINE_S, assert_tensors_close, make_mode
                                  syncbn_gradients_in_rank)
 from mgpu.launch import spawn
 
+pytestmark = pytest.mark.rounding  # the rounding-sensitive part: make test runs it under other CPU kernels too
+
 # torch.testing.assert_close's float32 defaults: the tolerance the matching tests use.
 RTOL, ATOL = 1.3e-6, 1e-5
 

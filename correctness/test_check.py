@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from conftest import requires_gpus
+from correctness.helpers import COMPARISON_KIND
 from mgpu.cli import main
 from mgpu.config import CheckOptions
 from mgpu.errors import CheckTimeout, ParityError, SpecError
@@ -25,7 +26,7 @@ from mgpu.strategies import Manual
 from mgpu.strategies.base import micro_batches
 
 MODELS = "correctness/check_models.py"
-MANUAL_2 = CheckOptions(strategies=("manual",), devices=(2,), step_timeout=30)
+MANUAL_2 = CheckOptions(strategies=("manual",), devices=(2,), step_timeout=30, device=COMPARISON_KIND)
 
 
 def check(name: str, options: CheckOptions = MANUAL_2):
@@ -337,5 +338,5 @@ def test_the_float32_reference_runs_on_the_checked_runs_first_device(monkeypatch
     from mgpu.parity import check as check_module
 
     assert check_module.run_device(2) == torch.device("cpu")  # no GPUs here: emulated on the CPU
-    monkeypatch.setattr(check_module, "devices", lambda n: [torch.device(f"cuda:{i}") for i in range(n)])
+    monkeypatch.setattr(check_module, "devices", lambda n, kind="auto": [torch.device(f"cuda:{i}") for i in range(n)])
     assert check_module.run_device(2) == torch.device("cuda:0")

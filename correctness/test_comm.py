@@ -21,7 +21,9 @@ def test_split_batch_shards_concatenate_back_in_order(bn, seed):
     X, y = torch.rand(b, 1, 4, 4, generator=g), torch.arange(b)
     Xs, ys = split_batch(X, y, devices(n))
     assert len(Xs) == len(ys) == n, f"{n} devices must give {n} shards, got {len(Xs)}"
-    assert torch.equal(torch.cat(Xs), X) and torch.equal(torch.cat(ys), y), f"shards of B={b} over n={n} lost order"
+    # .cpu(): beside GPUs devices(n) puts the shards on them
+    assert torch.equal(torch.cat([s.cpu() for s in Xs]), X) and torch.equal(torch.cat([s.cpu() for s in ys]), y), \
+        f"shards of B={b} over n={n} lost order"
     sizes = [s.shape[0] for s in Xs]
     assert max(sizes) - min(sizes) <= 1, f"shard sizes {sizes} differ by more than one"
     assert min(sizes) >= 1, f"an empty shard in {sizes} although B={b} >= n={n}"

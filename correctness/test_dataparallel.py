@@ -12,15 +12,15 @@ import dataclasses
 
 import pytest
 
-from conftest import requires_gpus, requires_no_cuda
+from conftest import requires_gpus
 from correctness.helpers import assert_tensors_close, weights_config
 from mgpu.run import train
 
 
-@requires_no_cuda("with CUDA, dataparallel really scatters over GPUs (test_weights checks it)")
 @pytest.mark.parametrize("n", [2, 3])
-def test_dataparallel_without_cuda_is_exactly_the_single_device_run(n):
-    cfg = weights_config("single")
+def test_dataparallel_on_the_cpu_is_exactly_the_single_device_run(n):
+    # --device cpu: on the CPU beside GPUs too (with CUDA, the GPU runs are test_weights' and the next test's).
+    cfg = dataclasses.replace(weights_config("single"), device="cpu")
     single = train(cfg)
     passthrough = train(dataclasses.replace(cfg, strategy="dataparallel", devices=n))
     where = f"dataparallel asked for {n} devices without CUDA vs single"
@@ -37,7 +37,7 @@ def test_dataparallel_without_cuda_is_exactly_the_single_device_run(n):
 def test_dataparallel_on_exactly_one_gpu_equals_the_single_gpu_run():
     """`nn.DataParallel(device_ids=[0])` calls the module directly (nothing to scatter): with TF32 off
     (the autouse fixture) the weights, losses and accuracies equal the single-GPU run's."""
-    cfg = dataclasses.replace(weights_config("single"), require_gpus=True)
+    cfg = dataclasses.replace(weights_config("single"), device="cuda")
     single = train(cfg)
     one_gpu = train(dataclasses.replace(cfg, strategy="dataparallel", devices=1))
     assert "cuda" in one_gpu.devices and "cuda" in single.devices, (one_gpu.devices, single.devices)

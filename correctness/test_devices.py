@@ -70,9 +70,85 @@ def test_demanding_more_real_gpus_than_exist_is_an_error(monkeypatch):
         devmod.devices(2, require_gpus=True)
 
 
-def test_synchronize_is_a_noop_on_cpu():
-    devmod.synchronize([torch.device("cpu")] * 3)  # must neither fail nor initialise CUDA
-    assert not torch.cuda.is_initialized()
+# -- placement: pure rules, pinned against simulated GPU counts (0, 1, 2, 8) ---------------------------
+
+CPU, CUDA = torch.device("cpu"), lambda i: torch.device(f"cuda:{i}")
+
+
+@pytest.mark.parametrize("gpus, n, auto, emulated", [
+    (0, 1, [CPU], False), (0, 3, [CPU] * 3, True),
+    (1, 1, [CUDA(0)], False), (1, 2, [CPU] * 2, True),  # one GPU: two devices go to the CPU, both of them
+    (2, 2, [CUDA(0), CUDA(1)], False), (2, 3, [CPU] * 3, True),
+    (8, 3, [CUDA(0), CUDA(1), CUDA(2)], False), (8, 8, [CUDA(i) for i in range(8)], False),
+])
+def test_place_auto_takes_gpus_only_when_there_is_one_per_device(gpus, n, auto, emulated):
+    got = devmod.place(n, gpus, "auto")
+    assert got == auto and got.emulated == emulated, f"{n} devices beside {gpus} GPUs: {got!r} (emulated {got.emulated})"
+    cpu = devmod.place(n, gpus, "cpu")
+    assert cpu == [CPU] * n and cpu.emulated == (n > 1), f"--device cpu beside {gpus} GPUs: {cpu!r}"
+
+
+@pytest.mark.parametrize("gpus, n", [(0, 1), (1, 2), (2, 3), (8, 9)])
+def test_place_cuda_refuses_fewer_gpus_than_devices(gpus, n):
+    with pytest.raises(DeviceError, match=rf"^{n} GPU\(s\) demanded but {gpus} CUDA device\(s\) found$"):
+        devmod.place(n, gpus, "cuda")
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 2, 8])
+def test_ranks_get_nccl_with_a_gpu_each_else_gloo_on_the_cpu_for_all(gpus):
+    for world in (1, 2, 3, 8):
+        placed = [devmod.rank_placement(r, world, gpus) for r in range(world)]
+        if gpus >= world:
+            assert placed == [(CUDA(r), "nccl") for r in range(world)], f"{world} ranks beside {gpus} GPUs: {placed}"
+        else:  # never two ranks on one GPU, never nccl and gloo ranks in one group
+            assert placed == [(CPU, "gloo")] * world, f"{world} ranks beside {gpus} GPUs: {placed}"
+        assert [devmod.rank_placement(r, world, gpus, "cpu") for r in range(world)] == [(CPU, "gloo")] * world
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 2, 8])
+def test_a_comparison_runs_on_one_device_kind(gpus):
+    """Its one-device reference and its multi-device runs all on the GPUs, or all on the CPU."""
+    for most in (1, 2, 3, 8):
+        kind = devmod.comparison_kind(most, gpus)
+        assert kind == ("cuda" if gpus >= most else "cpu"), f"up to {most} devices beside {gpus} GPUs: {kind}"
+        kinds = {d.type for n in range(1, most + 1) for d in devmod.place(n, gpus, kind)}
+        assert len(kinds) == 1, f"up to {most} devices beside {gpus} GPUs: the runs span {kinds}"
+
+
+def test_two_ranks_given_one_gpu_of_one_host_are_found_before_nccl():
+    assert devmod.shared_gpus([("a", "cuda 0"), ("b", "cuda 0")]) == [], "one GPU on each of two hosts is fine"
+    assert devmod.shared_gpus([("a", "cpu"), ("a", "cpu")]) == [], "gloo ranks share the CPU"
+    assert devmod.shared_gpus([("a", "cuda 0"), ("a", "cuda 1"), ("a", "cuda 0")]) == [(0, 2, "cuda 0")]
+
+
+def test_devices_follows_the_kind_and_refuses_a_contradiction(monkeypatch):
+    monkeypatch.setattr(devmod, "gpu_count", lambda: 1)
+    assert devmod.devices(1) == [CUDA(0)] and devmod.devices(1, kind="cpu") == [CPU]
+    with pytest.raises(ConfigError, match="contradict"):
+        devmod.devices(1, require_gpus=True, kind="cpu")
+
+
+def test_cli_device_cpu_and_exact_gpu_math_reach_the_run(tmp_path, capsys):
+    from mgpu.cli import main
+
+    code = main(["train", "--strategy", "manual", "--devices", "2", "--device", "cpu", "--exact-gpu-math",
+                 "--model", "lenet", "--epochs", "1", "--batch-size", "32", "--train-size", "64", "--test-size", "16",
+                 "--no-progress", "--out", str(tmp_path)])
+    assert code == 0
+    import json
+
+    config = json.loads((tmp_path / "results.json").read_text())["config"]
+    assert (config["device"], config["exact_gpu_math"]) == ("cpu", True), config
+    assert capsys.readouterr().out.strip().endswith("on [cpu (emulated 0), cpu (emulated 1)]")
+
+
+def test_synchronize_is_a_noop_on_cpu(monkeypatch):
+    # No CUDA call for CPU devices, beside GPUs too (where an earlier test may have initialised CUDA).
+    def no_cuda(*args):
+        raise AssertionError(f"torch.cuda.synchronize{args} called for CPU devices")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", no_cuda)
+    devmod.synchronize([torch.device("cpu")] * 3)
 
 
 @requires_gpus(1)

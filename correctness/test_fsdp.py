@@ -10,6 +10,7 @@ process (helpers.run_job_in_this_process): FSDP's code paths, without a spawn.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import pytest
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 from correctness.check_models import TiedLM
-from correctness.helpers import TrainJob, assert_tensors_close, run_config, run_job_in_this_process
+from correctness.helpers import COMPARISON_KIND, TrainJob, assert_tensors_close, run_config, run_job_in_this_process, weights_config
 from mgpu import checkpoint
 from mgpu.config import CheckOptions
 from mgpu.launch import free_port
@@ -51,32 +52,38 @@ def test_tied_layers_stay_with_the_root_so_the_tie_survives():
         "the embedding and the output layer share one weight: sharded apart, FSDP would keep two copies")
 
 
+@pytest.mark.rounding
 @pytest.mark.multiprocess
 def test_fsdp_keeps_tied_weights_tied_and_matches_single_device():
     report = run_check(load_spec("correctness/check_models.py:tied_lm"),
-                       CheckOptions(strategies=("fsdp",), devices=(2,), step_timeout=30))
+                       CheckOptions(strategies=("fsdp",), devices=(2,), step_timeout=30, device=COMPARISON_KIND))
     results = {r.name: r for r in report.results}
     assert results["ties"].status == "pass", results["ties"]
     assert not report.failures, [(r.name, r.first_divergence) for r in report.failures]
 
 
+@pytest.mark.rounding
 def test_fsdp_checkpoint_has_every_strategys_layout_and_resumes_from_a_single_device_one(tmp_path):
     """The full state, gathered by torch's helpers, keyed as Optimizer.state_dict() keys it: a
     checkpoint of fsdp and one of single hold the same tensors under the same keys, and a single
-    device's checkpoint resumes under fsdp."""
+    device's checkpoint resumes under fsdp. One step an epoch (weights_config), so that each
+    comparison is one step from a shared state (test_weights says why)."""
     single_dir, fsdp_dir = tmp_path / "single", tmp_path / "fsdp"
-    train(run_config("single", checkpoint_dir=str(single_dir), **{**TINY, "epochs": 1}))
-    run_job_in_this_process(TrainJob(run_config("fsdp", checkpoint_dir=str(fsdp_dir), **{**TINY, "epochs": 1})))
+    one_epoch = dataclasses.replace(weights_config("single"), epochs=1)
+    train(dataclasses.replace(one_epoch, checkpoint_dir=str(single_dir)))
+    run_job_in_this_process(TrainJob(dataclasses.replace(one_epoch, strategy="fsdp", checkpoint_dir=str(fsdp_dir))))
     single, fsdp = checkpoint.load(single_dir), checkpoint.load(fsdp_dir)
     assert_tensors_close(fsdp["model"], single["model"], where="fsdp (one rank) vs single: checkpointed weights")
     assert fsdp["optimizer"]["param_groups"] == single["optimizer"]["param_groups"]
     assert fsdp["optimizer"]["state"].keys() == single["optimizer"]["state"].keys()
     for i, state in single["optimizer"]["state"].items():
         assert_tensors_close(fsdp["optimizer"]["state"][i], state, where=f"optimizer state of parameter {i}")
-    resumed = run_job_in_this_process(TrainJob(run_config("fsdp", checkpoint_dir=str(single_dir), resume=True, **TINY)))
-    uninterrupted = train(run_config("single", **TINY))
+    two_epochs = dataclasses.replace(one_epoch, epochs=2)
+    resumed = run_job_in_this_process(TrainJob(dataclasses.replace(two_epochs, strategy="fsdp",
+                                                                   checkpoint_dir=str(single_dir), resume=True)))
+    uninterrupted = train(two_epochs)
     assert_tensors_close(resumed.state_dict, uninterrupted.state_dict,
-                         where="epoch 1 single, epoch 2 resumed under fsdp, vs 2 epochs single")
+                         where="step 1 single, step 2 resumed under fsdp, vs 2 steps single")
 
 
 def test_bf16_under_fsdp_computes_in_bf16_and_keeps_fp32_weights_and_gradients():

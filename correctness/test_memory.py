@@ -51,5 +51,5 @@ def test_peak_allocated_counts_from_the_strategys_setup_not_from_the_process_sta
 
     earlier = torch.empty(2**30, dtype=torch.uint8, device="cuda:0")  # 1 GiB, freed before the run
     del earlier
-    result = train(dataclasses.replace(weights_config("single"), require_gpus=True))
+    result = train(dataclasses.replace(weights_config("single"), device="cuda"))
     assert 0 < result.memory["peak_allocated"] < 2**29, f"peak {result.memory['peak_allocated']} bytes: not reset at setup"

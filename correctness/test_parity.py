@@ -20,11 +20,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from correctness.draws import seeds
+from correctness.helpers import COMPARISON_KIND
 from mgpu.parity import CheckOptions, check_data_parallel, run_check
 from mgpu.spec import ModelSpec, builtin_spec
 from mgpu.strategies import RANK_STRATEGIES
 
-pytestmark = pytest.mark.parity
+pytestmark = [pytest.mark.parity, pytest.mark.rounding]
 
 IN_PROCESS = ("manual", "dataparallel")
 EXACT_CHECKS = ("gradients", "weights", "optimizer", "statistics", "uneven", "accumulate")
@@ -119,7 +120,7 @@ def test_in_process_strategies_match_single_device(case, exact_or_skip, fewest_e
     @settings(max_examples=case.examples)
     @given(options=check_options(fewest_examples, max_batch=16 * fewest_examples))
     def prop(options):
-        report = check_data_parallel(case.spec, **options)  # ParityError: the first divergence
+        report = check_data_parallel(case.spec, **options, device=COMPARISON_KIND)  # ParityError: the first divergence
         _assert_checked(report, f"{case.spec.name}, {options['strategies'][0]} on {options['devices'][0]} devices")
 
     prop()
@@ -135,7 +136,8 @@ def test_rank_strategies_match_single_device(case, rank_strategy, exact_or_skip,
     single-device run."""
     sizes = case.world_sizes[rank_strategy]
     batch = max(CheckOptions().batch_size, max(sizes) * CheckOptions().accumulate * fewest_examples)
-    report = check_data_parallel(case.spec, strategies=(rank_strategy,), devices=sizes, batch_size=batch)
+    report = check_data_parallel(case.spec, strategies=(rank_strategy,), devices=sizes, batch_size=batch,
+                                 device=COMPARISON_KIND)
     _assert_checked(report, f"{case.spec.name} under {rank_strategy} on {sizes} ranks")
     for check in ("start", "replicas") + (("ties",) if any(r.name == "ties" for r in report.results) else ()):
         ran = [r for r in report.results if r.name == check]

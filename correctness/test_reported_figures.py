@@ -44,6 +44,8 @@ from mgpu.strategies import get_strategy
 from mgpu.run import train
 from mgpu.trainer import Trainer
 
+pytestmark = pytest.mark.rounding  # the rounding-sensitive part: make test runs it under other CPU kernels too
+
 DELAY_MS = 2000  # how long rank 1 of the DDP run sleeps in its first step (FAULT_ENV, kind=delay)
 
 # 1024 training examples in global batches of 32 (shards of 11, 11, 10 over 3 devices), images

@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mgpu.config import (AMP_MODES, CHECK_STRATEGIES, DATA_NAMES, MODEL_NAMES, NONFINITE_POLICIES, RESHARD_MODES,
+from mgpu.config import (AMP_MODES, CHECK_STRATEGIES, DATA_NAMES, DEVICE_KINDS, EXACT_GPU_MATH_ENV, MODEL_NAMES, NONFINITE_POLICIES, RESHARD_MODES,
                          SHARD_MODES, STRATEGY_NAMES, CheckOptions, TrainConfig)
 from mgpu.errors import ConfigError, LaunchError, MgpuError, NonFiniteLossError
 
@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--devices", type=_int, default=d.devices,
                    help="devices (replicas, or ranks for ddp and fsdp); emulated on the CPU when GPUs are short")
     t.add_argument("--require-gpus", action="store_true", help="fail instead of emulating missing GPUs")
+    t.add_argument("--device", metavar=_one_of(DEVICE_KINDS), default=d.device,
+                   help="auto: GPUs when there are --devices of them, else the CPU; cpu: the CPU even beside GPUs; "
+                        "cuda: GPUs or an error (as --require-gpus)")
+    t.add_argument("--exact-gpu-math", action="store_true",
+                   help=f"TF32 off and cuDNN's deterministic algorithms in every process of the run, for results "
+                        f"another run can be compared with (also: {EXACT_GPU_MATH_ENV}=1); no effect on the CPU")
     t.add_argument("--epochs", type=_int, default=d.epochs)
     t.add_argument("--batch-size", type=_int, default=d.batch_size, help="global batch size")
     t.add_argument("--lr", type=_float, default=d.lr, help="learning rate")
@@ -239,6 +245,9 @@ def _add_check_parser(commands) -> None:
                    help=f"strategies to check, from {','.join(CHECK_STRATEGIES)}")
     c.add_argument("--devices", default=",".join(map(str, d.devices)), metavar="N[,N...]",
                    help="device counts (emulated on the CPU when GPUs are short)")
+    c.add_argument("--device", metavar=_one_of(DEVICE_KINDS), default=d.device,
+                   help="auto: GPUs when there are enough for a device count, else the CPU; cpu: every run on the CPU; "
+                        "cuda: GPUs or an error")
     c.add_argument("--batch-size", type=_int, default=d.batch_size, help="global batch size of each step")
     c.add_argument("--steps", type=_int, default=d.steps, help="optimizer steps per run")
     c.add_argument("--seed", type=_int, default=d.seed)
@@ -263,7 +272,7 @@ def _check_main(parser: argparse.ArgumentParser, args) -> int:
         options = CheckOptions(strategies=tuple(p.strip() for p in args.strategies.split(",") if p.strip()),
                                devices=int_list(args.devices, "devices"), batch_size=args.batch_size,
                                steps=args.steps, seed=args.seed, accumulate=args.accumulate,
-                               step_timeout=args.step_timeout).validate()
+                               step_timeout=args.step_timeout, device=args.device).validate()
     except ConfigError as e:
         parser.error(_one_line(e))
     if args.json is not None:

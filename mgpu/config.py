@@ -17,6 +17,8 @@ MODEL_NAMES = ("resnet18", "lenet")
 DATA_NAMES = ("synthetic", "fashion-mnist")
 NONFINITE_POLICIES = ("error", "skip")
 AMP_MODES = ("off", "bf16")
+DEVICE_KINDS = ("auto", "cpu", "cuda")  # GPUs when there are enough else the CPU | the CPU always | GPUs or an error
+EXACT_GPU_MATH_ENV = "MGPU_EXACT_GPU_MATH"  # "1": every run (CLI, ranks) computes with exact_gpu_math, as --exact-gpu-math
 SHARD_MODES = ("block", "model")   # fsdp: a fully_shard per block, then the root; or the root only
 RESHARD_MODES = ("on", "off")      # fsdp: free the gathered parameters after forward (gather again in backward)
 
@@ -26,6 +28,8 @@ class TrainConfig:
     strategy: str = "single"          # how the work is spread: single | manual | dataparallel | ddp | fsdp
     devices: int = 1                  # devices (replicas for manual, processes for ddp and fsdp); emulated on CPU if GPUs are short
     require_gpus: bool = False        # fail instead of emulating when fewer GPUs than `devices` exist
+    device: str = "auto"              # auto | cpu | cuda: where the devices are (mgpu.devices.place)
+    exact_gpu_math: bool = False      # TF32 off and cuDNN deterministic in every process of the run (GPUs only)
     epochs: int = 10                  # passes over the training set
     batch_size: int = 256             # global batch: split over the devices, never per device
     lr: float = 0.1                   # SGD learning rate for the mean loss of a global batch
@@ -62,6 +66,9 @@ class TrainConfig:
         _choice("data", self.data, DATA_NAMES)
         _choice("on_nonfinite", self.on_nonfinite, NONFINITE_POLICIES)
         _choice("amp", self.amp, AMP_MODES)
+        _choice("device", self.device, DEVICE_KINDS)
+        if self.require_gpus and self.device == "cpu":
+            raise ConfigError("require_gpus (--require-gpus) and device cpu (--device cpu) contradict each other: give one")
         _choice("shard", self.shard, SHARD_MODES)
         _choice("reshard_after_forward", self.reshard_after_forward, RESHARD_MODES)
         for name in ("devices", "epochs", "batch_size", "width", "accumulate"):
@@ -145,8 +152,10 @@ class CheckOptions:
     lr: float = 0.05               # the default optimizer (when the spec brings none): SGD with momentum
     momentum: float = 0.9
     weight_decay: float = 1e-3
+    device: str = "auto"           # auto | cpu | cuda: where every run of the check goes (mgpu.devices.place)
 
     def validate(self) -> "CheckOptions":
+        _choice("device", self.device, DEVICE_KINDS)
         for name in ("batch_size", "steps", "accumulate"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

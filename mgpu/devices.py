@@ -6,7 +6,9 @@
 
 On a machine with fewer GPUs than asked for, `devices(n)` emulates n devices on the CPU: n model
 replicas (manual strategy) or n processes (DDP) that share the CPU. The numbers are right, the
-speed is the CPU's. Pass `require_gpus=True` to make a missing GPU an error instead.
+speed is the CPU's. Pass `require_gpus=True` to make a missing GPU an error instead, and
+`kind="cpu"` to keep every device on the CPU beside GPUs (`--device cpu`). The rules are pure
+functions of the GPU count (`place`, `rank_placement`, `comparison_kind`).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import os
 
 import torch
 
+from mgpu.config import DEVICE_KINDS
 from mgpu.errors import ConfigError, DeviceError
 
-__all__ = ["DeviceList", "try_gpu", "try_all_gpus", "devices", "gpu_count", "synchronize", "describe",
+__all__ = ["DeviceList", "DEVICE_KINDS", "try_gpu", "try_all_gpus", "place", "devices", "rank_placement", "shared_gpus",
+           "comparison_kind", "gpu_count", "synchronize", "describe",
            "usable_cores", "torch_threads", "exact_gpu_math", "set_exact_gpu_math", "keep_freed_memory", "to_device", "supports_bf16", "check_fits"]
 
 
@@ -55,23 +59,71 @@ def try_all_gpus() -> DeviceList:
     return DeviceList(torch.device(f"cuda:{i}") for i in range(n))
 
 
-def devices(n: int, require_gpus: bool = False) -> DeviceList:
-    """n devices: n real GPUs when there are that many, else n emulated devices on the CPU.
+def place(n: int, gpus: int, kind: str = "auto") -> DeviceList:
+    """The n devices a run of n gets on a machine with `gpus` CUDA devices: a pure rule, the same
+    for every strategy (tested against simulated GPU counts, correctness/test_devices.py).
 
-    Raises ConfigError for n < 1, and DeviceError when `require_gpus` is set and fewer than n
-    GPUs exist.
+    kind "auto": n GPUs when there are that many, else n emulated devices on the CPU;
+    "cpu": n devices on the CPU whatever the GPUs (what a comparison with a CPU run needs);
+    "cuda": n GPUs, a DeviceError when there are fewer.
     """
     if not isinstance(n, int) or isinstance(n, bool):
         raise ConfigError(f"number of devices must be an integer, got {n!r}")
     if n < 1:
         raise ConfigError(f"number of devices must be at least 1, got {n}")
-    available = gpu_count()
-    if available >= n:
-        return DeviceList((torch.device(f"cuda:{i}") for i in range(n)), emulated=False)
-    if require_gpus:
-        raise DeviceError(f"{n} GPU(s) demanded but {available} CUDA device(s) found")
-    # One CPU device needs no emulation; two or more are replicas sharing the CPU.
-    return DeviceList([torch.device("cpu")] * n, emulated=n > 1)
+    if kind not in DEVICE_KINDS:
+        raise ConfigError(f"device kind must be one of {', '.join(DEVICE_KINDS)}, got {kind!r}")
+    if kind == "cuda" and gpus < n:
+        raise DeviceError(f"{n} GPU(s) demanded but {gpus} CUDA device(s) found")
+    if kind == "cpu" or gpus < n:
+        # One CPU device needs no emulation; two or more are replicas (or ranks) sharing the CPU.
+        return DeviceList([torch.device("cpu")] * n, emulated=n > 1)
+    return DeviceList((torch.device(f"cuda:{i}") for i in range(n)), emulated=False)
+
+
+def devices(n: int, require_gpus: bool = False, kind: str = "auto") -> DeviceList:
+    """n devices on this machine (`place` with its GPU count): n real GPUs when there are that many,
+    else n emulated devices on the CPU; kind "cpu" keeps them on the CPU.
+
+    Raises ConfigError for n < 1, and DeviceError when `require_gpus` is set (or kind is "cuda")
+    and fewer than n GPUs exist.
+    """
+    if require_gpus and kind == "cpu":
+        raise ConfigError("require_gpus (--require-gpus) and device cpu (--device cpu) contradict each other: give one")
+    return place(n, gpu_count(), "cuda" if require_gpus else kind)
+
+
+def rank_placement(local_rank: int, local_world_size: int, gpus: int, kind: str = "auto") -> tuple[torch.device, str]:
+    """(device, process-group backend) of one rank: cuda:LOCAL_RANK and nccl when this machine has a
+    GPU for every local rank, else the CPU and gloo for all of them (mixing nccl and gloo ranks in
+    one group cannot work, and NCCL refuses two ranks on one GPU). kind as for `place`."""
+    device = place(local_world_size, gpus, kind)[local_rank]
+    return device, "nccl" if device.type == "cuda" else "gloo"
+
+
+def shared_gpus(placements: list[tuple[str, str]]) -> list[tuple[int, int, str]]:
+    """(rank, rank, device) for every two ranks given the same GPU of the same host, from each rank's
+    (host, device): what NCCL would refuse at its first collective ("Duplicate GPU detected"), found
+    before it. Two torchrun agents on one machine with one GPU each count one local rank apiece, so
+    each takes cuda:0."""
+    first: dict[tuple[str, str], int] = {}
+    clashes = []
+    for rank, (host, device) in enumerate(placements):
+        if not str(device).startswith("cuda"):
+            continue
+        if (host, device) in first:
+            clashes.append((first[host, device], rank, device))
+        else:
+            first[host, device] = rank
+    return clashes
+
+
+def comparison_kind(max_devices: int, gpus: int) -> str:
+    """The one device kind for a comparison whose runs use up to `max_devices` devices (or ranks):
+    "cuda" when the GPUs suffice for its largest run, else "cpu" for all of them, the one-device
+    reference included. Comparing a GPU reference with emulated CPU devices would measure the
+    difference between two kinds of hardware, not data parallelism."""
+    return "cuda" if gpus >= max_devices else "cpu"
 
 
 def to_device(t: torch.Tensor, device) -> torch.Tensor:

@@ -15,6 +15,7 @@ the strategy, data, model and optimizer, resumes from a checkpoint if asked, run
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import asdict
 from typing import Callable
@@ -24,7 +25,7 @@ from tqdm import tqdm
 
 from mgpu import checkpoint, launch, results
 from mgpu import devices as devmod
-from mgpu.config import TrainConfig
+from mgpu.config import EXACT_GPU_MATH_ENV, TrainConfig
 from mgpu.data import BatchLoader, check_data_fits, make_loaders
 from mgpu.errors import CheckpointError, ConfigError, ShapeError
 from mgpu.faults import FAULT_ENV, Fault
@@ -94,6 +95,8 @@ def _run_in_process(cfg: TrainConfig, fault: Fault | None = None) -> RunResult |
         # it behind (and a "leaked semaphore" warning). A rank's bars never span processes.
         tqdm.set_lock(threading.RLock())
     devmod.keep_freed_memory()  # activation buffers reused across steps, not faulted in anew
+    if cfg.exact_gpu_math or os.environ.get(EXACT_GPU_MATH_ENV) == "1":
+        devmod.set_exact_gpu_math()  # for this process's life: the CLI's, or a rank's (the ranks get cfg and the env)
     strategy = get_strategy(cfg.strategy).create(cfg)
     try:
         log = print if strategy.is_main else (lambda _: None)

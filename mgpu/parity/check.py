@@ -142,15 +142,16 @@ def _probe(spec: ModelSpec, model: torch.nn.Module, plan: Plan, n: int) -> Trait
 
 # -- running ------------------------------------------------------------------------------------------
 
-def _strategy_for(name: str, n: int, timeout: float):
+def _strategy_for(name: str, n: int, timeout: float, device: str = "auto"):
     from mgpu.config import TrainConfig
     from mgpu.strategies import get_strategy
 
-    return get_strategy(name).create(TrainConfig(strategy=name, devices=n, out=None, progress=False, timeout=timeout))
+    return get_strategy(name).create(TrainConfig(strategy=name, devices=n, out=None, progress=False, timeout=timeout,
+                                                 device=device))
 
 
 def _run_in_process(spec, model, name: str, n: int, plan: Plan, options: CheckOptions) -> Recording:
-    strategy = _strategy_for(name, n, options.step_timeout or 60.0)
+    strategy = _strategy_for(name, n, options.step_timeout or 60.0, options.device)
     strategy.use_objective(spec.objective)
     strategy.setup(copy.deepcopy(model), make_optimizer(options, spec))
     try:
@@ -159,9 +160,9 @@ def _run_in_process(spec, model, name: str, n: int, plan: Plan, options: CheckOp
         strategy.teardown()
 
 
-def run_device(n: int) -> torch.device:
-    """The first device of a run on n devices: cuda:0 when n GPUs exist, else the CPU (emulated)."""
-    return devices(n)[0]
+def run_device(n: int, kind: str = "auto") -> torch.device:
+    """The first device of a run on n devices: cuda:0 when n GPUs exist (and kind allows), else the CPU (emulated)."""
+    return devices(n, kind=kind)[0]
 
 
 def _label(name: str, n: int) -> str:
@@ -193,7 +194,8 @@ def rank_main(job: RankJob):
 
     set_exact_gpu_math()  # as run_check has it in the launching process
     spec = job.spec()
-    strategy = _strategy_for(job.strategy, int(os.environ["WORLD_SIZE"]), job.options.step_timeout or 60.0)
+    strategy = _strategy_for(job.strategy, int(os.environ["WORLD_SIZE"]), job.options.step_timeout or 60.0,
+                             job.options.device)
     try:
         strategy.find_unused_parameters = job.find_unused
         rank, world = strategy.rank, strategy.world_size
@@ -300,7 +302,7 @@ def _compare_run(kind: str, rec: Recording, refs: "_Refs", plan: Plan, n: int) -
     # The float32 step that sizes the error runs where the checked run did (the first GPU when n
     # GPUs exist): a GPU's kernels round differently from a CPU's; sized by the CPU's float32,
     # LeNet's first-step gradients on one H200 were 3.4 times past what is allowed (docs/gpu.md).
-    where = run_device(n)
+    where = run_device(n, refs.options.device)
     steps = []
     for s in range(1, plan.steps + 1):
         state, opt = rec.states[s - 1][0], rec.optimizer_states[s - 1]

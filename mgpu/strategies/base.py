@@ -120,7 +120,7 @@ class Strategy(ABC):
 
     @classmethod
     def create(cls, cfg) -> "Strategy":
-        return cls(devmod.devices(cfg.devices, require_gpus=cfg.require_gpus))
+        return cls(devmod.devices(cfg.devices, require_gpus=cfg.require_gpus, kind=cfg.device))
 
     @abstractmethod
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:

@@ -30,7 +30,7 @@ class DataParallel(SingleDevice):
 
     @classmethod
     def create(cls, cfg) -> "DataParallel":
-        requested = devmod.devices(cfg.devices, require_gpus=cfg.require_gpus)
+        requested = devmod.devices(cfg.devices, require_gpus=cfg.require_gpus, kind=cfg.device)
         strategy = cls(requested if requested[0].type == "cuda" else devmod.DeviceList([torch.device("cpu")]))
         strategy.requested = cfg.devices
         return strategy

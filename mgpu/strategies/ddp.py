@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from datetime import timedelta
 
 import torch
@@ -39,11 +40,39 @@ def setup_process_group(backend: str, timeout_s: float) -> None:
     dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
 
 
-def rank_device(local_rank: int, local_world_size: int, require_gpus: bool) -> torch.device:
-    """cuda:LOCAL_RANK when this machine has a GPU for every local rank, else the CPU for all of
-    them (mixing nccl and gloo ranks in one group cannot work)."""
-    node_devices = devmod.devices(local_world_size, require_gpus=require_gpus)
-    return node_devices[local_rank]
+def rank_device(local_rank: int, local_world_size: int, require_gpus: bool, kind: str = "auto") -> tuple[torch.device, str]:
+    """(device, backend) of this rank: cuda:LOCAL_RANK and nccl when this machine has a GPU for every
+    local rank, else the CPU and gloo for all of them (mixing nccl and gloo ranks in one group cannot
+    work). The rule: mgpu.devices.rank_placement."""
+    devmod.devices(local_world_size, require_gpus=require_gpus, kind=kind)  # the same errors as the launcher's
+    return devmod.rank_placement(local_rank, local_world_size, devmod.gpu_count(), "cuda" if require_gpus else kind)
+
+
+def _device_identity(device: torch.device) -> str:
+    """What tells two GPUs apart across processes: the GPU's UUID (cuda:0 of two processes with
+    other CUDA_VISIBLE_DEVICES are two GPUs), else the device's name."""
+    if device.type == "cuda":
+        uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+        if uuid is not None:
+            return f"cuda {uuid}"
+    return str(device)
+
+
+def check_gpu_per_rank(device: torch.device, rank: int, world_size: int) -> list[str]:
+    """Every rank's device (for describe_devices), exchanged through the process group's store
+    before any collective: two ranks on one GPU of one host are refused here in one line, where
+    NCCL would fail at its first collective ("Duplicate GPU detected"). That happens with two
+    torchrun agents on a machine with one GPU: each sees one local rank and takes cuda:0."""
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"mgpu/placement/{rank}", "\t".join([socket.gethostname(), _device_identity(device), str(device)]))
+    rows = [store.get(f"mgpu/placement/{r}").decode().split("\t") for r in range(world_size)]
+    clashes = devmod.shared_gpus([(host, identity) for host, identity, _ in rows])
+    if clashes:
+        a, b, _ = clashes[0]
+        raise DeviceError(f"ranks {a} and {b} were both given {rows[a][2]} on {rows[a][0]}: NCCL needs a GPU of its own "
+                          "for every rank; start no more ranks on a machine than it has GPUs, or run on the CPU with "
+                          "--device cpu (gloo)")
+    return [name for _, _, name in rows]
 
 
 class DistributedDataParallel(SingleDevice):
@@ -54,7 +83,7 @@ class DistributedDataParallel(SingleDevice):
     def launch(cls, fn, cfg):
         if launch.under_launcher():
             return fn(cfg)  # torchrun (or our own spawn) already started this rank
-        devmod.devices(cfg.devices, require_gpus=cfg.require_gpus)  # fail here, once, not in every rank
+        devmod.devices(cfg.devices, require_gpus=cfg.require_gpus, kind=cfg.device)  # fail here, once, not in every rank
         return launch.spawn(fn, cfg, nprocs=cfg.devices, port=cfg.port)
 
     @classmethod
@@ -65,7 +94,7 @@ class DistributedDataParallel(SingleDevice):
         loaders = None
         if cfg.data == "fashion-mnist":
             loaders = make_loaders(cfg)  # missing, corrupt or too few files fail (or download) once, before the ranks
-        node = devmod.devices(cfg.devices, require_gpus=cfg.require_gpus)  # the devices the ranks will take
+        node = devmod.devices(cfg.devices, require_gpus=cfg.require_gpus, kind=cfg.device)  # the devices the ranks will take
         check_amp(cfg.amp, node)
         if cfg.data_on_device and node[0].type == "cuda":  # every rank holds the datasets on its own device
             check_data_fits(loaders or make_loaders(cfg), node)
@@ -85,21 +114,19 @@ class DistributedDataParallel(SingleDevice):
                               "`python -m mgpu train --strategy ddp`, or torchrun")
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
-        device = rank_device(local_rank, local_world, cfg.require_gpus)
+        device, backend = rank_device(local_rank, local_world, cfg.require_gpus, cfg.device)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         else:
             # Ranks on one machine share its cores (those this process may use: its affinity mask,
             # as taskset, cgroups or a batch scheduler set it): oversubscribing them would serialise the ranks.
             torch.set_num_threads(max(1, len(devmod.usable_cores()) // local_world))
-        setup_process_group("nccl" if device.type == "cuda" else "gloo", cfg.timeout)
+        setup_process_group(backend, cfg.timeout)
         strategy = cls(devmod.DeviceList([device]))
         strategy.rank, strategy.world_size = dist.get_rank(), dist.get_world_size()
         strategy.sync_bn = cfg.sync_bn
         strategy.find_unused_parameters = False  # set before setup for models with parameters some steps leave unused
-        names = [None] * strategy.world_size
-        dist.all_gather_object(names, f"{device}")
-        strategy.rank_devices = names
+        strategy.rank_devices = check_gpu_per_rank(device, strategy.rank, strategy.world_size)
         return strategy
 
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:

@@ -25,7 +25,7 @@ class SingleDevice(Strategy):
     @classmethod
     def create(cls, cfg) -> "SingleDevice":
         # --devices is ignored here on purpose: "single" always means the first device.
-        return cls(devmod.devices(1, require_gpus=cfg.require_gpus))
+        return cls(devmod.devices(1, require_gpus=cfg.require_gpus, kind=cfg.device))
 
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:
         self.model = self.place(model, self.devices[0])
