@@ -38,6 +38,17 @@ test-kernels: $(VENV)/.installed
 test-correctness: $(VENV)/.installed
 	$(PY) -m pytest correctness -q
 
+# The chapter's 2-GPU experiment in small (docs/convergence.md): 1 device at 256 / 0.1 against 2 DDP ranks
+# at 512 / 0.2, 8 epochs each, seeds 0 to 2; the per-epoch accuracies are in runs/convergence/*/results.json.
+CONVERGENCE_RUN := --model resnet18 --width 4 --resize 14 --epochs 8 --train-size 8192 --test-size 500 --no-progress
+convergence: $(VENV)/.installed
+	@for seed in 0 1 2; do \
+		$(PY) -m mgpu train --strategy single $(CONVERGENCE_RUN) --batch-size 256 --lr 0.1 --seed $$seed \
+			--out runs/convergence/single-seed$$seed | tail -1; \
+		$(PY) -m mgpu train --strategy ddp --devices 2 $(CONVERGENCE_RUN) --batch-size 512 --lr 0.2 --seed $$seed \
+			--out runs/convergence/ddp-seed$$seed | tail -1; \
+	done
+
 # Real timings (a few minutes), with a scaling table at the end.
 perf: $(VENV)/.installed
 	$(PY) -m pytest perf

@@ -18,7 +18,7 @@ import dataclasses
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -227,13 +227,16 @@ def evaluate(strategy, model: nn.Module, loader: BatchLoader) -> float:
 
 
 # -- DDP runs, shared by the suite -------------------------------------------------------------
+# Every job in the ranks starts a process group of its own, on a port rank 0 picks free just
+# before it binds it (`RankPorts`): a port picked when the job was made, seconds earlier, could be
+# taken meanwhile by another suite running beside this one (seen: EADDRINUSE with two suites at once).
+
 @dataclass
 class TrainJob:
     """`mgpu.run.train(cfg)` inside the ranks: the code path of `python -m mgpu train --strategy ddp`."""
     cfg: TrainConfig
-    port: int = field(default_factory=free_port)
 
-    def run(self):
+    def run(self, new_group: Callable[[str], None]):
         from mgpu.run import train
 
         return train(self.cfg)
@@ -245,14 +248,12 @@ class InterruptedJob:
     epoch: its folder is what a kill anywhere in epoch 2 leaves, nothing being written between
     epochs), then resumed from it in the same ranks for all of cfg's epochs; returns the resumed result."""
     cfg: TrainConfig
-    port: int = field(default_factory=free_port)
-    resume_port: int = field(default_factory=free_port)
 
-    def run(self):
+    def run(self, new_group: Callable[[str], None]):
         from mgpu.run import train
 
         train(dataclasses.replace(self.cfg, epochs=1))
-        os.environ["MASTER_PORT"] = str(self.resume_port)  # a store of its own, as every job's
+        new_group("resume")  # a store of its own, as every job's
         return train(dataclasses.replace(self.cfg, resume=True))
 
 
@@ -262,9 +263,8 @@ class EvalJob:
     state_dict: dict
     cases: list
     strategy: str = "ddp"
-    port: int = field(default_factory=free_port)
 
-    def run(self) -> list[float]:
+    def run(self, new_group: Callable[[str], None]) -> list[float]:
         cfg = run_config(self.strategy, int(os.environ["WORLD_SIZE"]))
         model = lenet()
         model.load_state_dict(self.state_dict)
@@ -275,18 +275,41 @@ class EvalJob:
             strategy.teardown()
 
 
+class RankPorts:
+    """The ports of the jobs' process groups, agreed on through the launcher's store (the elastic
+    agent's, at the MASTER_PORT a rank starts with): rank 0 picks a free port just before its group
+    binds it and publishes it; the other ranks read it and wait until it listens."""
+
+    def __init__(self):
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        self.rank = int(os.environ["RANK"])
+        self.agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                   timeout=timedelta(seconds=DDP_DEADLINE_S))
+
+    def use(self, key: str) -> None:
+        """MASTER_PORT for the next process group: a store of its own, hosted by rank 0."""
+        name = f"mgpu-test/port/{key}"
+        if self.rank == 0:
+            port = free_port()
+            self.agent.set(name, str(port))
+        else:
+            port = int(self.agent.get(name).decode())
+        # Under torch's elastic agent (mgpu.launch) ranks would otherwise look for the agent's store there.
+        os.environ.update(MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="False")
+        if self.rank != 0:
+            _wait_until_listening(port)
+
+
 def run_jobs_in_rank(jobs: list) -> list:
     """What each rank runs: the jobs in order, each in its own process group (its own port)."""
     devmod.set_exact_gpu_math()  # for the rank's life: ranks don't get the fixture
-    results = []
-    # Each job's group gets its own store, hosted by rank 0 on the job's port: under torch's elastic
-    # agent (mgpu.launch) ranks would otherwise look for the agent's store on that port.
-    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
-    for job in jobs:
-        os.environ.update(MASTER_PORT=str(job.port), TORCHELASTIC_USE_AGENT_STORE="False")  # rank 0 hosts this store
-        if os.environ.get("RANK", "0") != "0":
-            _wait_until_listening(job.port)
-        results.append(job.run())
+    ports, results = RankPorts(), []
+    for i, job in enumerate(jobs):
+        ports.use(str(i))
+        results.append(job.run(lambda key, i=i: ports.use(f"{i}/{key}")))
     return results
 
 
@@ -309,11 +332,15 @@ def _wait_until_listening(port: int, timeout_s: float = DDP_DEADLINE_S) -> None:
 def run_job_in_this_process(job):
     """A world of one rank in the test process itself (no spawn); the environment is restored."""
     saved_env = dict(os.environ)
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(job.port))
+
+    def new_group(_key: str = "") -> None:
+        os.environ.update(MASTER_PORT=str(free_port()), TORCHELASTIC_USE_AGENT_STORE="False")
+
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+    new_group()
     try:
         with devmod.torch_threads():  # the ddp strategy sets its own count
-            return job.run()
+            return job.run(new_group)
     finally:
         os.environ.clear()
         os.environ.update(saved_env)
