@@ -11,7 +11,7 @@ process (helpers.run_job_in_this_process): FSDP's code paths, without a spawn.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -21,15 +21,11 @@ from correctness.check_models import TiedLM
 from correctness.helpers import COMPARISON_KIND, TrainJob, assert_tensors_close, run_config, run_job_in_this_process, weights_config
 from mgpu import checkpoint
 from mgpu.config import CheckOptions
-from mgpu.launch import free_port
 from mgpu.models import Residual, build_model
 from mgpu.parity import run_check
 from mgpu.run import train
 from mgpu.spec import load_spec
 from mgpu.strategies.fsdp import shard_units
-
-TINY = dict(model="lenet", epochs=2, batch_size=32, lr=0.05, momentum=0.9, train_size=96, test_size=32, out=None,
-            progress=False)
 
 
 def test_block_sharding_gives_each_residual_block_and_each_layer_a_fully_shard():
@@ -96,9 +92,8 @@ def test_bf16_under_fsdp_computes_in_bf16_and_keeps_fp32_weights_and_gradients()
     @dataclass
     class Job:
         amp: str
-        port: int = field(default_factory=free_port)
 
-        def run(self):
+        def run(self, new_group=None):
             cfg = run_config("fsdp", 1, amp=self.amp)
             s = FullyShardedDataParallel.create(cfg)
             try:
