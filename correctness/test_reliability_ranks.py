@@ -45,6 +45,7 @@ pytestmark = [pytest.mark.reliability, pytest.mark.multiprocess, pytest.mark.tim
 ROOT = Path(__file__).resolve().parents[1]
 TAG = "MGPU_TEST_RUN_TAG"
 EXIT_WITHIN_S = 30.0
+NICE = int(os.environ.get("MGPU_TEST_NICE", "10"))
 HANG_TIMEOUT_S = 12  # --timeout of the hang run: long enough for the ranks to meet on a busy machine
 # LeNet on two gloo ranks of one thread each, 16 steps an epoch: the settings (TINY) on which
 # test_training checks that every strategy learns, so that the reference run checks ddp's case.
@@ -88,6 +89,7 @@ class Run:
         self.started = time.monotonic()
         command = ["-c", code, *args] if code else ["-m", module, *(["train"] if module == "mgpu" else []), *args]
         shim = SIGINT_SHIM.format("IGN" if sigint_ignored else "DFL")
+        shim = f"import os; os.nice({NICE}); {shim}"
         if cores is not None:  # the run (and everything it starts) may use these cores only
             shim = f"import os; os.sched_setaffinity(0, {sorted(cores)}); {shim}"
         command = [sys.executable, "-c", shim, *command]

@@ -80,7 +80,7 @@ def test_manual_weights_match_single_device_step_by_step_for_any_batch_steps_and
     cfg = run_config("single", model="lenet", epochs=steps, batch_size=batch_size,
                      train_size=batch_size + batch_size // 2, test_size=8, lr=0.05, momentum=0.9, weight_decay=1e-3,
                      seed=seed % 2**16)
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder:  # the float64 steps read the reference's checkpoints
         reference = reference_trajectory(cfg, f"{folder}/reference")
         results = [train(c) for c in stepwise_configs(reference, "manual", n, folder)]
-    check_against_single(results, reference, f"manual over {n} devices, {steps} steps of batch {batch_size}")
+        check_against_single(results, reference, f"manual over {n} devices, {steps} steps of batch {batch_size}")
