@@ -123,12 +123,7 @@ def _exact_gpu_math():
 
 def pytest_collection_modifyitems(config, items):
     """With --model, this folder runs the parity properties on that model and nothing else (they
-    are what applies to any model; the rest of the suite tests mgpu itself). Under pytest-xdist
-    (`-n 2`), test_reliability_ranks goes first: its runs (processes that mostly start up and wait,
-    about a minute) start as soon as a worker takes the module, and the other worker meanwhile
-    runs the rest."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: item.module.__name__ != RANKS_MODULE)  # stable: the rest keep their order
+    are what applies to any model; the rest of the suite tests mgpu itself)."""
     if config.getoption("model") is None:
         return
     here = Path(__file__).parent
@@ -148,9 +143,8 @@ def pytest_collection_finish(session):
     """When a test of test_reliability_ranks that reads its runs is selected, start them as collection ends:
     they are processes that mostly start up and wait (about 30 s), and they overlap the tests
     that come before them, which use one core of two (one_thread). Nothing starts for
-    --collect-only, nor in a pytest-xdist worker: every worker collects every test, and the one that
-    is given the module starts them when its `runs` fixture asks."""
-    if session.config.option.collectonly or os.environ.get("PYTEST_XDIST_WORKER"):
+    --collect-only."""
+    if session.config.option.collectonly:
         return
     for item in session.items:
         if item.module.__name__ == RANKS_MODULE and {"runs", "launchers"} & set(item.fixturenames):
