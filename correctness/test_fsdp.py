@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from correctness.check_models import TiedLM
-from correctness.helpers import COMPARISON_KIND, TrainJob, assert_tensors_close, run_config, run_job_in_this_process, weights_config
+from correctness.helpers import (COMPARISON_KIND, TrainJob, assert_tensors_close, run_config, run_job_in_this_process,
+                                 weights_config)
 from mgpu import checkpoint
 from mgpu.config import CheckOptions
 from mgpu.models import Residual, build_model

@@ -24,8 +24,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mgpu.config import (AMP_MODES, CHECK_STRATEGIES, DATA_NAMES, DEVICE_KINDS, EXACT_GPU_MATH_ENV, MODEL_NAMES, NONFINITE_POLICIES, RESHARD_MODES,
-                         SHARD_MODES, STRATEGY_NAMES, CheckOptions, TrainConfig)
+from mgpu.config import (AMP_MODES, CHECK_STRATEGIES, DATA_NAMES, DEVICE_KINDS, EXACT_GPU_MATH_ENV, MODEL_NAMES,
+                         NONFINITE_POLICIES, RESHARD_MODES, SHARD_MODES, STRATEGY_NAMES, CheckOptions, TrainConfig)
 from mgpu.errors import ConfigError, LaunchError, MgpuError, NonFiniteLossError
 
 EXIT_FAILED = 1
