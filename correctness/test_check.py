@@ -237,6 +237,12 @@ def test_check_data_parallel_raises_an_assertion_with_the_first_divergence():
     assert check_data_parallel(f"{MODELS}:mlp", strategies=("manual",), devices=(2, 3)).exit_code() == 0
 
 
+def test_the_reproducer_keeps_the_device_kind():
+    with pytest.raises(ParityError) as info:
+        check_data_parallel(f"{MODELS}:mean_loss", strategies=("manual",), devices=(2,), device="cpu")
+    assert "--devices 2" in str(info.value) and "--device cpu" in str(info.value), str(info.value)
+
+
 # -- bad input: one line, exit 2 ---------------------------------------------------------------------------
 
 BAD = [

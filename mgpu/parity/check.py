@@ -595,7 +595,10 @@ def _notes(options: CheckOptions) -> list[str]:
     from mgpu import devices as devmod
 
     notes = []
-    if devmod.gpu_count() < max(options.devices):
+    if options.device == "cpu" and devmod.gpu_count():
+        notes.append(f"--device cpu: every run on the CPU beside {devmod.gpu_count()} CUDA device(s): manual on "
+                     "emulated CPU devices, ddp and fsdp on gloo processes, dataparallel as a pass-through")
+    elif devmod.gpu_count() < max(options.devices) and options.device != "cuda":
         notes.append(f"{max(options.devices)} devices asked, {devmod.gpu_count()} CUDA device(s) found: manual "
                      "runs on emulated CPU devices, ddp on gloo processes, dataparallel as a pass-through on one CPU "
                      "device (nn.DataParallel needs CUDA)")
@@ -610,6 +613,8 @@ def _reproducer(spec: ModelSpec, options: CheckOptions):
                 parts += [f"--{key.replace('_', '-')}", str(spec.options[key])]
         parts += ["--strategies", strategy, "--devices", str(n), "--batch-size", str(plan.batch_size),
                   "--steps", str(plan.steps), "--seed", str(plan.seed), "--accumulate", str(options.accumulate)]
+        if options.device != "auto":
+            parts += ["--device", options.device]
         return " ".join(shlex.quote(p) for p in parts)
     return command
 
