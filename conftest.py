@@ -80,7 +80,8 @@ def pytest_report_header(config):
              f"CPU kernels: {torch.backends.cpu.get_cpu_capability()} (ONEDNN_MAX_CPU_ISA "
              f"{os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset')})"]
     if any("correctness" in str(arg) for arg in config.args):
-        most = 3  # correctness.helpers.MOST_DEVICES (not imported here: the root conftest serves perf/ too)
+        from correctness.helpers import MOST_DEVICES as most
+
         kind = comparison_kind(most, n)
         where = (f"on the GPUs ({n} >= {most})" if kind == "cuda" else
                  f"everything on the CPU, one-device references included ({n} CUDA device{'s' if n != 1 else ''}, "

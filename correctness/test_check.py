@@ -195,7 +195,7 @@ def test_ddp_ranks_seeded_apart_start_equal_and_a_buffer_computed_from_the_batch
     ("examples/tiny_lm.py:spec", [], 0),
     ("examples/planted_defect.py:defect", ["--input-shape", "3,8,8", "--classes", "4"], 1),
     ("examples/planted_defect.py:fixed", ["--input-shape", "3,8,8", "--classes", "4"], 0),
-    # Two steps, not three: the second already starts from momentum (6.2 s for the check's three, 3.9 s for two).
+    # Two steps, not three: the second already starts from momentum, and each step of this model is costly.
     ("examples/torchvision_classifier.py:shufflenet", ["--input-shape", "3,32,32", "--classes", "10", "--steps", "2"], 0),
 ])
 def test_the_examples_get_their_verdicts(target, extra, code, capsys):

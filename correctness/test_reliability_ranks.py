@@ -47,7 +47,6 @@ TAG = "MGPU_TEST_RUN_TAG"
 EXIT_WITHIN_S = 30.0
 # The module's runs (and their ranks) run at this niceness: they overlap the rest of the suite, which is
 # one process on one core, and would otherwise take that core from it in bursts of several runs at once.
-# Measured on 2 cores: the whole folder 121 s at 0, 111 s at 10 (docs/kernels.md has the runs).
 NICE = int(os.environ.get("MGPU_TEST_NICE", "10"))
 HANG_TIMEOUT_S = 12  # --timeout of the hang run: long enough for the ranks to meet on a busy machine
 # LeNet on two gloo ranks of one thread each, 16 steps an epoch: the settings (TINY) on which

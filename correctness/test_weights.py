@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from conftest import requires_gpus
 from correctness.draws import batch_sizes_for, seeds, training_steps
 from correctness.helpers import (assert_every_parameter_changed, assert_stepwise_close, reference_trajectory,
-                                 run_config, stepwise_configs)
+                                 run_config, stepwise_configs, weights_config)
 from mgpu.models import build_model
 from mgpu.run import train
 
@@ -58,18 +58,9 @@ def test_rank_strategies_weights_match_single_device_step_by_step(strategy, worl
 
 @requires_gpus(2)
 def test_dataparallel_weights_match_single_device_on_gpus(tmp_path):
-    reference = reference_trajectory(dataclasses.replace(run_config("single"), **_weights_settings(), device="cuda"),
-                                     tmp_path / "reference")
+    reference = reference_trajectory(dataclasses.replace(weights_config("single"), device="cuda"), tmp_path / "reference")
     results = [train(cfg) for cfg in stepwise_configs(reference, "dataparallel", 2, tmp_path)]
     check_against_single(results, reference, "dataparallel over 2 GPUs")
-
-
-def _weights_settings() -> dict:
-    from correctness.helpers import weights_config
-
-    cfg = weights_config("single")
-    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
-            if f.name not in ("strategy", "devices", "device", "out", "progress")}
 
 
 @settings(max_examples=10)

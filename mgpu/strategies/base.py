@@ -168,9 +168,6 @@ class Strategy(ABC):
     def all_sum(self, t: torch.Tensor) -> torch.Tensor:
         return t
 
-    def all_max(self, t: torch.Tensor) -> torch.Tensor:
-        return t
-
     def synchronize(self) -> None:
         devmod.synchronize(self.devices)
 

@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from mgpu import devices as devmod
 from mgpu import launch
 from mgpu.data import check_data_fits, make_loaders
-from mgpu.comm import all_max, all_sum, shard_bounds
+from mgpu.comm import all_sum, shard_bounds
 from mgpu.errors import ConfigError, DeviceError, LaunchError
 from mgpu.strategies.base import OptimizerFactory, check_amp
 from mgpu.strategies.single import SingleDevice
@@ -44,7 +44,6 @@ def rank_device(local_rank: int, local_world_size: int, require_gpus: bool, kind
     """(device, backend) of this rank: cuda:LOCAL_RANK and nccl when this machine has a GPU for every
     local rank, else the CPU and gloo for all of them (mixing nccl and gloo ranks in one group cannot
     work). The rule: mgpu.devices.rank_placement."""
-    devmod.devices(local_world_size, require_gpus=require_gpus, kind=kind)  # the same errors as the launcher's
     return devmod.rank_placement(local_rank, local_world_size, devmod.gpu_count(), "cuda" if require_gpus else kind)
 
 
@@ -188,9 +187,6 @@ class DistributedDataParallel(SingleDevice):
 
     def all_sum(self, t: torch.Tensor) -> torch.Tensor:
         return all_sum(t.to(self.devices[0]))  # stays on the device: the caller reads it once
-
-    def all_max(self, t: torch.Tensor) -> torch.Tensor:
-        return all_max(t.to(self.devices[0]))
 
     def eval_mode(self) -> None:
         self._broadcast_buffers()  # after a skipped step too: evaluate everywhere with rank 0's, as model.pt holds
