@@ -61,6 +61,9 @@ def native_cpu_conv():
         torch.backends.mkldnn.enabled = saved
 
 
+RANKS_MODULE = "correctness.test_reliability_ranks"
+
+
 @pytest.fixture(scope="session")
 def single_trajectory(tmp_path_factory):
     """helpers.weights_config's single-device run step by step (helpers.reference_trajectory), once
@@ -122,11 +125,20 @@ def _exact_gpu_math():
 
 
 def pytest_collection_modifyitems(config, items):
-    """With --model, this folder runs the parity properties on that model and nothing else (they
+    """test_reliability_ranks' tests go last of this folder's: they read the runs started as
+    collection ends (pytest_collection_finish), which then have the rest of the folder's time to
+    finish (and are over before perf/'s timings, when a session runs both).
+
+    With --model, this folder runs the parity properties on that model and nothing else (they
     are what applies to any model; the rest of the suite tests mgpu itself)."""
+    here = Path(__file__).parent
+    ranks = [item for item in items if getattr(item, "module", None) is not None and item.module.__name__ == RANKS_MODULE]
+    if ranks:
+        rest = [item for item in items if item not in ranks]
+        last_here = max((i for i, item in enumerate(rest) if here in Path(str(item.path)).parents), default=-1)
+        items[:] = rest[:last_here + 1] + ranks + rest[last_here + 1:]
     if config.getoption("model") is None:
         return
-    here = Path(__file__).parent
     keep, drop = [], []
     for item in items:
         inside = here in Path(str(item.path)).parents
@@ -134,9 +146,6 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-
-
-RANKS_MODULE = "correctness.test_reliability_ranks"
 
 
 def pytest_collection_finish(session):
@@ -154,8 +163,10 @@ def pytest_collection_finish(session):
 
 
 def pytest_sessionfinish(session):
-    """Whatever a session stopped early (-x, Ctrl-C) left running of those runs is killed."""
+    """Whatever a session stopped early (-x, Ctrl-C) left running of those runs is killed: by the
+    session that selected them (not a pytest session run inside this one, as test_check's is)."""
     import sys
 
-    if RANKS_MODULE in sys.modules:
+    if RANKS_MODULE in sys.modules and any(
+            getattr(item, "module", None) is sys.modules[RANKS_MODULE] for item in getattr(session, "items", ())):
         sys.modules[RANKS_MODULE].stop_scenario()

@@ -261,8 +261,8 @@ BAD = [
     ([f"{MODELS}:mlp", "--strategies", "zero3"], "unknown strategy 'zero3'"),
     ([f"{MODELS}:mlp", "--devices", "two"], "devices must be comma-separated integers"),
     (["nocolon"], "model must be MODULE:FUNCTION"),
-    ([f"{MODELS}:hangs", "--strategies", "manual", "--devices", "2", "--step-timeout", "0.5"],
-     "did not finish within 2 s"),
+    ([f"{MODELS}:hangs", "--strategies", "manual", "--devices", "2", "--step-timeout", "0.25"],
+     "did not finish within 1 s"),
 ]
 
 
@@ -302,7 +302,7 @@ def test_a_hanging_model_names_the_strategy_and_step():
 def test_a_real_process_prints_one_line_leaves_nothing_behind(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-m", "mgpu", "check", f"{MODELS}:hangs", "--strategies", "ddp",
-                           "--devices", "2", "--step-timeout", "0.5"], capture_output=True, text=True, timeout=50,
+                           "--devices", "2", "--step-timeout", "0.25"], capture_output=True, text=True, timeout=50,
                           env=env)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("mgpu: error: "), proc.stderr
@@ -317,16 +317,19 @@ def test_spec_errors_from_the_api_are_spec_errors():
 # -- pytest correctness --model: the parity properties on a user's model ---------------------------------
 
 @pytest.mark.timeout(180)
-def test_pytest_model_option_runs_the_parity_properties_and_fails_a_planted_defect_with_its_first_divergence():
+def test_pytest_model_option_runs_the_parity_properties_and_fails_a_planted_defect_with_its_first_divergence(
+        pytester, monkeypatch):
     """`pytest correctness --model ...` deselects the rest of the suite and fails the defect's
-    property with the check's message (the buffer, the step, the command that reproduces it)."""
+    property with the check's message (the buffer, the step, the command that reproduces it).
+    In this process (pytester): a fresh pytest session, without a second interpreter and torch import."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "correctness", "--model", "examples/planted_defect.py:defect",
-         "--input-shape", "3,8,8", "--classes", "4", "--parity-examples", "2", "-k", "in_process", "-p",
-         "no:cacheprovider", "-q"], cwd=root, capture_output=True, text=True, timeout=170)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, f"exit {proc.returncode}:\n{out[-3000:]}"
+    monkeypatch.chdir(root)  # where a user types it; pytester had moved into its own folder
+    result = pytester.runpytest_inprocess(
+        "correctness", "--rootdir", root, "-c", os.path.join(root, "pytest.ini"),
+        "--model", "examples/planted_defect.py:defect", "--input-shape", "3,8,8", "--classes", "4",
+        "--parity-examples", "2", "-k", "in_process", "-p", "no:cacheprovider", "-q")
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == 1, f"exit {result.ret}:\n{out[-3000:]}"
     assert "1 failed" in out and "deselected" in out and " passed" not in out, out[-3000:]
     assert "buffer batch_scale differs after step" in out and "python -m mgpu check examples/planted_defect.py:defect" in out, out[-3000:]
 

@@ -164,14 +164,14 @@ def test_synchronize_waits_for_gpu_work():
 # after keep_freed_memory it comes from the heap, which keeps freed memory for the next step.
 _MAPPED_BYTES_FOR_31_MIB = """
 import ctypes, sys
-from mgpu.devices import keep_freed_memory
 class Mallinfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                 "fsmblks", "uordblks", "fordblks", "keepcost")]
 libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = Mallinfo2
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-if sys.argv[1] == "keep":
+if sys.argv[1] == "keep":  # (mgpu imports torch: only the process that needs it pays for that)
+    from mgpu.devices import keep_freed_memory
     assert keep_freed_memory(), "mallopt refused"
 before = libc.mallinfo2().hblkhd
 block = libc.malloc(31 << 20)

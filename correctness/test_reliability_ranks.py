@@ -68,6 +68,10 @@ FSDP_ARGS = ["--strategy", "fsdp", "--devices", "2", *WEIGHTS_ARGS]
 NODE_STRATEGIES = ("ddp", "fsdp")
 
 
+# Lowers the priority of the process and of its session's scheduling group (the kernel's autogroup, where
+# it has one: each run has a session of its own, and niceness then weighs only within the group).
+NICE_SHIM = ("import os\nos.nice({0})\ntry:\n    with open('/proc/self/autogroup', 'w') as f:\n        f.write('{0}')\n"
+             "except OSError:\n    pass\n")
 # Runs the rest of its command line with SIGINT's disposition set first (default, or ignored).
 SIGINT_SHIM = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_{}); "
                "os.execv(sys.executable, [sys.executable] + sys.argv[1:])")
@@ -91,7 +95,7 @@ class Run:
         self.started = time.monotonic()
         command = ["-c", code, *args] if code else ["-m", module, *(["train"] if module == "mgpu" else []), *args]
         shim = SIGINT_SHIM.format("IGN" if sigint_ignored else "DFL")
-        shim = f"import os; os.nice({NICE}); {shim}"
+        shim = NICE_SHIM.format(NICE) + shim
         if cores is not None:  # the run (and everything it starts) may use these cores only
             shim = f"import os; os.sched_setaffinity(0, {sorted(cores)}); {shim}"
         command = [sys.executable, "-c", shim, *command]
@@ -257,20 +261,21 @@ class Scenario:
             except AssertionError as e:
                 ctrl_c.problem = str(e)
             _start_launchers()  # every run is past its rendezvous by now
-            wait(started["killed"])
+            try:  # its processes have exited, so its checkpoint is complete (its output is collected below)
+                started["killed"].proc.wait(150)
+            except subprocess.TimeoutExpired:
+                pass  # wait() below says it hung
             started["resumed"] = Run([*checkpointed, "--resume"])
-            for run in list(started.values()):
-                if run.code is None and run.problem is None:
-                    wait(run)
-            # Last, alone, one pair at a time: the suite's other tests run meanwhile on one core, and
-            # a burst of runs started together would take the other core from them too. Two pairs
-            # at once also race for ports (each agent's rendezvous port is picked free before it
-            # binds it): once so far (2026-11-23, make test) an fsdp node hung silently in its rendezvous
-            # while the ddp pair started.
+            # Then the torchrun "nodes", one pair at a time: two pairs at once race for ports (each
+            # agent's rendezvous port is picked free before it binds it): once so far (2026-11-23,
+            # make test) an fsdp node hung silently in its rendezvous while the ddp pair started.
             for strategy in NODE_STRATEGIES:
                 nodes = _start_nodes(tmp, strategy)
                 started.update(nodes)
                 for run in nodes.values():
+                    wait(run)
+            for run in list(started.values()):
+                if run.code is None and run.problem is None:
                     wait(run)
         finally:
             for run in list(started.values()):

@@ -31,6 +31,7 @@ import contextlib
 import copy
 import signal
 import threading
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -197,6 +198,22 @@ def device_pieces(batch_size: int, devices: int, micro_steps: int) -> list[list[
     return pieces
 
 
+# template -> {(device, dtype): its copy}: a reference step loads its state into the same copy each
+# time. Deep-copying a model of many small modules (torchvision's, timm's) for every step took half
+# of a check's time (docs/check.md, "What a check costs").
+_WORKING_COPIES: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def _working_copy(template: nn.Module, device, dtype: torch.dtype) -> nn.Module:
+    """A copy of `template` cast to (device, dtype), made once and reused (its parameters and
+    buffers are loaded anew by each step)."""
+    copies = _WORKING_COPIES.setdefault(template, {})
+    key = (str(torch.device(device)), dtype)
+    if key not in copies:
+        copies[key] = copy.deepcopy(template).to(device=device, dtype=dtype)
+    return copies[key]
+
+
 @dataclass
 class ReferenceStep:
     grads: dict          # name -> gradient or None
@@ -218,8 +235,10 @@ def reference_step(spec: ModelSpec, template: nn.Module, state: dict, optimizer_
     device: where it runs (its results come back on the CPU); a float32 step on the GPU the
     checked run used has that GPU's rounding, which a CPU's float32 does not.
     """
-    model = copy.deepcopy(template).to(device=device, dtype=dtype)
+    model = _working_copy(template, device, dtype)
     load_snapshot(model, state)
+    for p in model.parameters():
+        p.grad = None  # a step cut short (a timeout) may have left some
     params = list(model.parameters())
     named = [n for n, _ in model.named_parameters()]
     optimizer = make_optimizer(params)
