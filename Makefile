@@ -25,7 +25,7 @@ KERNEL_PATHS ?= default:SSE41 avx2:AVX2 $(if $(shell grep -m1 -o avx512f /proc/c
 # comparisons that rounding could break (marker `rounding`) again under the generic kernels, so that
 # a test tuned to this CPU's rounding goes red here before it reaches another machine.
 test: $(VENV)/.installed
-	$(PY) -m pytest correctness perf --benchmark-disable -q
+	$(PY) -m pytest correctness perf examples --benchmark-disable -q
 	$(ROUNDING_PATH) $(PY) -m pytest correctness -m rounding -q -p no:cacheprovider
 
 # The whole correctness suite under every kernel path this CPU has (a few minutes each).

@@ -166,3 +166,128 @@ def returns_int():
 
 def wrong_classes() -> ModelSpec:
     return image_spec(MLP, SHAPE, 7, name="wrong_classes")  # targets up to 6, the model scores 4 classes
+
+
+# -- what models people train do (transformers, timm, user code): issue 30 ----------------------------------
+
+class AttentionWithFunctionalDropout(nn.Module):
+    """Attention as transformers and timm write it: the dropout module's probability passed to
+    scaled_dot_product_attention and to F.dropout, the modules themselves never called."""
+
+    def __init__(self, dim: int = 8, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.attn_dropout, self.resid_dropout = nn.Dropout(0.1), nn.Dropout(0.2)
+
+    def forward(self, x):  # (B, T, C) -> (B, T, C)
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_dropout.p if self.training else 0.0,
+                                           is_causal=True)  # (B, heads, T, C / heads)
+        y = self.out(y.transpose(1, 2).reshape(B, T, C))
+        return x + F.dropout(y, p=self.resid_dropout.p, training=self.training)
+
+
+class FunctionalDropoutLM(nn.Module):
+    def __init__(self, vocab: int = 11, dim: int = 8):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.Sequential(AttentionWithFunctionalDropout(dim), AttentionWithFunctionalDropout(dim))
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, tokens):  # (B, T) -> (B, T, V)
+        return self.head(self.blocks(self.embed(tokens)))
+
+
+def functional_dropout() -> ModelSpec:
+    return ModelSpec(build=FunctionalDropoutLM, draw=_tokens, name="functional_dropout")
+
+
+class OutputRecord(dict):
+    """What transformers' models return (a ModelOutput is a dict): the logits among other tensors."""
+
+
+class RecordLM(TiedLM):
+    def forward(self, tokens):
+        hidden = torch.tanh(self.mix(self.embed(tokens)))
+        return OutputRecord(last_hidden_state=hidden, logits=self.head(hidden))
+
+
+def record_output() -> ModelSpec:
+    return ModelSpec(build=RecordLM, draw=_tokens, name="record_output")
+
+
+class HiddenOnly(TiedLM):
+    def forward(self, tokens):
+        hidden = torch.tanh(self.mix(self.embed(tokens)))
+        return OutputRecord(hidden=hidden, scores=self.head(hidden))
+
+
+def named_output() -> ModelSpec:
+    """No `logits`: the spec names the field the loss scores."""
+    return ModelSpec(build=HiddenOnly, draw=_tokens, name="named_output", output="scores")
+
+
+def unnamed_output() -> ModelSpec:
+    return ModelSpec(build=HiddenOnly, draw=_tokens, name="unnamed_output")
+
+
+class LazyMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.LazyLinear(16), nn.LazyLinear(4)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def lazy() -> ModelSpec:
+    return image_spec(LazyMLP, SHAPE, 4, name="lazy")
+
+
+def lazy_unbuildable() -> nn.Module:
+    """A lazy layer whose first forward fails: no materialising forward is possible."""
+    class Broken(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.LazyLinear(4)
+
+        def forward(self, x):
+            return self.fc(x.view(3, -1, 5))  # fails for any batch of 1x8x8 images
+
+    return Broken()
+
+
+class BufferReadInForward(MLP):
+    """A statistic of the batch written to a buffer and used in the same forward: the examples mix
+    through the buffer, and no submodule of the model mixes on its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.ones(()))
+
+    def forward(self, x):
+        if self.training:
+            self.scale = x.detach().abs().mean() + 0.5
+        return self.fc2(F.relu(self.fc1(x.flatten(1) / self.scale)))
+
+
+def buffer_read_in_forward() -> ModelSpec:
+    return image_spec(BufferReadInForward, SHAPE, 4, name="buffer_read_in_forward")
+
+
+class RandomFeatures(MLP):
+    """A fixed random projection, drawn when the model is built: ranks seeded apart draw different
+    ones, and a strategy that copies only the parameters from rank 0 leaves them apart."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("projection", torch.randn(64, 64) / 8)
+
+    def forward(self, x):
+        return super().forward((x.flatten(1) @ self.projection).view(-1, *SHAPE))
+
+
+def random_features() -> ModelSpec:
+    return image_spec(RandomFeatures, SHAPE, 4, name="random_features")

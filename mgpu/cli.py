@@ -10,7 +10,8 @@
 Every mistake a user can make ends in one line on stderr, `mgpu: error: ...`, and exit code 2.
 Exit codes (docs/failures.md lists every case):
 
-    0    the run finished; check: every check passed (findings do not count, unless --strict);
+    0    the run finished; check: every check passed (findings, and comparisons skipped, do not
+         count unless --strict: docs/check.md);
          gate: no benchmark `slower` (nor `inconclusive` with --strict)
     1    the run failed while training: a rank failed (its error is shown), or a NaN/Inf loss;
          check: a parity check failed (its first divergence is shown); bench: a case failed;
@@ -256,7 +257,8 @@ def _add_check_parser(commands) -> None:
     c.add_argument("--step-timeout", type=_float, default=d.step_timeout, metavar="S",
                    help="seconds a step may take before the model counts as hanging")
     c.add_argument("--json", default=None, metavar="PATH", help="write one record per check here")
-    c.add_argument("--strict", action="store_true", help="findings fail the check too (exit 1)")
+    c.add_argument("--strict", action="store_true", help="findings fail the check too (exit 1), and so does a check that is not verified "
+                        "(more than 10 %% of its comparisons skipped)")
 
 def _check_main(parser: argparse.ArgumentParser, args) -> int:
     """`python -m mgpu check`: the table on stdout, a progress line per check on stderr, --json."""

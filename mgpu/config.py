@@ -138,6 +138,13 @@ def _finite(name, value, lowest, inclusive):
 CHECK_STRATEGIES = STRATEGY_NAMES
 
 
+def _micro_steps_even(batch: int, devices: int, micro_steps: int) -> bool:
+    """Whether every device's shard of `batch` (contiguous, sizes differing by at most one, as
+    mgpu.comm.shard_sizes cuts them) cuts into `micro_steps` pieces of one size."""
+    base, extra = divmod(batch, devices)
+    return all((base + (d < extra)) % micro_steps == 0 for d in range(devices))
+
+
 @dataclass(frozen=True)
 class CheckOptions:
     """Settings of a parity check (mgpu/parity/check.py), validated like TrainConfig."""
@@ -191,6 +198,19 @@ class CheckOptions:
                 if (s, n) not in pairs:
                     pairs.append((s, n))
         return pairs
+
+    def accumulation_batch(self) -> int:
+        """The global batch of the accumulation check: the smallest from batch_size on that, on
+        every device count checked (and on one device), some device's shard cuts into `accumulate`
+        micro-steps of different sizes. A loss weighted per micro-step (each micro-step's mean
+        divided by the number of micro-steps) is then wrong by the sizes' difference, and the check
+        sees it; with micro-steps of one size it would be right by accident."""
+        if self.accumulate == 1:
+            return self.batch_size
+        b = self.batch_size
+        while any(_micro_steps_even(b, n, self.accumulate) for n in {1, *self.devices}):
+            b += 1
+        return b
 
     def uneven_batch(self) -> int:
         """The smallest batch above batch_size that no device count above 1 divides."""

@@ -33,6 +33,7 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 import torch
@@ -41,7 +42,7 @@ from torch.nn import functional as F
 
 from mgpu.errors import MgpuError, SpecError, one_line
 
-__all__ = ["ModelSpec", "Objective", "ImageBatches", "image_spec", "builtin_spec", "load_spec", "parse_input_shape",
+__all__ = ["ModelSpec", "Objective", "select_output", "OnOutput", "ImageBatches", "image_spec", "builtin_spec", "load_spec", "parse_input_shape",
            "as_inputs", "batch_length", "slice_inputs", "cross_entropy_sum", "argmax_correct", "validate_spec"]
 
 Inputs = Any  # a tensor, or a tuple of tensors: the positional arguments of the model
@@ -57,6 +58,46 @@ def argmax_correct(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     positions (tokens) counts the fraction of them that are right."""
     hits = (output.detach().argmax(dim=-1) == target).reshape(target.shape[0], -1).float()
     return hits.mean(dim=1).sum()
+
+
+def select_output(output, field: str | None = None):
+    """The tensor of a model's output that the loss scores: the output itself when it is a tensor;
+    of a dict (transformers' ModelOutput is one), the entry `field`, else `logits`, else its one
+    tensor; of a tuple or list, its one tensor. Anything else is a SpecError naming what there is."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, Mapping):
+        if field is not None:
+            if not isinstance(output.get(field), torch.Tensor):
+                raise SpecError(f"the model's output ({type(output).__name__}) has no tensor {field!r}: it has "
+                                f"{', '.join(map(str, output.keys())) or 'nothing'}")
+            return output[field]
+        if isinstance(output.get("logits"), torch.Tensor):
+            return output["logits"]
+        tensors = [k for k, v in output.items() if isinstance(v, torch.Tensor)]
+        if len(tensors) == 1:
+            return output[tensors[0]]
+        raise SpecError(f"the model returns a {type(output).__name__} with {', '.join(map(str, tensors)) or 'no tensors'} "
+                        "and no 'logits': name the one the loss scores with ModelSpec(output=...)")
+    if isinstance(output, (tuple, list)):
+        tensors = [v for v in output if isinstance(v, torch.Tensor)]
+        if len(tensors) == 1:
+            return tensors[0]
+    if field is not None:
+        raise SpecError(f"ModelSpec(output={field!r}) names a field, but the model returns a {type(output).__name__}")
+    return output  # the spec's own loss may know what to do with it
+
+
+@dataclass(frozen=True)
+class OnOutput:
+    """fn(output, target) with the model's output reduced to the tensor the loss scores
+    (select_output): a loss or a count of correct examples, as strategies and references call it."""
+
+    fn: Callable[[Any, torch.Tensor], torch.Tensor]
+    field: str | None = None
+
+    def __call__(self, output, target: torch.Tensor) -> torch.Tensor:
+        return self.fn(select_output(output, self.field), target)
 
 
 @dataclass(frozen=True)
@@ -84,22 +125,45 @@ class ModelSpec:
     loss: Callable[[Any, torch.Tensor], torch.Tensor] = cross_entropy_sum
     correct: Callable[[Any, torch.Tensor], torch.Tensor] = argmax_correct
     optimizer: Callable[[list], torch.optim.Optimizer] | None = None
+    output: str | None = None  # the field of a dict or ModelOutput output that loss and correct score (default: logits)
     name: str = "model"
     source: str | None = None  # "MODULE:FUNCTION" it was loaded from: other processes load it again from there
     options: dict = field(default_factory=dict)  # what load_spec was given besides the source (input shape, classes)
 
     @property
     def objective(self) -> Objective:
-        return Objective(self.loss, self.correct)
+        """loss and correct as strategies call them: on the output's tensor (select_output)."""
+        return Objective(OnOutput(self.loss, self.output), OnOutput(self.correct, self.output))
 
     def build_seeded(self, seed: int) -> nn.Module:
         """build() under `seed`, leaving the caller's random state as it was."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = self.build()
-        if not isinstance(model, nn.Module):
-            raise SpecError(f"{self.name}: build() returned {type(model).__name__}, not an nn.Module")
+            if not isinstance(model, nn.Module):
+                raise SpecError(f"{self.name}: build() returned {type(model).__name__}, not an nn.Module")
+            self._materialize(model, seed)
         return model
+
+    def _materialize(self, model: nn.Module, seed: int) -> None:
+        """Lazy modules (nn.LazyLinear, ...) get their shapes, and their initial values under the
+        same seed, from one forward of two examples, before anything copies or shards the model."""
+        lazy = [name for name, m in model.named_modules() if isinstance(m, nn.modules.lazy.LazyModuleMixin)
+                and m.has_uninitialized_params()]
+        if not lazy:
+            return
+        inputs, _ = self.batch(2, seed)
+        training = model.training
+        try:
+            with torch.no_grad():
+                model.eval()(*inputs)  # eval: a BatchNorm's running statistics stay as built
+        except MgpuError:
+            raise
+        except Exception as e:
+            raise SpecError(f"{self.name}: its lazy modules ({', '.join(n or type(model).__name__ for n in lazy[:4])}) "
+                            f"could not be materialised by a forward of 2 examples: {one_line(e, with_type=True)}") from None
+        finally:
+            model.train(training)
 
     def batch(self, n: int, seed: int) -> tuple[tuple, torch.Tensor]:
         """draw(n) from a generator seeded with `seed`: (inputs as a tuple, target)."""
@@ -270,6 +334,10 @@ def _call(fn, target: str):
 
 def _classes_of(model: nn.Module, shape: tuple[int, int, int], target: str) -> int:
     out = _forward_check(copy.deepcopy(model).eval(), (torch.zeros(2, *shape),), f"{target} on 2x{'x'.join(map(str, shape))} images")
+    try:
+        out = select_output(out)
+    except SpecError:
+        pass  # named below, as any output that is not (batch, classes) scores
     if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != 2:
         raise SpecError(f"{target} gives {_describe(out)} for 2 images of {'x'.join(map(str, shape))}: "
                         "an image classifier must give (batch, classes) scores")
@@ -315,7 +383,9 @@ def validate_spec(spec: ModelSpec, batch_size: int = 4, seed: int = 0) -> None:
         shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
         raise SpecError(f"{spec.name}: inputs of shape {shapes} do not fit the model: {one_line(e, with_type=True)}") from None
     try:
-        loss = spec.loss(output, target)
+        loss = spec.objective.loss(output, target)
+    except SpecError:
+        raise
     except Exception as e:
         raise SpecError(f"{spec.name}: the model's output ({_describe(output)}) does not fit the loss with targets of "
                         f"shape {tuple(target.shape)}: {one_line(e, with_type=True)}") from None
@@ -324,7 +394,7 @@ def validate_spec(spec: ModelSpec, batch_size: int = 4, seed: int = 0) -> None:
     if not math.isfinite(float(loss.detach())):
         raise SpecError(f"{spec.name}: the loss of a freshly built model is {float(loss.detach())}")
     try:
-        correct = spec.correct(output, target)
+        correct = spec.objective.correct(output, target)
         float(correct)
     except Exception as e:
         raise SpecError(f"{spec.name}: cannot count correct examples from the output ({_describe(output)}) and "

@@ -35,8 +35,11 @@ from mgpu.config import CHECK_STRATEGIES, CheckOptions
 from mgpu.devices import devices, exact_gpu_math, set_exact_gpu_math, torch_threads
 from mgpu.errors import CheckTimeout, LaunchError, MgpuError, ParityError, SpecError, one_line
 from mgpu.parity.compare import Divergence, compare_bitwise, compare_to_reference, error
+from mgpu.parity.dropout import DropoutOff
+from mgpu.parity.records import NO_BUFFERS, CheckResult, Report
 from mgpu.parity.probe import (find_buffer_updates, find_mixing_layers, find_random_layers, loss_is_a_sum,
                                switch_off_dropout)
+from mgpu.parity.report import failure_message
 from mgpu.parity.record import (Plan, Recording, check_ties, load_snapshot, record_strategy, reference_run,
                                 reference_step, snapshot, step_timeout)
 from mgpu.spec import ModelSpec, builtin_spec, load_spec, validate_spec
@@ -44,14 +47,12 @@ from mgpu.strategies import RANK_STRATEGIES  # each run of these is a spawn of i
 
 __all__ = ["CheckOptions", "CheckResult", "Report", "run_check", "check_data_parallel", "CHECK_STRATEGIES"]
 
-STATUSES = ("pass", "fail", "finding", "skipped")
-
-
 def make_plans(options: CheckOptions) -> dict[str, Plan]:
-    """The runs of each strategy: plain steps, a batch the device counts do not divide, accumulation."""
+    """The runs of each strategy: plain steps, a batch the device counts do not divide, and accumulation
+    over micro-steps of different sizes (CheckOptions.accumulation_batch)."""
     return {"plain": Plan(options.batch_size, options.steps, options.seed),
             "uneven": Plan(options.uneven_batch(), options.steps, options.seed),
-            "accumulate": Plan(options.batch_size, options.steps, options.seed, micro_steps=options.accumulate)}
+            "accumulate": Plan(options.accumulation_batch(), options.steps, options.seed, micro_steps=options.accumulate)}
 
 
 def make_optimizer(options: CheckOptions, spec: ModelSpec):
@@ -70,56 +71,12 @@ class SGDFactory:
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
 
-@dataclass
-class CheckResult:
-    name: str                      # start, gradients, weights, buffers, optimizer, replicas, ties, statistics, uneven, accumulation; or a finding's name
-    strategy: str | None
-    devices: int | None
-    status: str                    # pass | fail | finding | skipped
-    reason: str = ""               # why skipped, what a finding means and what to do, a failure's cause
-    errors: dict = field(default_factory=dict)   # worst error seen: max_abs, max_rel, ratio to the allowed
-    first_divergence: Divergence | None = None
-    reproduce: str | None = None
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "strategy": self.strategy, "devices": self.devices, "status": self.status,
-                "reason": self.reason, "errors": self.errors,
-                "first_divergence": self.first_divergence.to_json() if self.first_divergence else None,
-                "reproduce": self.reproduce}
-
-
-@dataclass
-class Report:
-    model: str
-    options: CheckOptions
-    results: list[CheckResult]
-    seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def failures(self) -> list[CheckResult]:
-        return [r for r in self.results if r.status == "fail"]
-
-    @property
-    def findings(self) -> list[CheckResult]:
-        return [r for r in self.results if r.status == "finding"]
-
-    def exit_code(self, strict: bool = False) -> int:
-        """0 when every check passes (findings too, unless strict), 1 otherwise."""
-        return 1 if self.failures or (strict and self.findings) else 0
-
-    def to_json(self) -> dict:
-        from dataclasses import asdict
-
-        return {"model": self.model, "options": asdict(self.options), "seconds": round(self.seconds, 3),
-                "notes": self.notes, "exit_code": self.exit_code(), "checks": [r.to_json() for r in self.results]}
-
-
 # -- the model's traits -----------------------------------------------------------------------------
 
 @dataclass
 class Traits:
-    dropout: list[str]
+    dropout: list[str]             # nn.Dropout-family modules
+    dropout_calls: dict            # dropout the forward applies through torch's functions: {call: count per forward}
     other_randomness: bool
     mixing: bool
     mixing_layers: list[str]
@@ -132,12 +89,13 @@ class Traits:
 
 def _probe(spec: ModelSpec, model: torch.nn.Module, plan: Plan, n: int) -> Traits:
     inputs, target = plan.batch(spec, 1)
-    dropout, other = find_random_layers(spec, model, inputs)
-    switch_off_dropout(model)
-    mixing, layers = (False, []) if other else find_mixing_layers(model, inputs, n=n)
-    changed, reassigned = find_buffer_updates(model, inputs)
-    return Traits(dropout, other, mixing, layers, changed, reassigned, loss_is_a_sum(spec, model, inputs, target),
-                  check_ties(model))
+    dropout, calls, other = find_random_layers(spec, model, inputs)
+    switch_off_dropout(model, calls=bool(calls))  # the model every run copies: held off in all of them
+    with DropoutOff():  # the probes below also run the model's modules on their own, outside its forward
+        mixing, layers = (False, []) if other else find_mixing_layers(model, inputs, n=n)
+        changed, reassigned = find_buffer_updates(model, inputs)
+        mean_loss = loss_is_a_sum(spec, model, inputs, target)
+    return Traits(dropout, calls, other, mixing, layers, changed, reassigned, mean_loss, check_ties(model))
 
 
 # -- running ------------------------------------------------------------------------------------------
@@ -181,6 +139,7 @@ class RankJob:
     plans: list
     options: CheckOptions
     find_unused: bool
+    dropout_calls: bool = False    # the forward calls torch's dropout functions itself: hold them off too
 
     def spec(self) -> ModelSpec:
         if self.spec_blob is not None:
@@ -202,7 +161,7 @@ def rank_main(job: RankJob):
         out = []
         for plan in job.plans:
             model = spec.build_seeded(job.options.seed + 7919 * rank)  # ranks start apart: the strategy must make them equal
-            switch_off_dropout(model)
+            switch_off_dropout(model, calls=job.dropout_calls)
             if rank == 0:
                 load_snapshot(model, job.initial)
             strategy.use_objective(spec.objective)
@@ -443,7 +402,7 @@ def _run_check(spec: ModelSpec, options: CheckOptions | None, progress) -> Repor
             break
         say(f"check: {_label(name, n)}: starting {n} ranks")
         job = RankJob(name, spec.source, dict(spec.options), blob, snapshot(model), list(plans.values()), options,
-                      find_unused=bool(traits.unused))
+                      find_unused=bool(traits.unused), dropout_calls=bool(traits.dropout_calls))
         try:
             rank_records[name, n] = _spawn_ranks(job, n, options)
         except LaunchError as e:  # a rank crashed in the model's code: that run fails, the others go on
@@ -529,7 +488,7 @@ def _judge(name, n, recs, plans, refs, traits, skip_exact, add, repro) -> None:
         shards = rec.shards if traits.mixing or traits.unused else 1
         for check, div, errs in _compare_run(kind, rec, refs, plan, shards):
             if div == "none":
-                add(CheckResult(check, name, n, "skipped", "the model has no buffers"))
+                add(CheckResult(check, name, n, "skipped", NO_BUFFERS))
                 continue
             cause = traits.mean_loss if div is not None and traits.mean_loss else None
             if div is not None and div.tensor.startswith("buffer ") and div.tensor[7:] in traits.changed_buffers:
@@ -555,10 +514,12 @@ def _findings(spec, traits: Traits, refs: _Refs, plan: Plan, options: CheckOptio
             f"parameters with no gradient in some steps or on some devices: {_listed(traits.unused)}: DDP stops with 'Expected to have finished reduction' unless find_unused_parameters=True "
               "(the ddp runs here used it); remove the parameters if they are never used, or keep the flag (it costs "
               "a graph traversal per step)")))
-    if traits.dropout:
+    if traits.dropout or traits.dropout_calls:
+        parts = ([f"{len(traits.dropout)} dropout module(s) ({_listed(traits.dropout)})"] if traits.dropout else [])
+        parts += [f"{count} call(s) to {call} in each forward" for call, count in sorted(traits.dropout_calls.items())]
         out.append(CheckResult("random-layers", None, None, "finding", (
-            f"dropout layers ({_listed(traits.dropout)}) draw different masks on each device: every check ran "
-            "with them switched off; parity with them on cannot be exact, only statistical")))
+            f"dropout switched off for every check: {'; '.join(parts)}. With it on, each device draws its own "
+            "masks: parity can then only be statistical, not exact")))
     if traits.other_randomness:
         out.append(CheckResult("randomness", None, None, "finding", (
             "the forward draws random numbers outside dropout layers (two forwards of the same input differ): the "
@@ -570,7 +531,8 @@ def _findings(spec, traits: Traits, refs: _Refs, plan: Plan, options: CheckOptio
         worst = _worst(error(ref_sharded.states[-1][0][k], v) for k, v in ref_whole.states[-1][0].items()
                        if k.startswith("weight ") and v.is_floating_point())
         kinds = {name: type(m).__name__ for name, m in refs.model.named_modules()}
-        layers = _listed([f"{name} ({kinds.get(name, '?')})" for name in traits.mixing_layers]) or "(the model as a whole)"
+        layers = _listed([f"{name} ({kinds.get(name, '?')}{_through(traits, refs.model, name)})"
+                          for name in traits.mixing_layers]) or f"(the model as a whole{_through(traits, refs.model, '')})"
         out.append(CheckResult("batch-mixing", None, None, "finding", (
             f"layers mix the examples of a batch: {layers}. On N devices each computes over its shard, which is by "
             f"design not the whole batch's computation: the checks compare with the single-device run over the same "
@@ -589,6 +551,18 @@ def _findings(spec, traits: Traits, refs: _Refs, plan: Plan, options: CheckOptio
     if traits.mean_loss:
         out.append(CheckResult("loss-not-a-sum", None, None, "finding", traits.mean_loss))
     return out
+
+
+def _through(traits: Traits, model: torch.nn.Module, module: str) -> str:
+    """", through buffer B, ..." when the mixing module (or the model, "") owns buffers that its training
+    forward writes, other than BatchNorm's statistics (BatchNorm mixes through its batch statistics,
+    which it does not keep): a buffer computed from the batch and read in the same forward mixes
+    the examples, and it is the cause to name."""
+    norms = {name for name, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._NormBase)}
+    prefix = f"{module}." if module else ""
+    buffers = [b for b in traits.changed_buffers if b.startswith(prefix) and b.rpartition(".")[0] not in norms]
+    return (f", through buffer{'s' if len(buffers) > 1 else ''} {_listed(buffers)}, which forward writes from the batch"
+            if buffers else "")
 
 
 def _notes(options: CheckOptions) -> list[str]:
@@ -622,15 +596,15 @@ def _reproducer(spec: ModelSpec, options: CheckOptions):
 def check_data_parallel(spec: ModelSpec | str, strict: bool = False, input_shape=None, classes=None,
                         **options) -> Report:
     """For a user's own tests: run the check and raise ParityError (an AssertionError) naming the
-    first divergence of the first failing check (with strict, a finding fails too); else return
+    first divergence of the first failing check (with strict, a finding fails too, and so does a
+    check whose comparisons were mostly skipped: Report.verified); else return
     the report. `spec` may be a ModelSpec, a `MODULE:FUNCTION` string, or `resnet18` / `lenet`."""
     if isinstance(spec, str):
         spec = builtin_spec(spec) if ":" not in spec else load_spec(spec, input_shape=input_shape, classes=classes)
     opts = replace(CheckOptions(), **options)
     report = run_check(spec, opts)
-    failing = report.failures or (report.findings if strict else [])
+    failing = report.failures or (([] if report.verified else report.skipped_comparisons[:1]) + report.findings
+                                  if strict else [])
     if failing:
-        from mgpu.parity.report import failure_message
-
         raise ParityError(failure_message(report, failing[0]), report)
     return report

@@ -3,8 +3,10 @@
 Each probe runs copies of the model on the CPU in training mode; none changes the model given.
 
 * `find_random_layers`: the forward run twice on the same input and state gives different outputs.
-  `nn.Dropout` and its family (and attention dropout) can be switched off for the checks
-  (`switch_off_dropout`); anything random that is left is other randomness.
+  `nn.Dropout` and its family, attention dropout, and dropout that forward applies by calling
+  torch's functions itself (`F.dropout`, `scaled_dot_product_attention(dropout_p=...)`, as
+  transformers and timm do) can be switched off for the checks (`switch_off_dropout`,
+  mgpu/parity/dropout.py); anything random that is left is other randomness.
 * `find_mixing_layers`: modules whose output for an example depends on the other examples of the
   batch (BatchNorm, or a home-made layer that subtracts the batch mean): run on the whole batch and
   on its shards, in float64, and compared.
@@ -23,7 +25,8 @@ import torch
 from torch import nn
 
 from mgpu.comm import shard_bounds
-from mgpu.spec import ModelSpec
+from mgpu.parity.dropout import DropoutOff, hold_dropout_off
+from mgpu.spec import ModelSpec, select_output
 
 __all__ = ["flatten_output", "switch_off_dropout", "find_random_layers", "find_mixing_layers",
            "find_buffer_updates", "loss_is_a_sum", "MIXING_REL_TOL"]
@@ -59,11 +62,13 @@ def _dropout_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
-def switch_off_dropout(model: nn.Module) -> list[str]:
+def switch_off_dropout(model: nn.Module, calls: bool = False) -> list[str]:
     """Dropout layers (nn.Dropout family, attention dropout) made the identity, in place; their names.
 
     A Dropout module is put in eval mode, which mgpu's parity runs never undo; attention's dropout
-    probability is set to 0.
+    probability is set to 0. calls=True: the dropout that the model's forward applies by calling
+    torch's functions itself (F.dropout, scaled_dot_product_attention's dropout_p) is held off
+    too, in every forward of the model and of its copies (mgpu.parity.dropout).
     """
     names = []
     for name, m in _dropout_modules(model):
@@ -72,13 +77,16 @@ def switch_off_dropout(model: nn.Module) -> list[str]:
         else:
             m.eval()
         names.append(name or type(m).__name__)
+    if calls:
+        hold_dropout_off(model, DropoutOff())
     return names
 
 
-def find_random_layers(spec: ModelSpec, model: nn.Module, inputs: tuple) -> tuple[list[str], bool]:
-    """(dropout layers found, whether the forward is random even without them).
+def find_random_layers(spec: ModelSpec, model: nn.Module, inputs: tuple) -> tuple[list[str], dict, bool]:
+    """(dropout modules found, the dropout calls its forward makes outside them {call: count in one
+    forward}, whether the forward is random even with all of those off).
 
-    Both runs start from the same state (copies of `model`), on the same input, so a difference
+    Every run starts from the same state (copies of `model`), on the same input, so a difference
     can only come from random numbers drawn in forward.
     """
     def run(m):
@@ -87,9 +95,14 @@ def find_random_layers(spec: ModelSpec, model: nn.Module, inputs: tuple) -> tupl
 
     model = copy.deepcopy(model).train()
     if _same(run(model), run(model)):
-        return [], False
-    dropout = switch_off_dropout(model)
-    return dropout, not _same(run(model), run(model))
+        return [], {}, False
+    modules = switch_off_dropout(model)
+    counted = DropoutOff()
+    with counted:
+        first = run(model)
+    with DropoutOff():
+        second = run(model)
+    return modules, dict(counted.calls), not _same(first, second)
 
 
 def _rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -198,7 +211,7 @@ def loss_is_a_sum(spec: ModelSpec, model: nn.Module, inputs: tuple, target: torc
         return None
     model = copy.deepcopy(model).double().eval()  # eval: a BatchNorm must not make the parts differ
     with torch.no_grad():
-        output = model(*(t.double() if t.is_floating_point() else t for t in inputs))
+        output = select_output(model(*(t.double() if t.is_floating_point() else t for t in inputs)), spec.output)
     if not isinstance(output, torch.Tensor) or output.shape[:1] != target.shape[:1]:
         return None
     with torch.no_grad():

@@ -249,6 +249,7 @@ def reference_step(spec: ModelSpec, template: nn.Module, state: dict, optimizer_
     inputs = tuple(_cast(t, dtype).to(device) if isinstance(t, torch.Tensor) else t for t in inputs)
     target = target.to(device)
     start_buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    objective = spec.objective
     unused = set()
     loss_sum = correct = 0.0
     with step_timeout(timeout_s, f"{label}: step {step}"):
@@ -257,7 +258,7 @@ def reference_step(spec: ModelSpec, template: nn.Module, state: dict, optimizer_
             for start, stop in pieces[d]:
                 output = model(*slice_inputs(inputs, start, stop))
                 y = target[start:stop]
-                loss = spec.loss(output, y)
+                loss = objective.loss(output, y)
                 scaled = loss if scale_after else loss * (1.0 / plan.batch_size)
                 grads = torch.autograd.grad(scaled, params, allow_unused=True)
                 for name, p, g in zip(named, params, grads):
@@ -266,7 +267,7 @@ def reference_step(spec: ModelSpec, template: nn.Module, state: dict, optimizer_
                         continue
                     p.grad = g.detach().clone() if p.grad is None else p.grad + g.detach()
                 loss_sum += float(loss.detach())
-                correct += float(spec.correct(output, y))
+                correct += float(objective.correct(output, y))
     if scale_after:
         with torch.no_grad():
             for p in params:

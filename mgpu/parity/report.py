@@ -11,7 +11,7 @@ import json
 import math
 from pathlib import Path
 
-from mgpu.parity.check import CheckResult, Report
+from mgpu.parity.records import CheckResult, Report
 from mgpu.strategies import RANK_STRATEGIES
 
 __all__ = ["table", "failure_message", "write_json"]
@@ -47,6 +47,9 @@ def table(report: Report) -> str:
     mark = {"pass": "ok", "fail": "FAIL", "skipped": "skip", "finding": "note"}
     width = max([len(w) for w in rows] + [10])
     lines = [f"mgpu check: {report.model}", ""]
+    unverified = report.unverified_summary()
+    if unverified:
+        lines += [unverified, ""]
     header = f"{'':<{width}}  " + "  ".join(f"{c[:10]:>10}" for c in checks)
     lines.append(header)
     for who, results in rows.items():
@@ -77,7 +80,7 @@ def table(report: Report) -> str:
         lines += ["", f"note: {note}"]
     passed = sum(r.status == "pass" for r in report.results)
     lines += ["", f"{passed} passed, {len(failures)} failed, {len(findings)} finding(s), {len(skipped)} skipped "
-                  f"in {report.seconds:.1f} s"]
+                  f"in {report.seconds:.1f} s" + ("" if report.verified else " (NOT VERIFIED: see the top)")]
     return "\n".join(lines)
 
 
@@ -88,6 +91,8 @@ def _unit(result: CheckResult) -> str:
 def failure_message(report: Report, result: CheckResult) -> str:
     """The assertion message of check_data_parallel: which check, the first divergence, the cause, how to reproduce."""
     head = f"{report.model}: {_who(result)}: check '{result.name}' {'failed' if result.status == 'fail' else 'is a finding'}"
+    if result.status == "skipped":
+        head = f"{report.model}: {report.unverified_summary()}"
     lines = [head]
     if result.first_divergence:
         lines.append(result.first_divergence.describe(_unit(result)))

@@ -1,0 +1,76 @@
+"""Every example through `python -m mgpu check`, as its docstring says to run it, with the verdict it
+promises: `make test` runs this file, so that a release of transformers or timm that breaks the
+contract (an output mgpu cannot score, dropout it cannot switch off) shows here first.
+
+    pytest examples
+
+One strategy and device count each (manual on 2 emulated devices, 2 steps): what the examples are
+for is the model's side; every strategy's side is the correctness suite's. A library that is not
+installed skips its examples with the reason (`pip install 'mgpu[models]'`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from mgpu.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IMAGES = ["--input-shape", "3,32,32", "--classes", "10"]
+
+
+def _needs(module: str):
+    try:
+        __import__(module)
+        return []
+    except ImportError:
+        return [pytest.mark.skip(reason=f"needs {module}: pip install 'mgpu[models]'")]
+
+
+# (target, extra options, exit code, findings expected, text every finding's reasons together hold)
+CASES = [
+    ("examples/tiny_lm.py:spec", [], 0, {"random-layers"}, "dropout module(s)"),
+    ("examples/planted_defect.py:defect", ["--input-shape", "3,8,8", "--classes", "4"], 1, {"forward-buffers"}, ""),
+    ("examples/planted_defect.py:fixed", ["--input-shape", "3,8,8", "--classes", "4"], 0, set(), ""),
+    ("examples/torchvision_classifier.py:shufflenet", IMAGES, 0, {"batch-mixing"}, "BatchNorm2d"),
+    ("examples/transformers_models.py:gpt2", [], 0, {"random-layers"},
+     "call(s) to scaled_dot_product_attention(dropout_p=0.1)"),
+    ("examples/transformers_models.py:bert", [], 0, {"random-layers"},
+     "call(s) to scaled_dot_product_attention(dropout_p=0.1)"),
+    ("examples/timm_models.py:vit", IMAGES, 0, {"random-layers"}, "call(s) to scaled_dot_product_attention(dropout_p=0.1)"),
+    ("examples/timm_models.py:convnext", IMAGES, 0, set(), ""),
+    ("examples/timm_models.py:efficientnet", IMAGES, 0, {"random-layers", "batch-mixing"}, "call(s) to dropout(p=0.2)"),
+    ("examples/timm_models.py:resnet", IMAGES, 0, {"batch-mixing"}, "BatchNorm2d"),
+]
+LIBRARIES = {"transformers_models": "transformers", "timm_models": "timm"}
+
+
+def _params():
+    for target, extra, code, findings, text in CASES:
+        library = next((lib for name, lib in LIBRARIES.items() if name in target), None)
+        yield pytest.param(target, extra, code, findings, text, id=target.split("/")[-1],
+                           marks=_needs(library) if library else [])
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("target, extra, code, findings, text", list(_params()))
+def test_the_example_gets_its_verdict(target, extra, code, findings, text, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "check.json"
+    got = main(["check", target, *extra, "--strategies", "manual", "--devices", "2", "--steps", "2",
+                "--json", str(out)])
+    table = capsys.readouterr().out
+    assert got == code, table
+    report = json.loads(out.read_text())
+    skipped = [(c["name"], c["reason"]) for c in report["checks"] if c["status"] == "skipped"
+               and c["reason"] != "the model has no buffers"]
+    assert not skipped and report["verified"], f"{target}: comparisons skipped: {skipped}\n{table}"
+    found = {c["name"] for c in report["checks"] if c["status"] == "finding"}
+    assert found == findings, f"{target}: findings {found}, expected {findings}\n{table}"
+    reasons = " ".join(c["reason"] for c in report["checks"] if c["status"] == "finding")
+    assert text in reasons, f"{target}: {text!r} not in the findings:\n{table}"
+    if code:
+        assert "buffer batch_scale differs after step 1" in table and "computed from the batch" in table, table
