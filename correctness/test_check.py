@@ -411,3 +411,30 @@ def test_the_float32_reference_runs_on_the_checked_runs_first_device(monkeypatch
     assert check_module.run_device(2) == torch.device("cpu")  # no GPUs here: emulated on the CPU
     monkeypatch.setattr(check_module, "devices", lambda n, kind="auto": [torch.device(f"cuda:{i}") for i in range(n)])
     assert check_module.run_device(2) == torch.device("cuda:0")
+
+
+def test_a_dict_output_without_logits_or_a_named_field_is_one_line_naming_its_fields(capsys):
+    with pytest.raises(SystemExit) as info:
+        raise SystemExit(main(["check", f"{MODELS}:unnamed_output", "--strategies", "manual", "--devices", "2"]))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and err[-1].startswith("mgpu: error: "), err
+    assert "OutputRecord with hidden, scores and no 'logits'" in err[-1] and "ModelSpec(output=...)" in err[-1], err
+
+
+def test_a_lazy_model_whose_first_forward_fails_is_one_line(capsys):
+    code = main(["check", f"{MODELS}:lazy_unbuildable", "--input-shape", "1,8,8", "--classes", "4"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("mgpu: error: "), err
+    assert "could not be materialised" in err[-1] or "do not fit the model" in err[-1], err
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_a_buffer_drawn_when_the_model_is_built_starts_equal_on_every_fsdp_rank():
+    """Random features (a projection drawn at build time): ranks seeded apart draw different ones,
+    and fsdp's start must copy rank 0's buffers too, not only its parameters."""
+    options = CheckOptions(strategies=("fsdp",), devices=(2,), steps=1, accumulate=1, step_timeout=30,
+                           device=COMPARISON_KIND)
+    report = check("random_features", options)
+    assert by_name(report, "start").status == "pass", by_name(report, "start")
+    assert not report.failures and report.verified, [(r.name, r.status, r.reason) for r in report.results]
