@@ -122,15 +122,19 @@ def mean_loss() -> ModelSpec:
 
 
 class TiedLM(nn.Module):
+    """Tied embeddings, and random features: a fixed projection drawn when the model is built (ranks
+    seeded apart draw different ones; a start that copies only rank 0's parameters leaves them apart)."""
+
     def __init__(self, vocab: int = 11, dim: int = 8):
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
+        self.register_buffer("features", torch.randn(dim, dim) / dim ** 0.5)
         self.mix = nn.Linear(dim, dim)
         self.head = nn.Linear(dim, vocab, bias=False)
         self.head.weight = self.embed.weight  # tied
 
     def forward(self, tokens):  # (B, T) -> (B, T, V)
-        return self.head(torch.tanh(self.mix(self.embed(tokens))))
+        return self.head(torch.tanh(self.mix(self.embed(tokens) @ self.features)))
 
 
 def _tokens(n: int, g: torch.Generator):
@@ -275,19 +279,3 @@ class BufferReadInForward(MLP):
 
 def buffer_read_in_forward() -> ModelSpec:
     return image_spec(BufferReadInForward, SHAPE, 4, name="buffer_read_in_forward")
-
-
-class RandomFeatures(MLP):
-    """A fixed random projection, drawn when the model is built: ranks seeded apart draw different
-    ones, and a strategy that copies only the parameters from rank 0 leaves them apart."""
-
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("projection", torch.randn(64, 64) / 8)
-
-    def forward(self, x):
-        return super().forward((x.flatten(1) @ self.projection).view(-1, *SHAPE))
-
-
-def random_features() -> ModelSpec:
-    return image_spec(RandomFeatures, SHAPE, 4, name="random_features")

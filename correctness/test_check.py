@@ -426,15 +426,3 @@ def test_a_lazy_model_whose_first_forward_fails_is_one_line(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("mgpu: error: "), err
     assert "could not be materialised" in err[-1] or "do not fit the model" in err[-1], err
-
-
-@pytest.mark.multiprocess
-@pytest.mark.timeout(120)
-def test_a_buffer_drawn_when_the_model_is_built_starts_equal_on_every_fsdp_rank():
-    """Random features (a projection drawn at build time): ranks seeded apart draw different ones,
-    and fsdp's start must copy rank 0's buffers too, not only its parameters."""
-    options = CheckOptions(strategies=("fsdp",), devices=(2,), steps=1, accumulate=1, step_timeout=30,
-                           device=COMPARISON_KIND)
-    report = check("random_features", options)
-    assert by_name(report, "start").status == "pass", by_name(report, "start")
-    assert not report.failures and report.verified, [(r.name, r.status, r.reason) for r in report.results]

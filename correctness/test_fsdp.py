@@ -52,10 +52,13 @@ def test_tied_layers_stay_with_the_root_so_the_tie_survives():
 @pytest.mark.rounding
 @pytest.mark.multiprocess
 def test_fsdp_keeps_tied_weights_tied_and_matches_single_device():
+    """The model also holds a buffer drawn when it is built (random features): ranks seeded apart
+    draw different ones, and fsdp's start must copy rank 0's buffers too, not only its parameters."""
     report = run_check(load_spec("correctness/check_models.py:tied_lm"),
                        CheckOptions(strategies=("fsdp",), devices=(2,), step_timeout=30, device=COMPARISON_KIND))
     results = {r.name: r for r in report.results}
     assert results["ties"].status == "pass", results["ties"]
+    assert results["start"].status == "pass" and results["buffers"].status == "pass", (results["start"], results["buffers"])
     assert not report.failures, [(r.name, r.first_divergence) for r in report.failures]
 
 
