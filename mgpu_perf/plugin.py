@@ -61,7 +61,7 @@ def pytest_configure(config):
     if gate_requested(config):
         from mgpu_perf.gate.session import ABGate  # bad input: a UsageError, nothing started
 
-        config.pluginmanager.register(ABGate(config), GATE_PLUGIN)
+        config.pluginmanager.register(ABGate(config, out_dir(config)), GATE_PLUGIN)
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from mgpu_perf.clocks import gpu_clocks
 from mgpu_perf.gate.baseline import repository_root
 from mgpu_perf.gate.run import GateRun, parse_settings
 from mgpu_perf.markers import MARKER, marker_spec
-from mgpu_perf.plugin import out_dir
 
 __all__ = ["ABGate"]
 
@@ -32,8 +31,10 @@ def settings_from(config):
 
 
 class ABGate:
-    def __init__(self, config):
+    def __init__(self, config, out_dir: Path):
+        """`out_dir`: where the reports go (the plugin's --perf-out, which it owns with its options)."""
         self.config = config
+        self.out_dir = out_dir
         # The gated tests' bodies are replaced by the A/B pair: their benchmark fixture stays unused.
         config.addinivalue_line("filterwarnings", "ignore:Benchmark fixture was not used")
         self.specs: dict[str, dict] = {}
@@ -71,7 +72,7 @@ class ABGate:
         return True
 
     def pytest_sessionfinish(self, session, exitstatus):
-        status = self.run.finish(out_dir(self.config))
+        status = self.run.finish(self.out_dir)
         if session.exitstatus == 0:
             session.exitstatus = status
 
