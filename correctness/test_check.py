@@ -426,3 +426,19 @@ def test_a_lazy_model_whose_first_forward_fails_is_one_line(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("mgpu: error: "), err
     assert "could not be materialised" in err[-1] or "do not fit the model" in err[-1], err
+
+
+def test_check_amp_bf16_passes_a_correct_model_and_fails_a_planted_defect():
+    """--amp bf16: every run's forward under bfloat16 autocast, the allowance sized by the
+    single-device bf16 step's distance from the float64 step (far wider than float32's)."""
+    import dataclasses
+
+    options = dataclasses.replace(MANUAL_2, amp="bf16")
+    report = check("batchnorm", options)
+    assert not report.failures and report.verified, [(r.name, r.status, r.first_divergence) for r in report.results]
+    widest = max(r.errors.get("max_rel", 0.0) for r in report.results if r.name == "weights")
+    assert widest > 1e-4, f"bf16 runs as close as float32 ones ({widest:.2e}): did autocast run at all?"
+    defect = run_check(load_spec("examples/planted_defect.py:defect", input_shape="3,8,8", classes=4), options)
+    failed = by_name(defect, "buffers")
+    assert failed.status == "fail" and failed.first_divergence.tensor == "buffer batch_scale", failed
+    assert "--amp bf16" in failed.reproduce, failed.reproduce

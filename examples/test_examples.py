@@ -38,6 +38,8 @@ CASES = [
     ("examples/torchvision_classifier.py:shufflenet", IMAGES, 0, {"batch-mixing"}, "BatchNorm2d"),
     ("examples/transformers_models.py:gpt2", [], 0, {"random-layers"},
      "call(s) to scaled_dot_product_attention(dropout_p=0.1)"),
+    ("examples/transformers_models.py:gpt2", ["--amp", "bf16"], 0, {"random-layers"},
+     "call(s) to scaled_dot_product_attention(dropout_p=0.1)"),
     ("examples/transformers_models.py:bert", [], 0, {"random-layers"},
      "call(s) to scaled_dot_product_attention(dropout_p=0.1)"),
     ("examples/timm_models.py:vit", IMAGES, 0, {"random-layers"}, "call(s) to scaled_dot_product_attention(dropout_p=0.1)"),
@@ -51,7 +53,8 @@ LIBRARIES = {"transformers_models": "transformers", "timm_models": "timm"}
 def _params():
     for target, extra, code, findings, text in CASES:
         library = next((lib for name, lib in LIBRARIES.items() if name in target), None)
-        yield pytest.param(target, extra, code, findings, text, id=target.split("/")[-1],
+        name = target.split("/")[-1] + ("-amp-bf16" if "--amp" in extra else "")
+        yield pytest.param(target, extra, code, findings, text, id=name,
                            marks=_needs(library) if library else [])
 
 

@@ -256,6 +256,9 @@ def _add_check_parser(commands) -> None:
                    help="micro-steps of the gradient accumulation check")
     c.add_argument("--step-timeout", type=_float, default=d.step_timeout, metavar="S",
                    help="seconds a step may take before the model counts as hanging")
+    c.add_argument("--amp", metavar=_one_of(AMP_MODES), default=d.amp,
+                   help="bf16: every run's forward and loss under bfloat16 autocast, as train --amp bf16 runs them; "
+                        "the allowance comes from the single-device bf16 step (docs/check.md)")
     c.add_argument("--json", default=None, metavar="PATH", help="write one record per check here")
     c.add_argument("--strict", action="store_true", help="findings fail the check too (exit 1), and so does a check that is not verified "
                         "(more than 10 %% of its comparisons skipped)")
@@ -274,7 +277,7 @@ def _check_main(parser: argparse.ArgumentParser, args) -> int:
         options = CheckOptions(strategies=tuple(p.strip() for p in args.strategies.split(",") if p.strip()),
                                devices=int_list(args.devices, "devices"), batch_size=args.batch_size,
                                steps=args.steps, seed=args.seed, accumulate=args.accumulate,
-                               step_timeout=args.step_timeout, device=args.device).validate()
+                               step_timeout=args.step_timeout, device=args.device, amp=args.amp).validate()
     except ConfigError as e:
         parser.error(_one_line(e))
     if args.json is not None:

@@ -160,9 +160,11 @@ class CheckOptions:
     momentum: float = 0.9
     weight_decay: float = 1e-3
     device: str = "auto"           # auto | cpu | cuda: where every run of the check goes (mgpu.devices.place)
+    amp: str = "off"               # off | bf16: every run's forward under bfloat16 autocast (the float64 reference not)
 
     def validate(self) -> "CheckOptions":
         _choice("device", self.device, DEVICE_KINDS)
+        _choice("amp", self.amp, AMP_MODES)
         for name in ("batch_size", "steps", "accumulate"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

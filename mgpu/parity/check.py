@@ -100,16 +100,18 @@ def _probe(spec: ModelSpec, model: torch.nn.Module, plan: Plan, n: int) -> Trait
 
 # -- running ------------------------------------------------------------------------------------------
 
-def _strategy_for(name: str, n: int, timeout: float, device: str = "auto"):
+def _strategy_for(name: str, n: int, timeout: float, device: str = "auto", amp: str = "off"):
     from mgpu.config import TrainConfig
     from mgpu.strategies import get_strategy
 
-    return get_strategy(name).create(TrainConfig(strategy=name, devices=n, out=None, progress=False, timeout=timeout,
-                                                 device=device))
+    strategy = get_strategy(name).create(TrainConfig(strategy=name, devices=n, out=None, progress=False,
+                                                     timeout=timeout, device=device, amp=amp))
+    strategy.use_speed_options(amp=amp)  # --amp bf16: the forward and loss under bfloat16 autocast
+    return strategy
 
 
 def _run_in_process(spec, model, name: str, n: int, plan: Plan, options: CheckOptions) -> Recording:
-    strategy = _strategy_for(name, n, options.step_timeout or 60.0, options.device)
+    strategy = _strategy_for(name, n, options.step_timeout or 60.0, options.device, options.amp)
     strategy.use_objective(spec.objective)
     strategy.setup(copy.deepcopy(model), make_optimizer(options, spec))
     try:
@@ -154,7 +156,7 @@ def rank_main(job: RankJob):
     set_exact_gpu_math()  # as run_check has it in the launching process
     spec = job.spec()
     strategy = _strategy_for(job.strategy, int(os.environ["WORLD_SIZE"]), job.options.step_timeout or 60.0,
-                             job.options.device)
+                             job.options.device, job.options.amp)
     try:
         strategy.find_unused_parameters = job.find_unused
         rank, world = strategy.rank, strategy.world_size
@@ -223,10 +225,12 @@ class _Refs:
     def initial(self) -> dict:
         return snapshot(self.model)
 
-    def step(self, state: dict, optimizer_state: dict, plan: Plan, step: int, n: int, dtype, device="cpu"):
+    def step(self, state: dict, optimizer_state: dict, plan: Plan, step: int, n: int, dtype, device="cpu",
+             amp: str = "off"):
         return reference_step(self.spec, self.model, state, optimizer_state, plan, step, n, dtype,
                               make_optimizer(self.options, self.spec), timeout_s=self.options.step_timeout,
-                              label=f"the single-device reference ({dtype}, {n} shards)", device=device)
+                              label=f"the single-device reference ({dtype}, {n} shards)", device=device,
+                              autocast=torch.bfloat16 if amp == "bf16" else None)
 
     def get(self, plan: Plan, n: int, dtype) -> Recording:
         key = (plan, n, dtype)
@@ -265,8 +269,10 @@ def _compare_run(kind: str, rec: Recording, refs: "_Refs", plan: Plan, n: int) -
     steps = []
     for s in range(1, plan.steps + 1):
         state, opt = rec.states[s - 1][0], rec.optimizer_states[s - 1]
+        # Under --amp bf16 the step that sizes the error is the single-device bf16 step: what a correct
+        # run's own rounding is then. The value stays the float64 step's.
         steps.append((refs.step(state, opt, plan, s, n, torch.float64),
-                      refs.step(state, opt, plan, s, n, torch.float32, device=where)))
+                      refs.step(state, opt, plan, s, n, torch.float32, device=where, amp=refs.options.amp)))
     first64, first32 = steps[0]
 
     def gradients():
@@ -589,6 +595,8 @@ def _reproducer(spec: ModelSpec, options: CheckOptions):
                   "--steps", str(plan.steps), "--seed", str(plan.seed), "--accumulate", str(options.accumulate)]
         if options.device != "auto":
             parts += ["--device", options.device]
+        if options.amp != "off":
+            parts += ["--amp", options.amp]
         return " ".join(shlex.quote(p) for p in parts)
     return command
 

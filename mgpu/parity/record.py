@@ -225,7 +225,8 @@ class ReferenceStep:
 
 def reference_step(spec: ModelSpec, template: nn.Module, state: dict, optimizer_state: dict, plan: Plan, step: int,
                    devices: int, dtype: torch.dtype, make_optimizer, timeout_s: float | None = None,
-                   label: str = "reference", scale_after: bool = False, device="cpu") -> ReferenceStep:
+                   label: str = "reference", scale_after: bool = False, device="cpu",
+                   autocast: torch.dtype | None = None) -> ReferenceStep:
     """One step of single-device plain PyTorch in `dtype`, computing what `devices` devices
     compute (see the module docstring), from `state` (a snapshot) and `optimizer_state` (an
     optimizer's state_dict). `template` gives the model's structure and is not changed.
@@ -234,6 +235,7 @@ def reference_step(spec: ModelSpec, template: nn.Module, state: dict, optimizer_
     afterwards (as the manual strategy's allreduce does), instead of scaling the loss first.
     device: where it runs (its results come back on the CPU); a float32 step on the GPU the
     checked run used has that GPU's rounding, which a CPU's float32 does not.
+    autocast: the forward and loss under autocast to this dtype (check --amp bf16), as the strategies run them.
     """
     model = _working_copy(template, device, dtype)
     load_snapshot(model, state)
@@ -256,9 +258,11 @@ def reference_step(spec: ModelSpec, template: nn.Module, state: dict, optimizer_
         for d in reversed(range(devices)):  # device 0 last: its buffers are the ones every replica keeps
             _restore_buffers(model, start_buffers)
             for start, stop in pieces[d]:
-                output = model(*slice_inputs(inputs, start, stop))
                 y = target[start:stop]
-                loss = objective.loss(output, y)
+                with (torch.autocast(device_type=torch.device(device).type, dtype=autocast) if autocast
+                      else contextlib.nullcontext()):
+                    output = model(*slice_inputs(inputs, start, stop))
+                    loss = objective.loss(output, y)
                 scaled = loss if scale_after else loss * (1.0 / plan.batch_size)
                 grads = torch.autograd.grad(scaled, params, allow_unused=True)
                 for name, p, g in zip(named, params, grads):
