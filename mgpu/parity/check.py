@@ -227,6 +227,23 @@ class _Refs:
 
     def step(self, state: dict, optimizer_state: dict, plan: Plan, step: int, n: int, dtype, device="cpu",
              amp: str = "off"):
+        """The reference step from (state, optimizer_state). A run's first step starts from the model
+        as built with a fresh optimizer, whatever the strategy: that step is computed once per
+        (plan, shards, dtype, device, amp) and shared (a run that starts elsewhere fails `start`, and
+        gets its own)."""
+        if step == 1 and not optimizer_state.get("state") and self._is_initial(state):
+            key = ("first step", plan, n, dtype, str(device), amp)
+            if key not in self.cache:
+                self.cache[key] = self._step(state, optimizer_state, plan, step, n, dtype, device, amp)
+            return self.cache[key]
+        return self._step(state, optimizer_state, plan, step, n, dtype, device, amp)
+
+    def _is_initial(self, state: dict) -> bool:
+        initial = self.initial
+        return state.keys() == initial.keys() and all(
+            state[k].shape == v.shape and state[k].dtype == v.dtype and torch.equal(state[k], v) for k, v in initial.items())
+
+    def _step(self, state, optimizer_state, plan, step, n, dtype, device, amp):
         return reference_step(self.spec, self.model, state, optimizer_state, plan, step, n, dtype,
                               make_optimizer(self.options, self.spec), timeout_s=self.options.step_timeout,
                               label=f"the single-device reference ({dtype}, {n} shards)", device=device,
