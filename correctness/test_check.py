@@ -251,7 +251,7 @@ def test_ddp_ranks_seeded_apart_start_equal_and_a_buffer_computed_from_the_batch
     and ddp, naming the buffer, the step, and the cause."""
     out = tmp_path / "check.json"
     code = main(["check", f"{MODELS}:reassigned_buffer", "--strategies", "manual,ddp", "--devices", "2",
-                 "--json", str(out)])
+                 "--steps", "2", "--json", str(out)])
     captured = capsys.readouterr()
     assert code == 1, captured.out + captured.err
     assert "starting 2 ranks" in captured.err and "ddp on 2 ranks: start: pass" in captured.err, captured.err

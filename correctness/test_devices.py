@@ -170,8 +170,8 @@ class Mallinfo2(ctypes.Structure):
 libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = Mallinfo2
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-if sys.argv[1] == "keep":  # (mgpu imports torch: only the process that needs it pays for that)
-    from mgpu.devices import keep_freed_memory
+if sys.argv[1] == "keep":
+    from mgpu.memory import keep_freed_memory  # as mgpu.devices re-exports it, without torch
     assert keep_freed_memory(), "mallopt refused"
 before = libc.mallinfo2().hblkhd
 block = libc.malloc(31 << 20)

@@ -46,7 +46,7 @@ from mgpu.trainer import Trainer
 
 pytestmark = pytest.mark.rounding  # the rounding-sensitive part: make test runs it under other CPU kernels too
 
-DELAY_MS = 1000  # how long rank 1 of the DDP run sleeps in its first step (FAULT_ENV, kind=delay)
+DELAY_MS = 500  # how long rank 1 of the DDP run sleeps in its first step (FAULT_ENV, kind=delay)
 
 # 1024 training examples in global batches of 32 (shards of 11, 11, 10 over 3 devices), images
 # resized to 10x10 to keep it cheap, momentum so that one epoch leaves the chapter's tiny initial

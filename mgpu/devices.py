@@ -14,14 +14,13 @@ functions of the GPU count (`place`, `rank_placement`, `comparison_kind`).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import os
 
 import torch
 
 from mgpu.config import DEVICE_KINDS
 from mgpu.errors import ConfigError, DeviceError
+from mgpu.memory import keep_freed_memory  # torch-free, re-exported here
 
 __all__ = ["DeviceList", "DEVICE_KINDS", "try_gpu", "try_all_gpus", "place", "devices", "rank_placement", "shared_gpus",
            "comparison_kind", "gpu_count", "synchronize", "describe",
@@ -231,23 +230,3 @@ def torch_threads(n: int | None = None):
         torch.set_num_threads(saved)
 
 
-# glibc mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-
-
-def keep_freed_memory() -> bool:
-    """Ask glibc's malloc to keep freed CPU memory for reuse rather than hand it back to the kernel.
-
-    A training step frees and allocates the same activation buffers (megabytes each) every step.
-    By default glibc maps large blocks afresh or trims the heap, and the kernel must fault in and
-    zero those pages again, every step (what that costs: docs/perf.md, "DDP scaling on a CPU").
-    Blocks up to 32 MiB now come from the heap, and up to 1 GiB of freed heap stays with the
-    process. Called once per training process (the CLI and the perf sessions do). Returns False
-    where the C library has no mallopt (not glibc): nothing changes.
-    """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
