@@ -64,6 +64,11 @@ def native_cpu_conv():
 RANKS_MODULE = "correctness.test_reliability_ranks"
 
 
+def _in_ranks_module(item) -> bool:
+    module = getattr(item, "module", None)
+    return module is not None and module.__name__ == RANKS_MODULE
+
+
 @pytest.fixture(scope="session")
 def single_trajectory(tmp_path_factory):
     """helpers.weights_config's single-device run step by step (helpers.reference_trajectory), once
@@ -132,7 +137,7 @@ def pytest_collection_modifyitems(config, items):
     With --model, this folder runs the parity properties on that model and nothing else (they
     are what applies to any model; the rest of the suite tests mgpu itself)."""
     here = Path(__file__).parent
-    ranks = [item for item in items if getattr(item, "module", None) is not None and item.module.__name__ == RANKS_MODULE]
+    ranks = [item for item in items if _in_ranks_module(item)]
     if ranks:
         rest = [item for item in items if item not in ranks]
         last_here = max((i for i, item in enumerate(rest) if here in Path(str(item.path)).parents), default=-1)
@@ -156,7 +161,7 @@ def pytest_collection_finish(session):
     if session.config.option.collectonly:
         return
     for item in session.items:
-        if item.module.__name__ == RANKS_MODULE and {"runs", "launchers"} & set(item.fixturenames):
+        if _in_ranks_module(item) and {"runs", "launchers"} & set(item.fixturenames):
             factory = session.config._tmp_path_factory  # the tmp_path_factory fixture's, before any fixture runs
             item.module.start_scenario(factory.mktemp("ddp"))
             return
@@ -167,6 +172,5 @@ def pytest_sessionfinish(session):
     session that selected them (not a pytest session run inside this one, as test_check's is)."""
     import sys
 
-    if RANKS_MODULE in sys.modules and any(
-            getattr(item, "module", None) is sys.modules[RANKS_MODULE] for item in getattr(session, "items", ())):
+    if RANKS_MODULE in sys.modules and any(_in_ranks_module(item) for item in getattr(session, "items", ())):
         sys.modules[RANKS_MODULE].stop_scenario()

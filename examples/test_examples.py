@@ -17,6 +17,7 @@ import os
 import pytest
 
 from mgpu.cli import main
+from mgpu.parity.records import NO_BUFFERS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGES = ["--input-shape", "3,32,32", "--classes", "10"]
@@ -69,7 +70,7 @@ def test_the_example_gets_its_verdict(target, extra, code, findings, text, tmp_p
     assert got == code, table
     report = json.loads(out.read_text())
     skipped = [(c["name"], c["reason"]) for c in report["checks"] if c["status"] == "skipped"
-               and c["reason"] != "the model has no buffers"]
+               and c["reason"] != NO_BUFFERS]
     assert not skipped and report["verified"], f"{target}: comparisons skipped: {skipped}\n{table}"
     found = {c["name"] for c in report["checks"] if c["status"] == "finding"}
     assert found == findings, f"{target}: findings {found}, expected {findings}\n{table}"

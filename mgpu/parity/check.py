@@ -105,7 +105,7 @@ def _strategy_for(name: str, n: int, timeout: float, device: str = "auto", amp: 
     from mgpu.strategies import get_strategy
 
     strategy = get_strategy(name).create(TrainConfig(strategy=name, devices=n, out=None, progress=False,
-                                                     timeout=timeout, device=device, amp=amp))
+                                                     timeout=timeout, device=device))
     strategy.use_speed_options(amp=amp)  # --amp bf16: the forward and loss under bfloat16 autocast
     return strategy
 
@@ -231,17 +231,12 @@ class _Refs:
         as built with a fresh optimizer, whatever the strategy: that step is computed once per
         (plan, shards, dtype, device, amp) and shared (a run that starts elsewhere fails `start`, and
         gets its own)."""
-        if step == 1 and not optimizer_state.get("state") and self._is_initial(state):
+        if step == 1 and not optimizer_state.get("state") and compare_bitwise(state, self.initial, 0, None) is None:
             key = ("first step", plan, n, dtype, str(device), amp)
             if key not in self.cache:
                 self.cache[key] = self._step(state, optimizer_state, plan, step, n, dtype, device, amp)
             return self.cache[key]
         return self._step(state, optimizer_state, plan, step, n, dtype, device, amp)
-
-    def _is_initial(self, state: dict) -> bool:
-        initial = self.initial
-        return state.keys() == initial.keys() and all(
-            state[k].shape == v.shape and state[k].dtype == v.dtype and torch.equal(state[k], v) for k, v in initial.items())
 
     def _step(self, state, optimizer_state, plan, step, n, dtype, device, amp):
         return reference_step(self.spec, self.model, state, optimizer_state, plan, step, n, dtype,

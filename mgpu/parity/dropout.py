@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["DropoutOff", "hold_dropout_off", "dropout_modules", "DROPOUT_FUNCTIONS"]
+__all__ = ["DropoutOff", "hold_dropout_off", "DROPOUT_FUNCTIONS"]
 
 # torch's functions that drop at random: where their probability is (keyword, position) and where
 # their "training" flag is (None: they have none and always drop). F.multi_head_attention_forward
@@ -45,17 +45,6 @@ def _argument(args: tuple, kwargs: dict, where, default):
     if name in kwargs:
         return kwargs[name]
     return args[position] if len(args) > position else default
-
-
-def dropout_modules(model: nn.Module) -> list[str]:
-    """Names of the model's nn.Dropout-family modules (and attention modules with a dropout) with p > 0."""
-    found = []
-    for name, m in model.named_modules():
-        p = m.p if isinstance(m, nn.modules.dropout._DropoutNd) else (
-            m.dropout if isinstance(m, nn.MultiheadAttention) else 0)
-        if p:
-            found.append(name or type(m).__name__)
-    return found
 
 
 class DropoutOff(TorchFunctionMode):

@@ -199,8 +199,8 @@ def device_pieces(batch_size: int, devices: int, micro_steps: int) -> list[list[
 
 
 # template -> {(device, dtype): its copy}: a reference step loads its state into the same copy each
-# time. Deep-copying a model of many small modules (torchvision's, timm's) for every step took half
-# of a check's time (docs/check.md, "What a check costs").
+# time, rather than deep-copying a model of many small modules (torchvision's, timm's) for every
+# step, which was a large share of a check's time (docs/kernels.md, "Where the time went").
 _WORKING_COPIES: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
