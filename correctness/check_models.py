@@ -279,3 +279,17 @@ class BufferReadInForward(MLP):
 
 def buffer_read_in_forward() -> ModelSpec:
     return image_spec(BufferReadInForward, SHAPE, 4, name="buffer_read_in_forward")
+
+
+class ZeroHeadDropout(WithDropout):
+    """Dropout under a head initialised to zeros (as torchvision's ViT starts): the output is the same
+    whatever the masks, the gradients are not."""
+
+    def __init__(self):
+        super().__init__()
+        nn.init.zeros_(self.fc2.weight)
+        nn.init.zeros_(self.fc2.bias)
+
+
+def zero_head_dropout() -> ModelSpec:
+    return image_spec(ZeroHeadDropout, SHAPE, 4, name="zero_head_dropout")

@@ -49,6 +49,7 @@ def by_name(report, name: str):
 @pytest.mark.parametrize("model, finding", [
     ("unused_branch", "unused-parameters"),
     ("dropout", "random-layers"),
+    ("zero_head_dropout", "random-layers"),
     ("batch_centred", "batch-mixing"),
     ("batchnorm", "batch-mixing"),
 ])

@@ -87,11 +87,23 @@ def find_random_layers(spec: ModelSpec, model: nn.Module, inputs: tuple) -> tupl
     forward}, whether the forward is random even with all of those off).
 
     Every run starts from the same state (copies of `model`), on the same input, so a difference
-    can only come from random numbers drawn in forward.
+    can only come from random numbers drawn in forward. Every module's output is compared, not only
+    the model's: a head initialised to zeros (torchvision's ViT) gives the same output whatever
+    dropout did below it, while the gradients still differ.
     """
     def run(m):
-        with torch.no_grad():
-            return copy.deepcopy(m)(*inputs)
+        m = copy.deepcopy(m)
+        outputs = []
+        # Cloned as each module returns: an in-place layer after it (ReLU(inplace=True)) would change them.
+        keep = lambda out: outputs.extend(t.clone() for t in flatten_output(out))  # noqa: E731
+        hooks = [module.register_forward_hook(lambda module, args, out: keep(out)) for module in m.modules()]
+        try:
+            with torch.no_grad():
+                keep(m(*inputs))
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return outputs
 
     model = copy.deepcopy(model).train()
     if _same(run(model), run(model)):
