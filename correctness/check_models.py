@@ -293,3 +293,14 @@ class ZeroHeadDropout(WithDropout):
 
 def zero_head_dropout() -> ModelSpec:
     return image_spec(ZeroHeadDropout, SHAPE, 4, name="zero_head_dropout")
+
+
+def compiled_ddp_bypassing_the_reducer() -> ModelSpec:
+    """A planted defect in how a strategy compiles, for `check --compile`: DDP's inner module is
+    compiled instead of the DDP wrapper, so the training forward and backward never reach DDP's
+    reducer and no gradient is averaged over the ranks. The ranks are fresh processes: the plant is
+    made wherever this spec is loaded (a test restores the launching process's class)."""
+    from mgpu.strategies.ddp import DistributedDataParallel
+
+    DistributedDataParallel.compiled = lambda self, net: torch.compile(net.module) if self.compile_model else net
+    return mlp()

@@ -120,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--amp", metavar=_one_of(AMP_MODES), default=d.amp,
                    help="bf16: autocast forward and loss to bfloat16 (weights and SGD stay fp32)")
     t.add_argument("--channels-last", action="store_true", help="channels-last memory layout for images and convolutions")
+    t.add_argument("--compile", action="store_true",
+                   help="the training forward under torch.compile (inductor; the DDP or FSDP wrapper compiled with it)")
     t.add_argument("--data-on-device", action="store_true",
                    help="CUDA: hold the whole dataset on the first device, shuffle and gather there (no-op on the CPU)")
     t.add_argument("--accumulate", type=_int, default=d.accumulate, metavar="K",
@@ -259,6 +261,9 @@ def _add_check_parser(commands) -> None:
     c.add_argument("--amp", metavar=_one_of(AMP_MODES), default=d.amp,
                    help="bf16: every run's forward and loss under bfloat16 autocast, as train --amp bf16 runs them; "
                         "the allowance comes from the single-device bf16 step (docs/check.md)")
+    c.add_argument("--compile", action="store_true",
+                   help="every strategy's model under torch.compile (inductor), against the eager single-device "
+                        "reference; a compiled run that diverges from eager fails with its first divergence")
     c.add_argument("--json", default=None, metavar="PATH", help="write one record per check here")
     c.add_argument("--strict", action="store_true", help="findings fail the check too (exit 1), and so does a check that is not verified "
                         "(more than 10 %% of its comparisons skipped)")
@@ -277,7 +282,8 @@ def _check_main(parser: argparse.ArgumentParser, args) -> int:
         options = CheckOptions(strategies=tuple(p.strip() for p in args.strategies.split(",") if p.strip()),
                                devices=int_list(args.devices, "devices"), batch_size=args.batch_size,
                                steps=args.steps, seed=args.seed, accumulate=args.accumulate,
-                               step_timeout=args.step_timeout, device=args.device, amp=args.amp).validate()
+                               step_timeout=args.step_timeout, device=args.device, amp=args.amp,
+                               compile=args.compile).validate()
     except ConfigError as e:
         parser.error(_one_line(e))
     if args.json is not None:

@@ -54,6 +54,7 @@ class TrainConfig:
     resume: bool = False              # continue from the last checkpoint in checkpoint_dir
     amp: str = "off"                  # off | bf16: autocast forward and loss to bfloat16 (fp32 weights, same SGD)
     channels_last: bool = False       # images and convolution weights in channels-last memory layout
+    compile: bool = False             # the training forward under torch.compile (inductor), the wrapper included
     data_on_device: bool = False      # CUDA: the whole dataset on the first device once (no-op on the CPU)
     accumulate: int = 1               # micro-steps per global batch, gradients synchronised on the last only
     shard: str = "block"              # fsdp: block (fully_shard each block, then the root) | model (the root only)
@@ -161,6 +162,7 @@ class CheckOptions:
     weight_decay: float = 1e-3
     device: str = "auto"           # auto | cpu | cuda: where every run of the check goes (mgpu.devices.place)
     amp: str = "off"               # off | bf16: every run's forward under bfloat16 autocast (the float64 reference not)
+    compile: bool = False          # every strategy's model under torch.compile, against the eager references
 
     def validate(self) -> "CheckOptions":
         _choice("device", self.device, DEVICE_KINDS)

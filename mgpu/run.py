@@ -102,7 +102,7 @@ def _run_in_process(cfg: TrainConfig, fault: Fault | None = None) -> RunResult |
         log = print if strategy.is_main else (lambda _: None)
         for note in strategy.notes():
             log(f"note: {note}")
-        strategy.use_speed_options(cfg.amp, cfg.channels_last)
+        strategy.use_speed_options(cfg.amp, cfg.channels_last, cfg.compile)
         train_loader, test_loader = make_loaders(cfg)
         if cfg.data_on_device:
             _data_on_device((train_loader, test_loader), strategy.devices[0])

@@ -100,18 +100,19 @@ def _probe(spec: ModelSpec, model: torch.nn.Module, plan: Plan, n: int) -> Trait
 
 # -- running ------------------------------------------------------------------------------------------
 
-def _strategy_for(name: str, n: int, timeout: float, device: str = "auto", amp: str = "off"):
+def _strategy_for(name: str, n: int, timeout: float, device: str = "auto", amp: str = "off", compile: bool = False):
     from mgpu.config import TrainConfig
     from mgpu.strategies import get_strategy
 
     strategy = get_strategy(name).create(TrainConfig(strategy=name, devices=n, out=None, progress=False,
                                                      timeout=timeout, device=device))
-    strategy.use_speed_options(amp=amp)  # --amp bf16: the forward and loss under bfloat16 autocast
+    # --amp bf16: the forward and loss under bfloat16 autocast; --compile: the (wrapped) model under torch.compile
+    strategy.use_speed_options(amp=amp, compile=compile)
     return strategy
 
 
 def _run_in_process(spec, model, name: str, n: int, plan: Plan, options: CheckOptions) -> Recording:
-    strategy = _strategy_for(name, n, options.step_timeout or 60.0, options.device, options.amp)
+    strategy = _strategy_for(name, n, options.step_timeout or 60.0, options.device, options.amp, options.compile)
     strategy.use_objective(spec.objective)
     strategy.setup(copy.deepcopy(model), make_optimizer(options, spec))
     try:
@@ -156,7 +157,7 @@ def rank_main(job: RankJob):
     set_exact_gpu_math()  # as run_check has it in the launching process
     spec = job.spec()
     strategy = _strategy_for(job.strategy, int(os.environ["WORLD_SIZE"]), job.options.step_timeout or 60.0,
-                             job.options.device, job.options.amp)
+                             job.options.device, job.options.amp, job.options.compile)
     try:
         strategy.find_unused_parameters = job.find_unused
         rank, world = strategy.rank, strategy.world_size
@@ -587,6 +588,9 @@ def _notes(options: CheckOptions) -> list[str]:
     from mgpu import devices as devmod
 
     notes = []
+    if options.compile:
+        notes.append("--compile: every strategy's model ran under torch.compile (inductor; DDP and FSDP compiled with "
+                     "their wrappers), compared with the eager single-device references")
     if options.device == "cpu" and devmod.gpu_count():
         notes.append(f"--device cpu: every run on the CPU beside {devmod.gpu_count()} CUDA device(s): manual on "
                      "emulated CPU devices, ddp and fsdp on gloo processes, dataparallel as a pass-through")
@@ -609,6 +613,8 @@ def _reproducer(spec: ModelSpec, options: CheckOptions):
             parts += ["--device", options.device]
         if options.amp != "off":
             parts += ["--amp", options.amp]
+        if options.compile:
+            parts += ["--compile"]
         return " ".join(shlex.quote(p) for p in parts)
     return command
 

@@ -79,14 +79,23 @@ class Strategy(ABC):
         self.rank, self.world_size = 0, 1  # processes, not devices: only DDP has more than one
         self.autocast_dtype: torch.dtype | None = None             # --amp bf16: torch.bfloat16
         self.memory_format: torch.memory_format = torch.contiguous_format  # --channels-last
+        self.compile_model = False                                   # --compile: the forward under torch.compile
         self.objective = Objective()  # cross-entropy over class scores, unless use_objective says otherwise
 
     # -- speed options -------------------------------------------------------------------------
-    def use_speed_options(self, amp: str = "off", channels_last: bool = False) -> None:
-        """--amp and --channels-last; call before `setup`. The weights and the SGD step stay fp32."""
+    def use_speed_options(self, amp: str = "off", channels_last: bool = False, compile: bool = False) -> None:
+        """--amp, --channels-last and --compile; call before `setup`. The weights and the SGD step stay fp32."""
         check_amp(amp, self.devices)
         self.autocast_dtype = torch.bfloat16 if amp == "bf16" else None
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.compile_model = compile
+
+    def compiled(self, net: nn.Module) -> nn.Module:
+        """What a training step's forward runs: `net` (the model as wrapped: DDP, FSDP, DataParallel or
+        itself) under torch.compile with --compile, else `net`. The wrapper is compiled, not the model
+        inside it: compiled DDP then splits its graph at the gradient buckets (torch's DDPOptimizer) and
+        keeps its reducer; compiling the inner module would bypass the allreduce."""
+        return torch.compile(net) if self.compile_model else net
 
     def use_objective(self, objective: Objective) -> None:
         """The loss (summed over examples) and count of correct examples of the model to train."""

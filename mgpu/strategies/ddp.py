@@ -134,7 +134,7 @@ class DistributedDataParallel(SingleDevice):
                 raise DeviceError("SyncBatchNorm needs CUDA devices; it refuses CPU tensors")
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         super().setup(model, make_optimizer)
-        self.ddp = self.net
+        self.ddp = self.wrapped
 
     def wrap(self, model: nn.Module) -> nn.Module:
         device = self.devices[0]

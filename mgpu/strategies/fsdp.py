@@ -139,8 +139,8 @@ class FullyShardedDataParallel(DistributedDataParallel):
         strategy.mp_policy = None
         return strategy
 
-    def use_speed_options(self, amp: str = "off", channels_last: bool = False) -> None:
-        super().use_speed_options(amp, channels_last)
+    def use_speed_options(self, amp: str = "off", channels_last: bool = False, compile: bool = False) -> None:
+        super().use_speed_options(amp, channels_last, compile)
         if self.autocast_dtype is not None:
             from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -153,7 +153,7 @@ class FullyShardedDataParallel(DistributedDataParallel):
         if self.sync_bn:
             raise ConfigError("--sync-bn is not supported with the fsdp strategy (it converts BatchNorm for ddp only)")
         super().setup(model, make_optimizer)
-        self.fsdp = self.net
+        self.fsdp = self.wrapped
 
     def wrap(self, model: nn.Module) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh

@@ -23,6 +23,7 @@ class Manual(Strategy):
 
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:
         self.replicas = [self.place(copy.deepcopy(model), d) for d in self.devices]
+        self.nets = [self.compiled(r) for r in self.replicas]  # what each replica's forward runs through
         self.opts = [make_optimizer(list(r.parameters())) for r in self.replicas]
 
     def forward_backward(self, X, y: torch.Tensor, global_batch_size: int, micro_steps: int = 1) -> torch.Tensor:
@@ -31,12 +32,12 @@ class Manual(Strategy):
         main = self.devices[0]
         stats = torch.zeros(2, device=main)
         for k in range(micro_steps):
-            for replica, device, shard_pieces in zip(self.replicas, self.devices, pieces):
+            for net, device, shard_pieces in zip(self.nets, self.devices, pieces):
                 if k >= len(shard_pieces):
                     continue  # a shard smaller than micro_steps has fewer pieces
                 X_piece, y_piece = shard_pieces[k]
                 with self.autocast(device):
-                    loss, piece_stats = self.objective.loss_and_stats(replica(*self.inputs(X_piece, device)),
+                    loss, piece_stats = self.objective.loss_and_stats(net(*self.inputs(X_piece, device)),
                                                                       y_piece, 1.0)
                 loss.backward()  # queued per device: the host never waits here, so on GPUs the replicas overlap
                 stats += piece_stats.to(main, non_blocking=True)  # device to device: no host read

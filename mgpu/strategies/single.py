@@ -29,7 +29,8 @@ class SingleDevice(Strategy):
 
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:
         self.model = self.place(model, self.devices[0])
-        self.net = self.wrap(self.model)  # what a training step's forward runs through
+        self.wrapped = self.wrap(self.model)     # DDP, FSDP or DataParallel around it (or the model itself)
+        self.net = self.compiled(self.wrapped)   # what a training step's forward runs through
         self.optimizer = make_optimizer(list(self.model.parameters()))
 
     def wrap(self, model: nn.Module) -> nn.Module:
