@@ -158,7 +158,16 @@ def _add_bench_parser(commands) -> None:
     b.add_argument("--batch", type=_int, default=32, help="examples per device (weak scaling)")
     b.add_argument("--rounds", type=_int, default=10, help="interleaved rounds: one step of every case each")
     b.add_argument("--warmup", type=_int, default=2, help="untimed steps of every case first")
+    _speed_arguments(b)
     b.add_argument("--out", default="perf-results", help="folder for bench.json and bench.png")
+
+
+def _speed_arguments(p) -> None:
+    """--amp and --compile of bench and gate: time the step as you train it."""
+    p.add_argument("--amp", metavar=_one_of(AMP_MODES), default="off",
+                   help="bf16: the forward and loss under bfloat16 autocast (weights and optimizer fp32)")
+    p.add_argument("--compile", action="store_true",
+                   help="the model under torch.compile (inductor); its compilation happens in the untimed warm-up")
 
 def _add_gate_parser(commands) -> None:
 
@@ -180,7 +189,17 @@ def _add_gate_parser(commands) -> None:
     g.add_argument("--workers", default="auto", metavar="N",
                    help="worker processes per arm, 1 to 4 (auto: 2 below --threshold 10, else 1): the rounds rotate "
                         "through their pairs, averaging out one process's bias against another")
-    g.add_argument("--strict", action="store_true", help="an inconclusive benchmark fails the run too")
+    g.add_argument("--budget-s", default="120", metavar="SECONDS",
+                   help="seconds of rounds a benchmark may take when its first rounds' noise needs longer samples; a "
+                        "threshold the budget cannot decide is said at once (undecidable), with the figures")
+    g.add_argument("--pair-bias", default="1.5", metavar="PERCENT",
+                   help="sd of the bias between two worker processes of one tree (python -m mgpu_perf calibrate "
+                        "measures it); a threshold under the floor it sets is undecidable")
+    g.add_argument("--graphs", default="auto", metavar="{auto,on,off}",
+                   help="time CUDA-graph replays of the step where it can be captured (single, manual on one GPU); "
+                        "on: also say why not on a CPU; off: never")
+    _speed_arguments(g)
+    g.add_argument("--strict", action="store_true", help="an inconclusive or undecidable benchmark fails the run too")
     g.add_argument("--out", default="perf-results", help="folder for ab.json, ab-baseline.json, ab-candidate.json")
 
 def _names_and_counts(parser, args) -> None:
@@ -207,6 +226,8 @@ def _bench_main(parser: argparse.ArgumentParser, args) -> int:
         value = getattr(args, name)
         if not isinstance(value, int) or value < (1 if name == "rounds" else 0):
             parser.error(f"--{name} must be an integer >= {1 if name == 'rounds' else 0}, got {value!r}")
+    if args.amp not in AMP_MODES:
+        parser.error(f"--amp must be one of {', '.join(AMP_MODES)}, got {args.amp!r}")
     from mgpu.spec import load_spec, validate_spec
     from mgpu_perf.bench import BenchOptions, format_table, run_bench, write_outputs
     from mgpu_perf.harness.ranks import RankPoolError
@@ -214,7 +235,7 @@ def _bench_main(parser: argparse.ArgumentParser, args) -> int:
     try:
         validate_spec(load_spec(args.model, input_shape=args.input_shape, classes=args.classes), batch_size=2)
         options = BenchOptions(args.strategies, args.devices, args.batch, args.rounds, args.warmup, args.input_shape,
-                               args.classes)
+                               args.classes, amp=args.amp, compile=args.compile)
         result = run_bench(args.model, options, log=lambda line: print(f"mgpu bench: {line}", file=sys.stderr, flush=True))
     except (MgpuError, ValueError) as e:
         print(f"mgpu: error: {_one_line(e)}", file=sys.stderr)

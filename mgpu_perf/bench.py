@@ -37,6 +37,8 @@ class BenchOptions:
     warmup: int = 2
     input_shape: str | None = None
     classes: int | None = None
+    amp: str = "off"         # --amp bf16: the forward under bfloat16 autocast
+    compile: bool = False    # --compile: the model under torch.compile (compiled in the warm-up steps)
 
 
 def plan_cases(options: BenchOptions, gpus: int) -> tuple[list[tuple[str, int]], list[str]]:
@@ -74,7 +76,8 @@ def run_bench(model: str, options: BenchOptions, log: Callable[[str], None] = la
         for label, (strategy, n) in labels.items():
             log(f"setting up {label}")
             bench = ModelBench(model, strategy, n, per_device_batch=options.batch, input_shape=options.input_shape,
-                               classes=options.classes, threads_per_device=threads)
+                               classes=options.classes, threads_per_device=threads, amp=options.amp,
+                               compile=options.compile)
             session = StrategyRankPool(bench) if spawns_ranks(strategy) else bench.open()
             stack.callback(session.close)
             sessions[label] = session
@@ -95,7 +98,8 @@ def run_bench(model: str, options: BenchOptions, log: Callable[[str], None] = la
     return {"model": model, "scaling": "weak (fixed per-device batch)", "per_device_batch": options.batch,
             "rounds": options.rounds, "warmup": options.warmup, "speedup_against": f"{base['strategy']} on "
             f"{base['devices']} device(s)", "gpus": gpus, "threads_per_device": threads,
-            "emulated": gpus == 0, "torch": torch.__version__, "notes": notes, "rows": rows}
+            "emulated": gpus == 0, "torch": torch.__version__, "amp": options.amp, "compile": options.compile,
+            "notes": notes, "rows": rows}
 
 
 def format_table(result: dict) -> list[str]:
@@ -107,8 +111,11 @@ def format_table(result: dict) -> list[str]:
         lines.append(f"{r['strategy']:<13}{r['devices']:>8}{r['step_s_median'] * 1e3:>10.1f}{r['samples_per_s']:>11.1f}"
                      f"{r['speedup']:>10.2f}{r['efficiency']:>11.2f}{peak:>10}")
     devices = "emulated CPU devices (CPU ranks for ddp/fsdp)" if result["emulated"] else f"{result['gpus']} GPU(s)"
+    options = [o for o, on in ((f"--amp {result.get('amp')}", result.get("amp", "off") != "off"),
+                               ("--compile", result.get("compile"))) if on]
     lines.append(f"{result['model']}: {result['per_device_batch']} samples a device, median of {result['rounds']} "
-                 f"interleaved rounds, speed-up against {result['speedup_against']}, on {devices}")
+                 f"interleaved rounds, speed-up against {result['speedup_against']}, on {devices}"
+                 + (f"; {' '.join(options)}" if options else ""))
     lines += [f"note: {n}" for n in result["notes"]]
     return lines
 

@@ -4,6 +4,7 @@
     python -m mgpu_perf ddp-scaling --devices 1,2,4 --batch 32 --rounds 10 --min-speedup 1.8
     python -m mgpu_perf hot-path                   # mgpu's step against bare PyTorch, DDP and FSDP against no communication
     python -m mgpu_perf validate-gate              # the A/B gate's measured error rates (gate/validate.py)
+    python -m mgpu_perf calibrate [--model M:F]    # the gate's noise and smallest detectable change (gate/calibrate.py)
 
 Exit codes: 0 done, 1 a rank failed or the speedup is below --min-speedup, 2 bad input (one line).
 The ranks of every count start first (one pool per count; idle pools wait on their queues and
@@ -133,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--ranks", type=int, default=2, help="DDP ranks")
     sub.add_parser("validate-gate", add_help=False, help="the A/B gate's false-alarm and detection rates, measured "
                                                         "(`validate-gate --help`)")
+    sub.add_parser("calibrate", add_help=False, help="each gated benchmark's noise and the smallest change the A/B "
+                                                     "gate can call in its budget, no baseline (`calibrate --help`)")
     return parser
 
 
@@ -153,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         from mgpu_perf.gate.validate import main as validate_gate
 
         return validate_gate(argv[1:])
+    if argv[:1] == ["calibrate"]:
+        from mgpu_perf.gate.calibrate import main as calibrate
+
+        return calibrate(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -43,7 +43,20 @@ def pytest_addoption(parser):
                     help="worker processes per arm, 1 to 4 (default auto: 2 below --ab-threshold 10, else 1): "
                          "the rounds rotate through the arms' worker pairs, averaging out the bias of one "
                          "process against another")
-    group.addoption("--ab-strict", action="store_true", help="an inconclusive benchmark fails the run too")
+    group.addoption("--ab-budget-s", default="120", metavar="SECONDS",
+                    help="seconds of rounds a benchmark may take when its first rounds' noise needs longer samples "
+                         "(default 120); a threshold it cannot decide in them is `undecidable` at once, with figures")
+    group.addoption("--ab-pair-bias", default="1.5", metavar="PERCENT",
+                    help="sd of the bias between two worker processes of one tree (default 1.5; `python -m "
+                         "mgpu_perf calibrate` measures it): a threshold under the floor it sets is `undecidable`")
+    group.addoption("--ab-graphs", default="auto", choices=("auto", "on", "off"),
+                    help="time CUDA-graph replays of steps that can be captured (single, manual on one GPU; "
+                         "default auto); on: say why not on a CPU too; off: never")
+    group.addoption("--ab-amp", default="off", choices=("off", "bf16"),
+                    help="the gated training steps under bfloat16 autocast (default off)")
+    group.addoption("--ab-compile", action="store_true", help="the gated training steps' models under torch.compile")
+    group.addoption("--ab-strict", action="store_true",
+                    help="an inconclusive or undecidable benchmark fails the run too")
     group.addoption("--perf-out", default=None, metavar="DIR",
                     help=f"folder for ab.json and the perf suite's outputs (default ${ENV_OUT} or {DEFAULT_OUT}/)")
 

@@ -321,7 +321,7 @@ def test_rounds_rotate_through_worker_pairs_and_average_their_bias():
     bias = {"baseline": 1.0, "baseline-2": 1.0, "candidate": 1.04, "candidate-2": 1 / 1.04}
     arms = {arm: [FakeArm(name, log, lambda label, n: 0.1 * bias[label]) for name in (arm, f"{arm}-2")]
             for arm in ("baseline", "candidate")}
-    settings = Settings(min_rounds=10, max_rounds=12, look_every=5, workers=2)
+    settings = Settings(min_rounds=12, max_rounds=12, look_every=5, workers=2)  # 12 rounds, none stretched
     result = compare("b", {"kind": "x"}, arms, settings)
     assert result.pairs == [0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1], result.pairs
     assert result.estimate.ratio == pytest.approx(1.0, abs=1e-9), result.estimate
@@ -347,7 +347,8 @@ def test_a_slowdown_inside_the_unchanged_margin_but_beyond_half_the_threshold_is
     """At threshold 5 %, a 3 % slowdown's interval lies inside the `unchanged` margin (0.952, 1.05)
     at the first look ([1.022, 1.038] here); stopping there called it `unchanged`. It must run on
     and end `slower` (more than T/2 = 2.5 %, with confidence)."""
-    settings = Settings(threshold=0.05, min_rounds=5, max_rounds=40, look_every=5)
+    # One worker an arm whose pairs differ by 1 % sd: a floor of 4.1 %, under the 5 % threshold.
+    settings = Settings(threshold=0.05, min_rounds=5, max_rounds=40, look_every=5, pair_bias=0.01)
     first_look = abstats.estimate([0.1] * 5, [0.1 * 1.03 / 1.01 * (1 + 0.01 * (n % 3)) for n in range(3, 8)], 0.05)
     assert abstats.verdict(first_look, 0.05, 0.05) == "unchanged", "the case must be one the old rule stopped on"
     result = compare("b", {"kind": "x"}, _arms([], ratio=1.03 / 1.01), settings)  # candidates 1.03 +- 1 %

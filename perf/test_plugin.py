@@ -225,6 +225,10 @@ def test_the_gate_command_names_its_cases_and_keeps_model_paths_inside_the_repos
     (["--baseline", "HEAD", "--max-rounds", "2"], "--max-rounds must be an integer >= 3"),
     (["--baseline", "HEAD", "--sample-s", "-1"], "--sample-s must be a number of seconds in (0, 60]"),
     (["--baseline", "HEAD", "--workers", "0"], "--workers must be an integer from 1 to 4 or auto"),
+    (["--baseline", "HEAD", "--budget-s", "0"], "--budget-s must be a number of seconds > 0"),
+    (["--baseline", "HEAD", "--pair-bias", "-1"], "--pair-bias must be a percentage in [0, 50)"),
+    (["--baseline", "HEAD", "--graphs", "yes"], "--graphs must be one of auto, on, off"),
+    (["--baseline", "HEAD", "--amp", "fp16"], "--amp must be one of off, bf16"),
 ])
 def test_gate_command_bad_input_is_one_line_and_exit_2(user_repo, args, message, capsys, monkeypatch):
     from mgpu.cli import main
@@ -300,6 +304,48 @@ def test_bench_times_every_case_interleaved_and_writes_its_outputs(tmp_path, mon
     assert all(p.stat().st_size > 0 for p in paths) and json.loads(paths[0].read_text())["rows"]
 
 
+def test_bench_times_the_step_as_it_is_trained_with_amp_and_compile(tmp_path, monkeypatch):
+    """`mgpu bench --amp bf16 --compile`: the strategy's model goes through torch.compile (inductor,
+    compiled for real: a tiny model) and its forward under bfloat16 autocast; the table says so."""
+    import torch
+
+    compiled = []
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, *a, **k: compiled.append(model) or real_compile(model, *a, **k))
+    (tmp_path / "model.py").write_text(textwrap.dedent(MODEL.replace("REPEATS", "1")))
+    monkeypatch.chdir(tmp_path)
+    options = BenchOptions(strategies=("single",), devices=(1,), batch=4, rounds=1, warmup=1, amp="bf16", compile=True)
+    result = run_bench("model.py:spec", options)
+    assert len(compiled) == 1 and result["rows"][0]["samples_per_s"] > 0, (compiled, result["rows"])
+    assert (result["amp"], result["compile"]) == ("bf16", True), result
+    assert "--amp bf16 --compile" in "\n".join(format_table(result))
+
+
+def test_the_gates_workloads_take_amp_and_compile(tmp_path, monkeypatch):
+    """--ab-amp / --ab-compile (mgpu gate --amp / --compile) reach the strategy of the workload a
+    worker builds, and a spec without them asks an older mgpu for nothing new."""
+    import torch
+
+    from mgpu_perf.gate.run import parse_settings, with_speed_options
+    from mgpu_perf.harness.workloads import make_gated
+
+    settings = parse_settings(amp="bf16", compile=True)
+    spec = with_speed_options({"kind": "model-step", "model": f"{tmp_path / 'model.py'}:spec", "strategy": "single",
+                               "devices": 1, "batch": 4}, settings)
+    assert (spec["amp"], spec["compile"]) == ("bf16", True) and "graphs" not in spec, spec
+    assert with_speed_options({"kind": "matmul"}, parse_settings()) == {"kind": "matmul"}, "defaults add nothing"
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda model, *a, **k: compiled.append(model) or model)
+    (tmp_path / "model.py").write_text(textwrap.dedent(MODEL.replace("REPEATS", "1")))
+    workload = make_gated(spec)
+    try:
+        workload.op()
+        workload.check()
+        assert workload.session.strategy.autocast_dtype == torch.bfloat16 and len(compiled) == 1, compiled
+    finally:
+        workload.close()
+
+
 def test_bench_leaves_out_what_this_machine_cannot_run_and_says_why():
     cases, notes = plan_cases(BenchOptions(strategies=("single", "dataparallel"), devices=(1, 2)), gpus=0)
     assert cases == [("single", 1), ("dataparallel", 1)]
@@ -311,6 +357,7 @@ def test_bench_leaves_out_what_this_machine_cannot_run_and_says_why():
     (["examples/tiny_lm.py:spec", "--devices", "0"], "--devices must be positive"),
     (["examples/tiny_lm.py:spec", "--strategies", "single,foo"], "unknown strategy 'foo'"),
     (["examples/tiny_lm.py:spec", "--rounds", "0"], "--rounds must be an integer >= 1"),
+    (["examples/tiny_lm.py:spec", "--amp", "fp16"], "--amp must be one of off, bf16"),
 ])
 def test_bench_bad_input_is_one_line_and_exit_2(args, message, capsys):
     from mgpu.cli import main

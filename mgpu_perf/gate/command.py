@@ -68,7 +68,8 @@ def run_gate_command(args, error: Callable[[str], None]) -> int:
     root = repository_root(Path.cwd())
     try:
         settings = parse_settings(args.threshold, args.max_rounds, strict=args.strict, sample_s=args.sample_s,
-                                  workers=args.workers)
+                                  workers=args.workers, budget_s=args.budget_s, pair_bias=args.pair_bias,
+                                  graphs=args.graphs, amp=args.amp, compile=args.compile)
         model = model_in_repository(args.model, root)
         cases = gate_cases(model, args.strategies, args.devices, args.batch, args.input_shape, args.classes)
         run = GateRun(settings, root, args.baseline, args.baseline_python, gpu_clocks())
@@ -91,8 +92,8 @@ def run_gate_command(args, error: Callable[[str], None]) -> int:
         for name, spec in cases:
             print(f"mgpu gate: {name} ...", file=sys.stderr, flush=True)
             result = run.compare(name, spec, len(cases))
-            if result.status == "not comparable":
-                print(f"mgpu gate: {name}: not comparable: {result.reason}", file=sys.stderr, flush=True)
+            if result.status in ("not comparable", "undecidable"):
+                print(f"mgpu gate: {name}: {result.status}: {result.reason}", file=sys.stderr, flush=True)
         status = run.finish(Path(args.out))
     except GateError as e:
         print(f"mgpu: error: {_as_command_options(one_line(e))}", file=sys.stderr)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from mgpu_perf.gate import stats as abstats
 from mgpu_perf.gate.arm import Arm, ArmError
 
-__all__ = ["Settings", "round_order", "round_pair", "Comparison", "compare", "judge", "ArmError"]
+__all__ = ["Settings", "round_order", "round_pair", "Comparison", "choose_clock", "compare", "judge", "ArmError"]
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,13 @@ class Settings:
     warmup: int = 2           # untimed samples per arm before the rounds
     sample_s: float = 0.25    # target duration of one sample (a whole number of operations)
     workers: int = 1          # worker processes per arm; the rounds rotate through their pairs
-    strict: bool = False      # `inconclusive` fails the run too
+    strict: bool = False      # `inconclusive` (and `undecidable`) fails the run too
     smoke: bool = False       # --benchmark-disable: exercise the machinery, judge nothing
+    budget_s: float = 120.0   # seconds of rounds a benchmark may take when its samples are stretched
+    pair_bias: float = abstats.PAIR_BIAS  # sd of one worker pair's bias: sets the threshold's floor
+    graphs: str = "auto"      # CUDA-graph steps: auto | on | off (harness/graphs.py)
+    amp: str = "off"          # the workloads' --amp: off | bf16
+    compile: bool = False     # the workloads' --compile (torch.compile)
 
 
 def workers_for(threshold: float) -> int:
@@ -86,12 +91,19 @@ def round_pair(i: int, workers: int) -> int:
 class Comparison:
     name: str
     spec: dict
-    status: str = "compared"            # compared | not comparable
+    status: str = "compared"            # compared | not comparable | undecidable (the reason says why)
     reason: str = ""
     ops_per_sample: int = 0
-    samples: dict = field(default_factory=lambda: {"baseline": [], "candidate": []})  # one per round
+    samples: dict = field(default_factory=lambda: {"baseline": [], "candidate": []})  # one per round, by `clock`
+    host_samples: dict = field(default_factory=lambda: {"baseline": [], "candidate": []})  # host wall time beside
     pairs: list = field(default_factory=list)  # the worker pair of each round
+    clock: str = "host"                 # what decided: host (wall time) | cuda-events (the step's stream)
+    clock_reason: str = ""
+    graphs: dict = field(default_factory=dict)  # per arm: captured or not, and why not
+    plans: list = field(default_factory=list)   # the sizing of each phase (stats.Plan.to_dict)
+    pilot: dict | None = None           # the rounds before samples were stretched (not in the estimate)
     seconds: float = 0.0
+    round_s: float = math.nan           # seconds a round took (both arms), over every round taken
     estimate: abstats.Estimate | None = None
     verdict: str = ""
     level: float = 0.0
@@ -101,6 +113,14 @@ class Comparison:
 
     def interval(self) -> tuple[float, float]:
         return self.estimate.interval(self.level) if self.estimate else (math.nan, math.nan)
+
+    def noise(self) -> float:
+        """The rounds' per-round log-ratio noise (stats.round_noise), nan before two rounds."""
+        return abstats.round_noise(self.estimate) if self.estimate else math.nan
+
+    def pair_spread(self) -> float | None:
+        logs = [math.log(c / b) for b, c in zip(self.samples["baseline"], self.samples["candidate"])]
+        return abstats.pair_spread(logs, self.pairs)
 
     def to_dict(self) -> dict:
         """For ab.json: strict JSON (no NaN or Infinity: None where a figure does not exist)."""
@@ -114,12 +134,30 @@ class Comparison:
                 "candidate_median_s": finite(self.median("candidate")),
                 "ratio": finite(self.estimate.ratio) if self.estimate else None, "interval": [low, high],
                 "level": self.level, "p_slower": self.estimate.p_slower if self.estimate else None,
-                "seconds": self.seconds,
-                "samples": self.samples, "pairs": self.pairs}
+                "noise": finite(self.noise()), "pair_spread": self.pair_spread(), "plans": self.plans,
+                "clock": self.clock, "clock_reason": self.clock_reason, "graphs": self.graphs,
+                "seconds": self.seconds, "round_s": finite(self.round_s), "samples": self.samples, "host_samples": self.host_samples,
+                "pairs": self.pairs, "pilot": self.pilot}
 
 
-def _sample(arm: Arm, ops: int) -> float:
-    return statistics.median(arm.request("sample", ops=ops)["times"])
+def choose_clock(answers: list[dict]) -> tuple[str, str]:
+    """Which time decides, from every worker's answer to a sample: the step's CUDA stream
+    (`device_times`, CUDA events) when every worker of both arms timed it there, else host wall
+    time, with the reason. Both arms must be timed by one clock, or the ratio compares two clocks."""
+    notes = [a.get("clock_note") for a in answers if "device_times" not in a]
+    if not notes:
+        return "cuda-events", "every worker timed the step on its CUDA stream (host wall time beside it)"
+    return "host", next((n for n in notes if n), "host wall time")
+
+
+def _times(answer: dict, clock: str) -> tuple[float, float]:
+    """(the deciding time, host time) of one sample: medians of its operations."""
+    host = statistics.median(answer["times"])
+    return (statistics.median(answer["device_times"]) if clock == "cuda-events" else host), host
+
+
+def _sample(arm: Arm, ops: int, clock: str = "host") -> tuple[float, float]:
+    return _times(arm.request("sample", ops=ops), clock)
 
 
 def _in_both(pools: dict[str, list[Arm]], command: str, **fields) -> dict[str, list[dict]]:
@@ -140,10 +178,57 @@ def _in_both(pools: dict[str, list[Arm]], command: str, **fields) -> dict[str, l
     return answers
 
 
+def _agree_on_graphs(pools: dict[str, list[Arm]], answers: dict[str, list[dict]], result: Comparison) -> None:
+    """CUDA-graph steps in every worker or in none: a worker whose step could not be captured
+    keeps its plain step, and the others are told to drop their graphs, so both arms time one kind
+    of step. result.graphs: each arm's first answer (captured, and why not)."""
+    states = {label: [a.get("graphs", {"captured": False, "why": "the worker did not say"}) for a in group]
+              for label, group in answers.items()}
+    result.graphs = {label: group[0] for label, group in states.items()}
+    captured = [s["captured"] for group in states.values() for s in group]
+    if any(captured) and not all(captured):
+        why = next(f"{label}: {s['why']}" for label, group in states.items() for s in group if not s["captured"])
+        for label, pool in pools.items():
+            for arm, state in zip(pool, states[label]):
+                if state["captured"]:
+                    arm.request("graphs", enabled=False)
+        result.graphs = {label: {"captured": False, "why": f"dropped: {why}"} for label in states}
+
+
+def _take_round(pools, result: Comparison, i: int, workers: int, ops: int, settings: Settings) -> None:
+    pair = round_pair(i, workers)
+    if settings.smoke:  # it checks that the workload runs in both arms: nothing is timed against anything
+        for label, (answer,) in _in_both({k: [v[pair]] for k, v in pools.items()}, "sample", ops=ops).items():
+            decided, host = _times(answer, result.clock)
+            result.samples[label].append(decided)
+            result.host_samples[label].append(host)
+    else:
+        for label in round_order(i, workers):
+            decided, host = _sample(pools[label][pair], ops, result.clock)
+            result.samples[label].append(decided)
+            result.host_samples[label].append(host)
+    result.pairs.append(pair)
+
+
+def _size(result: Comparison, settings: Settings, strictest: float, round_s: float, sample_s: float,
+          budget_left: float, workers: int, may_stretch: bool) -> abstats.Plan:
+    est = abstats.estimate(result.samples["baseline"], result.samples["candidate"], settings.threshold)
+    plan = abstats.plan(abstats.round_noise(est), settings.threshold, strictest, settings.max_rounds, round_s,
+                        sample_s, budget_left, settings.pair_bias, workers, may_stretch=may_stretch,
+                        low=abstats.noise_low(est))
+    result.plans.append(plan.to_dict())
+    return plan
+
+
 def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: Settings, family_size: int = 1,
             log=lambda _: None) -> Comparison:
-    """Time one gated workload in both arms, interleaved, until decided or max_rounds. `arms`:
-    "baseline" and "candidate", each a worker or a list of `settings.workers` workers."""
+    """Time one gated workload in both arms, interleaved, until decided, refused or max_rounds.
+    `arms`: "baseline" and "candidate", each a worker or a list of `settings.workers` workers.
+
+    The first look (at min_rounds) also sizes the run from the rounds' noise (stats.plan): a
+    threshold under the worker pairs' floor, or one the budget cannot decide at any sample length,
+    ends the benchmark there as `undecidable`, with the figures; one that needs longer samples
+    starts its rounds again with them (the first rounds kept as `pilot`, outside the estimate)."""
     result = Comparison(name, spec)
     start = time.perf_counter()
     pools = {label: group if isinstance(group, list) else [group] for label, group in arms.items()}
@@ -163,38 +248,66 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
         raise ArmError(f"candidate: setup failed: {failed[0]}")
     workers = len(pools["baseline"])
     try:
+        _agree_on_graphs(pools, answers, result)
         if settings.smoke:
-            ops = 1
+            ops, op_s = 1, math.nan
+            result.clock, result.clock_reason = "host", "a smoke run times nothing against anything"
         else:
             # Untimed, at least two each: the first operation of a worker pays one-off costs (on a
             # GPU the CUDA context, cuDNN's first calls, the allocator's first blocks: 1 s against a
             # 10 ms step on an H200), so the samples are sized by each arm's fastest warm-up
             # operation. Sized by a median that included it, the first GPU gate took one-step
             # samples, 40 % apart (docs/gpu.md).
-            warm = {label: [_sample(arm, 1) for arm in pool for _ in range(max(settings.warmup, 2))]
+            warm = {label: [arm.request("sample", ops=1) for arm in pool for _ in range(max(settings.warmup, 2))]
                     for label, pool in pools.items()}
-            op_s = statistics.fmean(min(v) for v in warm.values())
+            result.clock, result.clock_reason = choose_clock([a for group in warm.values() for a in group])
+            op_s = statistics.fmean(min(_times(a, result.clock)[0] for a in group) for group in warm.values())
             ops = max(1, round(settings.sample_s / max(op_s, 1e-6)))
         result.ops_per_sample = ops
         strictest = settings.alpha / family_size
-        for i in range(settings.max_rounds):
-            pair = round_pair(i, workers)
-            if settings.smoke:  # it checks that the workload runs in both arms: nothing is timed against anything
-                for label, (answer,) in _in_both({k: [v[pair]] for k, v in pools.items()}, "sample", ops=ops).items():
-                    result.samples[label].append(statistics.median(answer["times"]))
-            else:
-                for label in round_order(i, workers):
-                    result.samples[label].append(_sample(pools[label][pair], ops))
-            result.pairs.append(pair)
-            done = i + 1
-            if (not settings.smoke and done >= settings.min_rounds and done < settings.max_rounds
-                    and (done - settings.min_rounds) % settings.look_every == 0):
+        limit, i, stretched = settings.max_rounds, 0, False
+        began = phase_began = time.perf_counter()
+        while i < limit:
+            _take_round(pools, result, i, workers, ops, settings)
+            i += 1
+            done = i
+            if settings.smoke or done < settings.min_rounds:
+                continue
+            if done == settings.min_rounds:
+                now = time.perf_counter()
+                plan = _size(result, settings, strictest, (now - phase_began) / done, ops * op_s,
+                             settings.budget_s - (now - began), workers, may_stretch=not stretched)
+                est = abstats.estimate(result.samples["baseline"], result.samples["candidate"], settings.threshold)
+                # Under the floor: no verdict, whatever the rounds. Too noisy for the budget: no verdict
+                # unless these rounds already settled it (or they are all the rounds asked for).
+                if plan.action == "refuse" and (settings.threshold < plan.floor or (
+                        done < limit and not abstats.settled(est, settings.threshold, strictest))):
+                    result.status, result.reason = "undecidable", plan.message
+                    break
+                if done >= limit:
+                    break
+                if plan.action == "stretch":
+                    # The first rounds' samples are shorter, their noise larger: kept, not mixed in.
+                    result.pilot = {"ops_per_sample": ops, "samples": result.samples, "pairs": result.pairs,
+                                    "host_samples": result.host_samples}
+                    result.samples = {"baseline": [], "candidate": []}
+                    result.host_samples = {"baseline": [], "candidate": []}
+                    result.pairs = []
+                    ops = max(ops + 1, math.ceil(ops * plan.stretch))
+                    result.ops_per_sample = ops
+                    limit, i, stretched, phase_began = plan.rounds, 0, True, time.perf_counter()
+                    log(f"{name}: {plan.message}")
+                    continue
+                limit = min(limit, max(plan.rounds, settings.min_rounds))
+            if (done < limit and (done - settings.min_rounds) % settings.look_every == 0):
                 # Only a verdict that cannot be a false `slower` ends a benchmark early: looking
                 # for `slower` after every few rounds would test it again and again (a false
                 # alarm rate up to 3x the nominal level, simulated). `slower` is judged once, at the end.
                 est = abstats.estimate(result.samples["baseline"], result.samples["candidate"], settings.threshold)
                 if abstats.settled(est, settings.threshold, strictest):
                     break
+        taken = len(result.samples["baseline"]) + len((result.pilot or {}).get("samples", {}).get("baseline", []))
+        result.round_s = (time.perf_counter() - began) / max(1, taken)
         _in_both(pools, "check")  # wrong results fail the run, in either arm
     finally:
         for arm in (arm for pool in pools.values() for arm in pool):  # each on its own: the first error is reported
@@ -217,6 +330,6 @@ def judge(results: list[Comparison], settings: Settings) -> None:
         r.verdict, r.level = verdict, level
     for r in results:
         if r.status != "compared":
-            r.verdict = "not comparable"
+            r.verdict = r.status  # not comparable | undecidable: no test was made, so none joins Holm's
 
 

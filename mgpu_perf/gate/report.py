@@ -22,8 +22,9 @@ __all__ = ["gate_exit_status", "format_table", "write_reports"]
 
 
 def gate_exit_status(results: list[Comparison], settings: Settings) -> int:
-    """1 when a judged benchmark is `slower` (or `inconclusive` under --ab-strict), else 0; a smoke run judges nothing."""
-    bad = {"slower"} | ({"inconclusive"} if settings.strict else set())
+    """1 when a judged benchmark is `slower` (or `inconclusive` or `undecidable` under --ab-strict), else 0; a
+    smoke run judges nothing."""
+    bad = {"slower"} | ({"inconclusive", "undecidable"} if settings.strict else set())
     return 1 if not settings.smoke and any(r.verdict in bad for r in results) else 0
 
 
@@ -32,19 +33,43 @@ def format_table(results: list[Comparison], settings: Settings) -> list[str]:
     lines = [header, "-" * len(header)]
     for r in results:
         name = r.name.split("::")[-1][:43]
-        if r.status != "compared":
+        if r.status == "not comparable" or r.estimate is None:
             lines.append(f"{name:<44}{'-':>10}{'-':>11}{'-':>8}  {'-':<15}{'-':>7}  not comparable ({r.reason[:60]})")
             continue
         low, high = r.interval()
-        interval = f"{low:.3f}-{high:.3f}" if math.isfinite(high) else "-"
+        interval = f"{low:.3f}-{high:.3f}" if math.isfinite(high) and r.status == "compared" else "-"
         lines.append(f"{name:<44}{r.median('baseline') * 1e3:>8.1f}ms{r.median('candidate') * 1e3:>9.1f}ms"
                      f"{r.estimate.ratio:>8.3f}  {interval:<15}{len(r.samples['baseline']):>7}  {r.verdict}")
+        lines += [f"  {line}" for line in describe_timing(r)]
     lines.append(f"ratio: the rounds' {abstats.TRIM:.0%} trimmed mean (Yuen's interval); "
                  f"threshold {settings.threshold:.0%}: slower = interval above {1 + settings.threshold / 2:.3f}; "
                  f"whole-run false-alarm level {settings.alpha} (Holm)"
                  + (f"; {settings.workers} worker processes an arm" if settings.workers > 1 else "")
                  + ("; SMOKE RUN: verdicts mean nothing" if settings.smoke else ""))
     return lines
+
+
+def describe_timing(r: Comparison) -> list[str]:
+    """What a benchmark's rows do not show: why it has no verdict, what clock decided (when not the
+    host's), whether its samples were stretched, and CUDA-graph steps (taken, or why not)."""
+    lines = []
+    if r.status == "undecidable":
+        lines.append(f"undecidable: {r.reason}")
+    if r.clock != "host":
+        lines.append(f"timed by {r.clock} ({r.clock_reason}); host median {_median(r.host_samples['baseline']):.1f}"
+                     f" / {_median(r.host_samples['candidate']):.1f} ms")
+    if r.pilot is not None:
+        lines.append(f"samples stretched: {r.plans[0]['message']}")
+    graphs = {label: g for label, g in r.graphs.items() if g}
+    if graphs and any(g.get("captured") for g in graphs.values()):
+        lines.append("CUDA-graph replays in both arms")
+    elif graphs and any(g.get("shown") for g in graphs.values()):
+        lines.append(f"CUDA graphs not used: {next(iter(graphs.values())).get('why', '')}")
+    return lines
+
+
+def _median(times: list[float]) -> float:
+    return sorted(times)[len(times) // 2] * 1e3 if times else math.nan
 
 
 def _benchmark_json(results: list[Comparison], arm: str, versions: dict | None) -> dict:
@@ -82,7 +107,9 @@ def write_reports(results: list[Comparison], settings: Settings, out: Path, base
     report = {"baseline": baseline, "candidate": candidate, "versions": versions, "gpu_clocks": gpu_clocks,
               "settings": {"threshold": s.threshold, "alpha": s.alpha, "min_rounds": s.min_rounds,
                            "max_rounds": s.max_rounds, "look_every": s.look_every, "sample_s": s.sample_s,
-                           "workers": s.workers,
+                           "workers": s.workers, "budget_s": s.budget_s, "pair_bias": s.pair_bias,
+                           "floor": abstats.threshold_floor(s.pair_bias, s.workers), "graphs": s.graphs,
+                           "amp": s.amp, "compile": s.compile,
                            "strict": s.strict, "smoke": s.smoke, "correction": "holm"},
               "benchmarks": [r.to_dict() for r in results]}
     (out / "ab.json").write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")

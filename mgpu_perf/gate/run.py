@@ -27,16 +27,22 @@ from mgpu_perf.gate.baseline import (Baseline, check_baseline, describe_candidat
 from mgpu_perf.gate.compare import Comparison, Settings, compare, judge, workers_for
 from mgpu_perf.gate.report import gate_exit_status, write_reports
 
-__all__ = ["GateRun", "parse_settings", "GateError"]
+__all__ = ["GateRun", "parse_settings", "GateError", "GRAPH_MODES", "AMP_MODES", "with_speed_options"]
 
 
 MAX_WORKERS = 4  # per arm: each holds the workload (a model, a pool of ranks) for the whole benchmark
 
 
+GRAPH_MODES = ("auto", "on", "off")
+AMP_MODES = ("off", "bf16")
+
+
 def parse_settings(threshold="10", max_rounds="40", strict: bool = False, smoke: bool = False,
-                   sample_s="0.25", workers="auto") -> Settings:
+                   sample_s="0.25", workers="auto", budget_s="120", pair_bias="1.5", graphs="auto", amp="off",
+                   compile: bool = False) -> Settings:
     """The gate's settings from option text (`--ab-threshold 5%`, `--ab-max-rounds 60`, `--ab-sample-s 1`,
-    `--ab-workers 2`; `auto`: compare.workers_for the threshold); GateError naming a bad one."""
+    `--ab-workers 2`; `auto`: compare.workers_for the threshold; `--ab-budget-s 300`, `--ab-pair-bias 1`,
+    `--ab-graphs off`, `--ab-amp bf16`, `--ab-compile`); GateError naming a bad one."""
     text = str(threshold).strip().rstrip("%")
     try:
         percent = float(text)
@@ -62,9 +68,42 @@ def parse_settings(threshold="10", max_rounds="40", strict: bool = False, smoke:
         raise GateError(f"--ab-workers must be an integer from 1 to {MAX_WORKERS} or auto, got {workers!r}") from None
     if not 1 <= count <= MAX_WORKERS:
         raise GateError(f"--ab-workers must be an integer from 1 to {MAX_WORKERS} or auto, got {count}")
+    budget = _number(budget_s, "--ab-budget-s", "a number of seconds > 0", lambda v: v > 0)
+    bias = _number(str(pair_bias).strip().rstrip("%"), "--ab-pair-bias", "a percentage in [0, 50)",
+                   lambda v: 0 <= v < 50)
+    if graphs not in GRAPH_MODES:
+        raise GateError(f"--ab-graphs must be one of {', '.join(GRAPH_MODES)}, got {graphs!r}")
+    if amp not in AMP_MODES:
+        raise GateError(f"--ab-amp must be one of {', '.join(AMP_MODES)}, got {amp!r}")
     return Settings(threshold=percent / 100, max_rounds=3 if smoke else rounds,
                     min_rounds=min(Settings.min_rounds, rounds), strict=bool(strict), smoke=bool(smoke),
-                    sample_s=seconds, workers=count)
+                    sample_s=seconds, workers=count, budget_s=budget, pair_bias=bias / 100, graphs=graphs, amp=amp,
+                    compile=bool(compile))
+
+
+def _number(text, option: str, what: str, ok) -> float:
+    """A finite number from option text that `ok` accepts, else GateError naming the option."""
+    try:
+        value = float(str(text))
+    except ValueError:
+        raise GateError(f"{option} must be {what}, got {text!r}") from None
+    if not (math.isfinite(value) and ok(value)):
+        raise GateError(f"{option} must be {what}, got {text!r}")
+    return value
+
+
+def with_speed_options(spec: dict, settings: Settings) -> dict:
+    """The workload spec with the run's --ab-amp, --ab-compile and --ab-graphs, each added only when
+    it is not the default: a spec without them is what an older harness or mgpu knew, and a
+    baseline whose mgpu lacks an option it does name is `not comparable` (its TypeError)."""
+    spec = dict(spec)
+    if settings.amp != "off":
+        spec.setdefault("amp", settings.amp)
+    if settings.compile:
+        spec.setdefault("compile", True)
+    if settings.graphs != "auto":
+        spec.setdefault("graphs", settings.graphs)
+    return spec
 
 
 class GateRun:
@@ -129,7 +168,7 @@ class GateRun:
                 self.broken = True
                 raise
         try:
-            result = compare(name, spec, self.arms, self.settings, family_size)
+            result = compare(name, with_speed_options(spec, self.settings), self.arms, self.settings, family_size)
         except Exception:
             for arm in self._workers():  # a failed arm (or a broken exchange) leaves no state to trust
                 arm.kill()

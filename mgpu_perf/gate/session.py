@@ -27,7 +27,10 @@ __all__ = ["ABGate"]
 def settings_from(config):
     return parse_settings(config.getoption("ab_threshold"), config.getoption("ab_max_rounds"),
                           strict=config.getoption("ab_strict"), smoke=bool(config.getoption("benchmark_disable", False)),
-                          sample_s=config.getoption("ab_sample_s"), workers=config.getoption("ab_workers"))
+                          sample_s=config.getoption("ab_sample_s"), workers=config.getoption("ab_workers"),
+                          budget_s=config.getoption("ab_budget_s"), pair_bias=config.getoption("ab_pair_bias"),
+                          graphs=config.getoption("ab_graphs"), amp=config.getoption("ab_amp"),
+                          compile=config.getoption("ab_compile"))
 
 
 class ABGate:
@@ -69,6 +72,8 @@ class ABGate:
             pytest.exit(f"mgpu A/B gate: {e}", returncode=pytest.ExitCode.USAGE_ERROR)
         if result.status == "not comparable":
             pytest.skip(f"not comparable: {result.reason}")
+        if result.status == "undecidable":  # no verdict, and said so (a failure with --ab-strict, at the end)
+            pytest.skip(f"undecidable: {result.reason}")
         return True
 
     def pytest_sessionfinish(self, session, exitstatus):

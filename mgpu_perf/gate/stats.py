@@ -54,9 +54,11 @@ def _t():
 
     return t
 
-__all__ = ["Estimate", "estimate", "trimmed_mean", "verdict", "settled", "holm_levels", "decide", "VERDICTS"]
+__all__ = ["Estimate", "estimate", "trimmed_mean", "verdict", "settled", "holm_levels", "decide", "VERDICTS",
+           "round_noise", "noise_low", "rounds_needed", "smallest_detectable", "threshold_floor", "pair_spread", "Plan", "plan",
+           "PAIR_BIAS", "POWER_Z", "FLOOR_SDS"]
 
-VERDICTS = ("slower", "faster", "unchanged", "inconclusive")
+VERDICTS = ("slower", "faster", "unchanged", "inconclusive", "undecidable")
 
 
 TRIM = 0.2  # the fraction of rounds trimmed from each end of the sorted log ratios (Yuen's usual 20 %)
@@ -179,3 +181,174 @@ def decide(estimates: list[Estimate], threshold: float, alpha: float) -> list[tu
     """(verdict, level) of every benchmark of one run, Holm-corrected across them."""
     levels = holm_levels([e.p_slower for e in estimates], alpha)
     return [(verdict(e, threshold, level), level) for e, level in zip(estimates, levels)]
+
+
+# -- the noise floor: can this threshold be decided at all, and at what sample length ---------------
+#
+# What a benchmark's first rounds tell before any verdict: the rounds' noise (the spread of their log
+# ratios) and, from it, how many rounds a change of the threshold's size needs. The gate sizes its
+# run by it (gate/compare.py): it goes on as asked, stretches the samples, or says at once that the
+# threshold cannot be decided in the budget, with the figures, instead of spending the budget and
+# ending `inconclusive`. Below all of that lies the floor set by the worker processes themselves:
+# two processes of one tree time it a little differently for all their rounds (docs/perf.md: an sd
+# of 1-1.6 % from one pair to the next on the 2-core VM), so a threshold whose half is not well
+# clear of that bias cannot be judged with any number of rounds.
+
+POWER_Z = 1.2816   # the power asked of a change of exactly the threshold: 90 % (one-sided normal quantile)
+PAIR_BIAS = 0.015  # sd of one pair of worker processes' bias (log ratio); the top of docs/perf.md's 1-1.6 %
+FLOOR_SDS = 2.0    # T/2 must be this many sds of the (averaged) pair bias: else the bias alone can reach it
+
+
+def round_noise(est: Estimate) -> float:
+    """The noise of one round's log ratio as the estimate sees it: its standard error times the
+    square root of its rounds (for the trimmed mean, Yuen's error already counts the trimming).
+    So that se(n) = noise / sqrt(n) predicts the error after n rounds of the same kind."""
+    if est.rounds < 2 or not math.isfinite(est.se):
+        return math.inf
+    return est.se * math.sqrt(est.rounds)
+
+
+def noise_low(est: Estimate, confidence: float = 0.8) -> float:
+    """A lower confidence bound of round_noise (chi-square on the estimate's degrees of freedom):
+    what the sizing rule decides by. Ten rounds measure the noise roughly (5 % of the time 1.6
+    times too high), and a benchmark refused or stretched on a high draw would lose its verdict or
+    time for nothing; one sized on a low draw ends `inconclusive`, as it did before the rule."""
+    noise = round_noise(est)
+    if not math.isfinite(noise):
+        return noise
+    from scipy.stats import chi2
+
+    return noise * math.sqrt(est.dof / float(chi2.ppf(confidence, est.dof)))
+
+
+def _margin(threshold: float) -> float:
+    """How far a change of exactly the threshold lies above the `slower` bound T/2 (log)."""
+    return math.log1p(threshold) - math.log1p(threshold / 2)
+
+
+def _df(rounds: int) -> int:
+    """Degrees of freedom of the trimmed mean of `rounds` log ratios (gate: trimmed_mean)."""
+    g = int(TRIM * rounds) if rounds >= 5 else 0
+    return max(1, rounds - 2 * g - 1)
+
+
+def rounds_needed(noise: float, threshold: float, alpha: float, power_z: float = POWER_Z, most: int = 100_000) -> int:
+    """The fewest rounds at which a change of exactly the threshold is called `slower` with the
+    power asked (90 %) at level alpha, for rounds of this noise: (t_alpha + z) noise / sqrt(n) <=
+    log(1 + T) - log(1 + T/2). `most` + 1 when even `most` rounds are not enough (or noise is inf)."""
+    if not math.isfinite(noise):
+        return most + 1
+    margin = _margin(threshold)
+    t = _t()
+    z_alpha = float(t.ppf(1 - alpha, 10_000))
+    n = max(3, int(((z_alpha + power_z) * noise / margin) ** 2 * 0.9))  # a start just below the answer
+    while n <= most:
+        if (float(t.ppf(1 - alpha, _df(n))) + power_z) * noise / math.sqrt(n) <= margin:
+            return n
+        n += max(1, n // 50)
+    return most + 1
+
+
+def smallest_detectable(noise: float, rounds: int, alpha: float, power_z: float = POWER_Z) -> float:
+    """The smallest threshold T (a fraction) that `rounds` rounds of this noise decide with the power
+    asked: log(1 + T) - log(1 + T/2) = m with m = (t + z) noise / sqrt(rounds), so
+    T = (e^m - 1) / (1 - e^m / 2); inf where no threshold is (m >= log 2)."""
+    if rounds < 2 or not math.isfinite(noise):
+        return math.inf
+    m = (float(_t().ppf(1 - alpha, _df(rounds))) + power_z) * noise / math.sqrt(rounds)
+    e = math.exp(m)
+    return (e - 1) / (1 - e / 2) if e < 2 else math.inf
+
+
+def threshold_floor(pair_bias: float, workers: int, sds: float = FLOOR_SDS) -> float:
+    """The smallest threshold worker processes let the gate judge: T/2 must be `sds` standard
+    deviations of the bias the arms' worker pairs bring (one pair's sd `pair_bias`, averaged over
+    `workers` pairs: / sqrt(workers)). With 1.5 %: 6.2 % with one worker an arm, 4.3 % with two."""
+    return 2 * math.expm1(sds * pair_bias / math.sqrt(max(1, workers)))
+
+
+def pair_spread(logs: list[float], pairs: list[int]) -> float | None:
+    """The bias of one worker pair against another, measured from a run's rounds: the sd of the
+    pairs' mean log ratios less what their rounds' own noise puts into it. None with fewer than 2
+    pairs of 2 rounds each. Rough with few pairs (2 pairs: one degree of freedom): reported, and
+    used by calibrate with more pairs, not used to refuse a run."""
+    groups: dict[int, list[float]] = {}
+    for value, pair in zip(logs, pairs):
+        groups.setdefault(pair, []).append(value)
+    if len(groups) < 2 or any(len(g) < 2 for g in groups.values()):
+        return None
+    means = [statistics.fmean(g) for g in groups.values()]
+    own = statistics.fmean(statistics.variance(g) / len(g) for g in groups.values())
+    return math.sqrt(max(0.0, statistics.variance(means) - own))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a benchmark's first rounds decide about the rest (gate/compare.py)."""
+    action: str              # go (as asked) | stretch (longer samples) | refuse (no verdict: the message says why)
+    noise: float             # per-round log-ratio noise at the sample length measured
+    floor: float             # the smallest threshold the worker pairs allow
+    rounds_needed: int       # at the sample length measured
+    rounds_allowed: int      # at that length, within max_rounds and the time left
+    rounds: int              # the rounds to run from here (at the stretched length, if stretched)
+    stretch: float = 1.0     # the samples' new length / the measured one
+    smallest: float = math.inf  # the smallest threshold decidable in the time left (best sample length)
+    message: str = ""
+
+    def to_dict(self) -> dict:
+        finite = (lambda x: x if math.isfinite(x) else None)
+        return {"action": self.action, "noise": finite(self.noise), "floor": self.floor,
+                "rounds_needed": self.rounds_needed, "rounds_allowed": self.rounds_allowed, "rounds": self.rounds,
+                "stretch": self.stretch, "smallest_detectable": finite(self.smallest), "message": self.message}
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.2g} %" if x < 0.1 else f"{x * 100:.0f} %"
+
+
+def plan(noise: float, threshold: float, alpha: float, max_rounds: int, round_s: float, sample_s: float,
+         budget_left_s: float, pair_bias: float = PAIR_BIAS, workers: int = 1, max_sample_s: float = 60.0,
+         may_stretch: bool = True, power_z: float = POWER_Z, low: float | None = None) -> Plan:
+    """The sizing rule. `noise`: per-round log-ratio noise of the first rounds; `round_s`: seconds a
+    round took (both arms, overheads included); `sample_s`: seconds of work in one of its samples.
+    A sample k times as long is taken to have noise / sqrt(k) (independent steps; on the H200 of
+    docs/gpu.md, samples 4 times as long narrowed the interval about 2 times) and a round k times
+    round_s. Returns:
+    - refuse, when the threshold lies under the worker pairs' floor (whatever the rounds), or when
+      no sample length fits the rounds it needs into the time left;
+    - go, when the rounds it needs fit max_rounds (and the time left) at this length: as asked;
+    - stretch, to the shortest sample length whose rounds fit.
+    `low`: the noise to decide by (noise_low: a lower bound); `noise` is the figure reported."""
+    low = noise if low is None else low
+    floor = threshold_floor(pair_bias, workers)
+    noise_text = f"noise {_pct(math.expm1(noise)) if math.isfinite(noise) else 'unmeasurable'} a round"
+
+    def allowed(k: float) -> int:
+        return max(0, min(max_rounds, int(budget_left_s / max(round_s * k, 1e-9))))
+
+    need = rounds_needed(noise, threshold, alpha, power_z)
+    k_best = max(1.0, min(max_sample_s / sample_s, budget_left_s / max(round_s * max_rounds, 1e-9)))
+    smallest = max(floor, smallest_detectable(noise / math.sqrt(k_best), allowed(k_best), alpha, power_z))
+    base = dict(noise=noise, floor=floor, rounds_needed=need, rounds_allowed=allowed(1.0), smallest=smallest)
+    if threshold < floor:
+        return Plan("refuse", rounds=0, message=(
+            f"threshold {_pct(threshold)} is under the floor of {_pct(floor)} that worker processes set (two "
+            f"processes of one tree differ by about {_pct(pair_bias)} sd a pair, {workers} pair(s) averaged), "
+            f"whatever the rounds ({noise_text}): use a threshold of at least {_pct(floor)}, or more workers an arm"),
+            **base)
+    if rounds_needed(low, threshold, alpha, power_z) <= allowed(1.0):
+        return Plan("go", rounds=allowed(1.0), **base)
+    # Stretched by the noise measured, not its lower bound: too short a stretch is refused at the
+    # next look, too long a one only takes longer. The lower bound decides whether one is possible.
+    for sized_by in ((noise, low) if may_stretch else ()):
+        k = max(1.0, rounds_needed(sized_by, threshold, alpha, power_z) / max_rounds)
+        while k <= max_sample_s / sample_s:
+            if rounds_needed(sized_by / math.sqrt(k), threshold, alpha, power_z) <= allowed(k):
+                return Plan("stretch", rounds=allowed(k), stretch=k, **base, message=(
+                    f"{noise_text}: {_pct(threshold)} needs about {need} rounds of {sample_s:.2g} s; samples "
+                    f"stretched to {sample_s * k:.2g} s"))
+            k *= 1.1
+    return Plan("refuse", rounds=0, **base, message=(
+        f"{noise_text}: {_pct(threshold)} needs about {need} rounds of {sample_s:.2g} s; the budget allows "
+        f"{allowed(1.0)}; the smallest change it can call in the budget is about {_pct(smallest)}"
+        + ("" if smallest != floor else " (the worker pairs' floor)")))

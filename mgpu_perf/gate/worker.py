@@ -51,6 +51,33 @@ def not_comparable_errors() -> tuple:
     return (ImportError, AttributeError, TypeError, SpecError)
 
 
+def time_ops(op, ops: int, device=None, event=None) -> dict:
+    """`ops` operations timed one by one: host wall time always and, on a CUDA device in this
+    process, the time between two CUDA events recorded on the step's stream around it
+    (`device_times`), which leaves out the host's side of the wait (its wake-up after the last
+    kernel, a scheduler's delay). `event`: the event class (torch.cuda.Event; a stand-in in tests).
+    Without a CUDA device, `clock_note` says why host time decides."""
+    import torch
+
+    host, on_device = [], []
+    if device is not None and event is None:
+        event = torch.cuda.Event
+    for _ in range(ops):
+        if device is not None:
+            start, end = event(enable_timing=True), event(enable_timing=True)
+            stream = torch.cuda.current_stream(device) if event is torch.cuda.Event else None
+            start.record(stream)
+        began = time.perf_counter()
+        op()
+        if device is not None:
+            end.record(stream)
+            end.synchronize()
+        host.append(time.perf_counter() - began)
+        if device is not None:
+            on_device.append(start.elapsed_time(end) / 1e3)  # ms -> s
+    return {"times": host, "device_times": on_device} if device is not None else {"times": host}
+
+
 def _inside(path: str, tree: str) -> bool:
     return os.path.abspath(path).startswith(os.path.join(tree, ""))
 
@@ -91,14 +118,14 @@ def main(argv: list[str]) -> int:
                         raise RuntimeError(f"the model's code was imported from {origin}, not from this arm's tree "
                                            f"{tree}: both arms would time the same code (is the project installed "
                                            "without being on the path from its own folder?)")
-                    answer = {"ok": True}
+                    answer = {"ok": True, "graphs": getattr(workload, "graphs", {"captured": False, "why": ""})}
             elif command == "sample":
-                times = []
-                for _ in range(request["ops"]):
-                    start = time.perf_counter()
-                    workload.op()
-                    times.append(time.perf_counter() - start)
-                answer = {"times": times}
+                answer = time_ops(workload.op, request["ops"], getattr(workload, "cuda_device", None))
+                if "device_times" not in answer:
+                    answer["clock_note"] = getattr(workload, "clock_note", "host wall time")
+            elif command == "graphs":
+                workload.use_graphs(request["enabled"])
+                answer = {"ok": True}
             elif command == "check":
                 workload.check()
                 answer = {"ok": True}

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ModelBench", "ModelSession", "module_file"]
+__all__ = ["ModelBench", "ModelSession", "module_file", "use_speed_options"]
 
 
 @dataclass
@@ -37,6 +37,8 @@ class ModelBench:
     seed: int = 0
     lr: float = 0.01                     # the default optimizer's (plain SGD) when the spec has none
     batches: int = 3                     # distinct global batches, cycled
+    amp: str = "off"                     # --amp: off | bf16 (the strategy's autocast)
+    compile: bool = False                # --compile: the model wrapped in torch.compile by the strategy
 
     @property
     def global_batch(self) -> int:
@@ -56,6 +58,18 @@ class ModelBench:
 
     def open(self, strategy=None) -> "ModelSession":
         return ModelSession(self, strategy)
+
+
+def use_speed_options(strategy, amp: str = "off", channels_last: bool = False, compile: bool = False) -> None:
+    """The strategy's --amp, --channels-last and --compile, asked of it only when one is not the
+    default: an mgpu that predates an option asked for raises (TypeError, AttributeError), which
+    the A/B gate reports as `not comparable`, and one that predates them all is never asked."""
+    if (amp, channels_last, compile) == ("off", False, False):
+        return
+    if compile:
+        strategy.use_speed_options(amp, channels_last, compile=True)
+    else:
+        strategy.use_speed_options(amp, channels_last)
 
 
 def module_file(source: str) -> str | None:
@@ -79,6 +93,7 @@ class ModelSession:
         if self.strategy.devices[0].type == "cpu" and bench.threads_per_device:
             torch.set_num_threads(bench.threads_per_device)  # the same share of the cores at every count
         self.strategy.use_objective(spec.objective)
+        use_speed_options(self.strategy, bench.amp, False, bench.compile)
         model = spec.build_seeded(bench.seed)
         self.initial = [p.detach().clone().cpu() for p in model.parameters()]
         lr = bench.lr
@@ -93,18 +108,46 @@ class ModelSession:
             inputs, target = spec.batch(B, bench.seed + 1 + i)
             self.batches.append((slice_inputs(inputs, start, stop), target[start:stop]))
         self.steps = 0
+        self.graph = None
 
-    def step(self) -> float:
-        """One step on the next global batch, every device finished; the mean loss of this process's part."""
-        inputs, target = self.batches[self.steps % len(self.batches)]
-        stats = self.strategy.forward_backward(inputs, target, self.bench.global_batch)  # [loss_sum, correct]
-        self.strategy.optimizer_step()
-        self.strategy.synchronize()
+    def use_graphs(self, mode: str) -> dict:
+        """From here on, CUDA-graph replays of the step where it can be captured (harness/graphs.py;
+        the warm-up steps before the capture are steps of this session); the state, for the report."""
+        self.graph, why = None, None
+        if mode != "off":
+            from mgpu.errors import one_line
+
+            from mgpu_perf.harness.graphs import GraphStep, why_not_captured
+
+            why = why_not_captured(self.strategy, mode, self.bench.compile)
+            if why is None:
+                try:
+                    self.graph = GraphStep(self.strategy, self.batches, self.bench.global_batch, start=self.steps,
+                                           on_step=self._counted)
+                except Exception as e:  # what the step does that a graph cannot hold: said, then timed as it is
+                    why = f"capture failed: {one_line(e, with_type=True)}"[:300]
+        from mgpu_perf.harness.graphs import graph_state
+
+        return graph_state(self.graph is not None, why or ("off (asked)" if mode == "off" else None), mode,
+                           self.strategy.devices[0].type == "cuda")
+
+    def _counted(self, stats) -> float:
         self.steps += 1
         loss = float(stats[0]) / self.local_examples
         if not math.isfinite(loss):
             raise FloatingPointError(f"{self.bench.model}: loss {loss} at step {self.steps} under {self.bench.strategy}")
         return loss
+
+    def step(self) -> float:
+        """One step on the next global batch, every device finished; the mean loss of this process's part."""
+        if self.graph is not None:
+            stats = self.graph.step()
+        else:
+            inputs, target = self.batches[self.steps % len(self.batches)]
+            stats = self.strategy.forward_backward(inputs, target, self.bench.global_batch)  # [loss_sum, correct]
+            self.strategy.optimizer_step()
+        self.strategy.synchronize()
+        return self._counted(stats)
 
     def weights_moved(self) -> float:
         """Largest absolute change of any parameter of the main replica since setup."""

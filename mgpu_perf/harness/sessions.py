@@ -44,6 +44,7 @@ class TrainBench:
     lr: float = 0.05
     amp: str = "off"                 # --amp: off | bf16
     channels_last: bool = False      # --channels-last
+    compile: bool = False            # --compile: torch.compile (inductor) around the model
     shard: str = "block"             # fsdp: --shard block | model
     reshard_after_forward: str = "on"  # fsdp: --reshard-after-forward on | off
 
@@ -87,8 +88,9 @@ class TrainSession:
         devmod.keep_freed_memory()  # as `python -m mgpu train` does
         self.bench = bench
         self.strategy = strategy or get_strategy(cfg.strategy).create(cfg)
-        if (bench.amp, bench.channels_last) != ("off", False):
-            self.strategy.use_speed_options(bench.amp, bench.channels_last)
+        from mgpu_perf.harness.models import use_speed_options
+
+        use_speed_options(self.strategy, bench.amp, bench.channels_last, bench.compile)
         train_loader, test_loader = make_loaders(cfg)
         model = build_model(cfg.model, width=cfg.width, seed=cfg.seed)
         self.initial = [p.detach().clone() for p in model.parameters()]  # CPU copies, before any update
@@ -98,10 +100,44 @@ class TrainSession:
             reset_peak()
         self.trainer = Trainer(self.strategy, train_loader, test_loader, epochs=1, progress=False, log=lambda _: None)
         self.batches = list(train_loader.index_batches())
+        self.dataset = train_loader.dataset
         self.steps = self.epochs = 0
+        self.graph = None
+
+    def use_graphs(self, mode: str) -> dict:
+        """CUDA-graph replays of the step from here on, where it can be captured (harness/graphs.py).
+        A replayed step is the strategy's forward_backward and optimizer_step on the batch's tensors,
+        without the Trainer's host side (gathering the batch, the one host read), which a graph cannot hold."""
+        from mgpu_perf.harness.graphs import GraphStep, graph_state, why_not_captured
+
+        self.graph, why = None, None
+        if mode != "off":
+            why = why_not_captured(self.strategy, mode, self.bench.compile)
+            if why is None:
+                from mgpu.errors import one_line
+
+                batches = [self.dataset.take(indices) for indices in self.batches]
+                try:
+                    self.graph = GraphStep(self.strategy, batches, self.bench.global_batch, start=self.steps,
+                                           on_step=self._counted)
+                except Exception as e:
+                    why = f"capture failed: {one_line(e, with_type=True)}"[:300]
+        return graph_state(self.graph is not None, why or ("off (asked)" if mode == "off" else None), mode,
+                           self.strategy.devices[0].type == "cuda")
+
+    def _counted(self, stats) -> float:
+        self.steps += 1
+        loss = float(stats[0]) / self.bench.global_batch
+        if loss != loss or loss in (float("inf"), float("-inf")):
+            raise FloatingPointError(f"loss {loss} at step {self.steps} under {self.bench.strategy}")
+        return loss
 
     def step(self) -> float:
         """One training step on the next global batch; returns its mean loss (a non-finite one raises)."""
+        if self.graph is not None:
+            stats = self.graph.step()
+            self.strategy.synchronize()
+            return self._counted(stats)
         indices = self.batches[self.steps % len(self.batches)]
         result = self.trainer.step(indices, 0, self.steps)
         self.strategy.synchronize()

@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from mgpu_perf.harness.graphs import GRAPH_MODES, graph_state
 from mgpu_perf.harness.models import ModelBench, module_file
 from mgpu_perf.harness.ranks import StrategyRankPool, spawns_ranks
 from mgpu_perf.harness.sessions import TrainBench, TrainSession, require_training_api
@@ -25,19 +26,61 @@ from mgpu_perf.harness.sessions import TrainBench, TrainSession, require_trainin
 __all__ = ["GATE_KINDS", "make_gated"]
 
 
-class _TrainStep:
+class _Timed:
+    """How a worker times a workload (gate/worker.py): `cuda_device`, the CUDA device whose stream
+    CUDA events time the step on (None: host wall time decides, `clock_note` says why), and
+    `graphs`, whether the step is replayed from a CUDA graph (and why not)."""
+
+    cuda_device = None
+    clock_note = "host wall time: the step runs on the CPU"
+    graphs = {"captured": False, "why": "", "shown": False}
+    session = None
+
+    def _time_where_it_runs(self, strategy: str, mode: str) -> None:
+        """After setup: CUDA events for a CUDA step in this process, graphs where asked and possible."""
+        if spawns_ranks(strategy):
+            cuda = torch.cuda.is_available()
+            if cuda:
+                self.clock_note = f"host wall time: {strategy}'s steps run in rank processes, out of this worker's streams"
+            self.graphs = graph_state(False, f"{strategy}: its steps run in rank processes (graphs in ranks are not "
+                                             "done yet)" if mode != "off" else "off (asked)", mode, cuda)
+            return
+        device = self.session.strategy.devices[0]
+        if device.type == "cuda":
+            self.cuda_device = device
+        self.graphs = self.session.use_graphs(mode)
+
+    def use_graphs(self, enabled: bool) -> None:
+        """The parent's word when another worker could not capture: every worker times one kind of step."""
+        if not enabled and self.session is not None and getattr(self.session, "graph", None) is not None:
+            self.session.use_graphs("off")
+            self.graphs = {**self.graphs, "captured": False}
+
+
+class _TrainStep(_Timed):
     """One training step of a strategy (a DDP rank pool for ddp); check: finite losses, weights moved."""
 
     def __init__(self, spec: dict):
         require_training_api()
         bench = TrainBench(spec["strategy"], spec["devices"], per_device_batch=spec.get("batch", 32),
                            width=spec.get("width", 16), steps_per_epoch=spec.get("steps_per_epoch", 3),
-                           threads_per_device=spec.get("threads_per_device"))
+                           threads_per_device=spec.get("threads_per_device"), amp=spec.get("amp", "off"),
+                           compile=spec.get("compile", False))
         ranks = spawns_ranks(bench.strategy)
         if not ranks and bench.threads_per_device:
             torch.set_num_threads(bench.threads_per_device)
         self.session = StrategyRankPool(bench) if ranks else TrainSession(bench)
         self.losses: list[float] = []
+        self._time_where_it_runs(bench.strategy, self.graph_mode(spec))
+
+    @staticmethod
+    def graph_mode(spec: dict) -> str:
+        """The spec's `graphs` (auto | on | off; default auto). A train-epoch is never captured: its
+        evaluation and the Trainer's loop are host work."""
+        mode = spec.get("graphs", "auto")
+        if mode not in GRAPH_MODES:
+            raise ValueError(f"graphs must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
+        return "off" if spec.get("kind") == "train-epoch" else mode
 
     def op(self) -> None:
         self.losses.append(self.session.step())
@@ -60,7 +103,7 @@ class _TrainEpoch(_TrainStep):
         self.losses.append(self.session.epoch().loss)
 
 
-class _MatmulKernel:
+class _MatmulKernel(_Timed):
     """The notebook's kernel experiment: `products` products of a size x size matrix with itself."""
 
     def __init__(self, spec: dict):
@@ -71,6 +114,8 @@ class _MatmulKernel:
         self.x = torch.rand(spec.get("size", 384), spec.get("size", 384), generator=g).to(self.device)
         self.products = spec.get("products", 20)
         self.last = None
+        if self.device.type == "cuda":
+            self.cuda_device = self.device
 
     def op(self) -> None:
         for _ in range(self.products):
@@ -93,7 +138,8 @@ class _ModelStep(_TrainStep):
     def __init__(self, spec: dict):
         bench = ModelBench(spec["model"], spec.get("strategy", "single"), spec.get("devices", 1),
                            per_device_batch=spec.get("batch", 32), input_shape=spec.get("input_shape"),
-                           classes=spec.get("classes"), threads_per_device=spec.get("threads_per_device"))
+                           classes=spec.get("classes"), threads_per_device=spec.get("threads_per_device"),
+                           amp=spec.get("amp", "off"), compile=spec.get("compile", False))
         if spawns_ranks(bench.strategy):
             bench.spec()  # here, not in the ranks: a model this tree cannot load is not comparable (SpecError)
             self.session = StrategyRankPool(bench)
@@ -101,6 +147,7 @@ class _ModelStep(_TrainStep):
             self.session = bench.open()
         self.origin = module_file(bench.model)  # the worker refuses a model imported from outside its tree
         self.losses: list[float] = []
+        self._time_where_it_runs(bench.strategy, self.graph_mode(spec))
 
 
 GATE_KINDS = {"train-step": _TrainStep, "train-epoch": _TrainEpoch, "matmul": _MatmulKernel, "model-step": _ModelStep}

@@ -1,0 +1,180 @@
+"""`python -m mgpu_perf calibrate [--model MODULE:FUNCTION]`: before gating, what the A/B gate can
+tell apart on this machine. No baseline: both arms are this tree, as the gate would start them
+(fresh workers, the same warm-up and sample sizing), timed for a number of interleaved rounds.
+
+    python -m mgpu_perf calibrate                                  # mgpu's gated set (docs/perf.md)
+    python -m mgpu_perf calibrate --model model.py:spec --strategies single,ddp --devices 1,2
+    python -m mgpu_perf calibrate --model model.py:spec --threshold 5 --budget-s 300 --workers 4
+
+For each benchmark it prints the per-round noise (the spread of the rounds' log ratios), the rounds
+a change of --threshold needs at that noise, what the gate would do (go as asked, stretch the
+samples, or say `undecidable`), the smallest change it can call within --max-rounds and
+--budget-s, the floor the worker processes set (--pair-bias), and with two or more workers an arm
+the bias measured between the worker pairs (the figure to give --pair-bias, read with its rounds:
+with few pairs it is rough). Writes calibrate.json into --out. Exit codes: 0 done, 1 a workload
+failed, 2 bad input (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+__all__ = ["calibrate_one", "describe", "main"]
+
+PROG = "python -m mgpu_perf calibrate"
+
+
+def calibrate_one(result, settings, family_size: int) -> dict:
+    """The figures of one benchmark from its rounds (a gate Comparison of this tree against itself)."""
+    from mgpu_perf.gate import stats as abstats
+
+    noise = result.noise()
+    step_s = (result.median("baseline") + result.median("candidate")) / 2
+    sample_s = step_s * result.ops_per_sample
+    plan = abstats.plan(noise, settings.threshold, settings.alpha / family_size, settings.max_rounds, result.round_s,
+                        sample_s, settings.budget_s, settings.pair_bias, settings.workers)
+    spread = result.pair_spread()
+    return {"name": result.name, "spec": result.spec, "rounds": len(result.samples["baseline"]),
+            "step_s": step_s, "ops_per_sample": result.ops_per_sample, "sample_s": sample_s,
+            "round_s": result.round_s, "noise": noise if math.isfinite(noise) else None,
+            "ratio": result.estimate.ratio if result.estimate else None, "pair_spread": spread,
+            "clock": result.clock, "graphs": result.graphs, "plan": plan.to_dict()}
+
+
+def describe(row: dict, threshold: float) -> str:
+    """One benchmark's figures in a line."""
+    plan = row["plan"]
+    noise = f"{math.expm1(row['noise']) * 100:.2g} %" if row["noise"] is not None else "unmeasured"
+    action = {"go": "decidable as asked", "stretch": f"needs samples of {row['sample_s'] * plan['stretch']:.2g} s",
+              "refuse": "undecidable"}[plan["action"]]
+    smallest = plan["smallest_detectable"]
+    spread = f"; pair spread {row['pair_spread'] * 100:.2g} %" if row["pair_spread"] is not None else ""
+    return (f"{row['name']}: step {row['step_s'] * 1e3:.3g} ms, samples of {row['ops_per_sample']} steps "
+            f"({row['sample_s']:.2g} s), timed by {row['clock']}: noise {noise} a round; {threshold * 100:g} % needs "
+            f"{plan['rounds_needed']} rounds ({action}); smallest change in the budget "
+            f"{'-' if smallest is None else f'{smallest * 100:.2g} %'}; floor {plan['floor'] * 100:.2g} %{spread}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from mgpu.cli import OneLineParser
+
+    p = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, metavar="MODULE:FUNCTION",
+                   help="your model (mgpu's model contract); default: mgpu's own gated set")
+    p.add_argument("--strategies", default="single", help="with --model: strategies, e.g. single,ddp")
+    p.add_argument("--devices", default="1", help="with --model: device counts, e.g. 1,2")
+    p.add_argument("--batch", type=int, default=32, help="with --model: examples per device")
+    p.add_argument("--input-shape", default=None, metavar="C,H,W")
+    p.add_argument("--classes", type=int, default=None)
+    p.add_argument("--rounds", type=int, default=20, help="interleaved rounds a benchmark (default 20, >= 5)")
+    p.add_argument("--threshold", default="10", metavar="PERCENT", help="the change to size for (default 10)")
+    p.add_argument("--max-rounds", default="40", metavar="N", help="the gate's --ab-max-rounds")
+    p.add_argument("--sample-s", default="0.25", metavar="SECONDS", help="the gate's --ab-sample-s")
+    p.add_argument("--budget-s", default="120", metavar="SECONDS", help="the gate's --ab-budget-s")
+    p.add_argument("--pair-bias", default="1.5", metavar="PERCENT", help="the gate's --ab-pair-bias")
+    p.add_argument("--workers", default="2", metavar="N",
+                   help="workers an arm, 1 to 4 (default 2: the pairs' spread is measured from 2 on)")
+    p.add_argument("--graphs", default="auto", choices=("auto", "on", "off"))
+    p.add_argument("--amp", default="off", choices=("off", "bf16"))
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--out", default="perf-results", help="folder for calibrate.json")
+    return p
+
+
+def _cases(args, parser, root: Path) -> tuple[list[tuple[str, dict]], bool]:
+    """(benchmark, spec) to calibrate, and whether the tree is a checkout of mgpu."""
+    from mgpu_perf.gate.baseline import is_mgpu_checkout
+
+    if args.model is None:
+        from mgpu_perf.gated import gated_set
+        from mgpu_perf.sweep import make_sweep
+
+        return gated_set(make_sweep(None)), is_mgpu_checkout(root)
+    from mgpu.config import STRATEGY_NAMES
+    from mgpu.errors import MgpuError, one_line
+    from mgpu.spec import load_spec
+
+    from mgpu_perf.gate.command import gate_cases, model_in_repository
+
+    strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
+    unknown = [s for s in strategies if s not in STRATEGY_NAMES]
+    if unknown or not strategies:
+        parser.error(f"--strategies: unknown strategy {unknown[0] if unknown else args.strategies!r}: choose from "
+                     f"{', '.join(STRATEGY_NAMES)}")
+    try:
+        devices = tuple(int(d) for d in args.devices.split(","))
+    except ValueError:
+        parser.error(f"--devices must be comma-separated positive integers such as 1,2, got {args.devices!r}")
+    try:
+        model = model_in_repository(args.model, root)
+        load_spec(args.model, input_shape=args.input_shape, classes=args.classes)
+        return gate_cases(model, strategies, devices, args.batch, args.input_shape, args.classes), \
+            is_mgpu_checkout(root)
+    except (MgpuError, ValueError) as e:
+        parser.error(f"{args.model}: {one_line(e)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mgpu.errors import GateError, one_line
+
+    from mgpu_perf.gate.arm import ArmError, start_workers
+    from mgpu_perf.gate.baseline import repository_root
+    from mgpu_perf.gate.compare import compare
+    from mgpu_perf.gate.run import parse_settings, with_speed_options
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.rounds < 5:
+        parser.error(f"--rounds must be at least 5, got {args.rounds}")
+    try:
+        settings = parse_settings(args.threshold, args.max_rounds, sample_s=args.sample_s, workers=args.workers,
+                                  budget_s=args.budget_s, pair_bias=args.pair_bias, graphs=args.graphs,
+                                  amp=args.amp, compile=args.compile)
+    except GateError as e:
+        parser.error(one_line(e).replace("--ab-", "--"))
+    root = repository_root(Path.cwd())
+    cases, mgpu_itself = _cases(args, parser, root)
+    # Every round taken, none stopped early, none sized: the figures are what the gate would size from.
+    timing = dataclasses.replace(settings, min_rounds=args.rounds, max_rounds=args.rounds, look_every=10**6,
+                                 pair_bias=0.0)
+    workdir = Path(tempfile.mkdtemp(prefix="mgpu-calibrate-"))
+    rows, pools = [], {}
+    try:
+        pools = start_workers({"baseline": (root, sys.executable), "candidate": (root, sys.executable)},
+                              settings.workers, workdir, require_mgpu=mgpu_itself)
+        for name, spec in cases:
+            print(f"{PROG}: {name} ...", file=sys.stderr, flush=True)
+            result = compare(name, with_speed_options(spec, settings), pools, timing, len(cases))
+            if result.status == "not comparable":
+                print(f"{PROG}: {name}: cannot be set up: {result.reason}", file=sys.stderr)
+                continue
+            rows.append(calibrate_one(result, settings, len(cases)))
+            print(describe(rows[-1], settings.threshold), flush=True)
+    except ArmError as e:
+        print(f"{PROG}: a workload failed: {one_line(e)}", file=sys.stderr)
+        return 1
+    finally:
+        for arm in (arm for pool in pools.values() for arm in pool):
+            arm.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"settings": {"threshold": settings.threshold, "max_rounds": settings.max_rounds,
+                           "sample_s": settings.sample_s, "budget_s": settings.budget_s,
+                           "pair_bias": settings.pair_bias, "workers": settings.workers, "rounds": args.rounds,
+                           "alpha": settings.alpha, "family_size": len(cases)},
+              "benchmarks": rows}
+    (out / "calibrate.json").write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    spreads = [r["pair_spread"] for r in rows if r["pair_spread"] is not None]
+    if spreads:
+        print(f"worker pairs: the largest spread measured is {max(spreads) * 100:.2g} % (the gate assumes "
+              f"{settings.pair_bias * 100:g} %: --ab-pair-bias; {settings.workers} pairs, so a rough figure)")
+    print(f"wrote {out / 'calibrate.json'}")
+    return 0
