@@ -403,3 +403,40 @@ def test_a_jittery_real_step_at_a_threshold_under_the_floor_is_undecidable_in_it
     assert "floor of 4.3 %" in result.reason and "a round" in result.reason, result.reason
     assert result.graphs["baseline"]["captured"] is False and result.clock == "host", (result.graphs, result.clock)
     assert time.perf_counter() - began < 20, "the first look came late"
+
+
+# -- python -m mgpu_perf calibrate ----------------------------------------------------------------------
+
+def test_calibrate_prints_each_benchmarks_noise_and_smallest_detectable_change(tmp_path, monkeypatch, capsys):
+    """No baseline: this tree in both arms, a few rounds; a line per benchmark with the noise, the
+    rounds the threshold needs, the smallest change within the budget and the floor; calibrate.json."""
+    from mgpu_perf.commands import main
+
+    (tmp_path / "tiny.py").write_text(MODEL)
+    monkeypatch.chdir(tmp_path)
+    code = main(["calibrate", "--model", "tiny.py:spec", "--rounds", "5", "--sample-s", "0.02", "--workers", "1",
+                 "--threshold", "5", "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    line = next(ln for ln in out.splitlines() if ln.startswith("single-1:"))
+    for figure in ("a round;", "5 % needs", "smallest change in the budget", "floor 6.1 %", "timed by host"):
+        assert figure in line, f"{figure!r} missing from: {line}"
+    row = json.loads((tmp_path / "out" / "calibrate.json").read_text())["benchmarks"][0]
+    assert row["rounds"] == 5 and row["noise"] is not None and row["plan"]["action"] in ("go", "stretch", "refuse"), row
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rounds", "3"], "--rounds must be at least 5"),
+    (["--threshold", "0"], "--threshold must be a percentage in (0, 100)"),
+    (["--model", "tiny.py:nope"], "has no function 'nope'"),
+    (["--model", "tiny.py:spec", "--strategies", "dpp"], "unknown strategy 'dpp'"),
+])
+def test_calibrate_bad_input_is_one_line_and_exit_2(args, message, tmp_path, monkeypatch, capsys):
+    from mgpu_perf.commands import main
+
+    (tmp_path / "tiny.py").write_text(MODEL)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as raised:
+        main(["calibrate", *args])
+    err = capsys.readouterr().err
+    assert raised.value.code == 2 and message in err and err.count("\n") == 1, err

@@ -50,16 +50,18 @@ def calibrate_one(result, settings, family_size: int) -> dict:
 
 def describe(row: dict, threshold: float) -> str:
     """One benchmark's figures in a line."""
+    from mgpu_perf.gate.stats import percent
+
     plan = row["plan"]
-    noise = f"{math.expm1(row['noise']) * 100:.2g} %" if row["noise"] is not None else "unmeasured"
+    noise = percent(math.expm1(row["noise"])) if row["noise"] is not None else "unmeasured"
     action = {"go": "decidable as asked", "stretch": f"needs samples of {row['sample_s'] * plan['stretch']:.2g} s",
               "refuse": "undecidable"}[plan["action"]]
     smallest = plan["smallest_detectable"]
-    spread = f"; pair spread {row['pair_spread'] * 100:.2g} %" if row["pair_spread"] is not None else ""
+    spread = f"; pair spread {percent(row['pair_spread'])}" if row["pair_spread"] is not None else ""
     return (f"{row['name']}: step {row['step_s'] * 1e3:.3g} ms, samples of {row['ops_per_sample']} steps "
             f"({row['sample_s']:.2g} s), timed by {row['clock']}: noise {noise} a round; {threshold * 100:g} % needs "
             f"{plan['rounds_needed']} rounds ({action}); smallest change in the budget "
-            f"{'-' if smallest is None else f'{smallest * 100:.2g} %'}; floor {plan['floor'] * 100:.2g} %{spread}")
+            f"{'-' if smallest is None else percent(smallest)}; floor {percent(plan['floor'])}{spread}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     from mgpu_perf.gate.baseline import repository_root
     from mgpu_perf.gate.compare import compare
     from mgpu_perf.gate.run import parse_settings, with_speed_options
+    from mgpu_perf.gate.stats import percent
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -174,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "calibrate.json").write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
     spreads = [r["pair_spread"] for r in rows if r["pair_spread"] is not None]
     if spreads:
-        print(f"worker pairs: the largest spread measured is {max(spreads) * 100:.2g} % (the gate assumes "
+        print(f"worker pairs: the largest spread measured is {percent(max(spreads))} (the gate assumes "
               f"{settings.pair_bias * 100:g} %: --ab-pair-bias; {settings.workers} pairs, so a rough figure)")
     print(f"wrote {out / 'calibrate.json'}")
     return 0

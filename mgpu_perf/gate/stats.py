@@ -56,7 +56,7 @@ def _t():
 
 __all__ = ["Estimate", "estimate", "trimmed_mean", "verdict", "settled", "holm_levels", "decide", "VERDICTS",
            "round_noise", "noise_low", "rounds_needed", "smallest_detectable", "threshold_floor", "pair_spread", "Plan", "plan",
-           "PAIR_BIAS", "POWER_Z", "FLOOR_SDS"]
+           "PAIR_BIAS", "POWER_Z", "FLOOR_SDS", "percent"]
 
 VERDICTS = ("slower", "faster", "unchanged", "inconclusive", "undecidable")
 
@@ -302,7 +302,8 @@ class Plan:
                 "stretch": self.stretch, "smallest_detectable": finite(self.smallest), "message": self.message}
 
 
-def _pct(x: float) -> str:
+def percent(x: float) -> str:
+    """A fraction as the reports write it: 0.0429 as 4.3 %, 0.126 as 13 %."""
     return f"{x * 100:.2g} %" if x < 0.1 else f"{x * 100:.0f} %"
 
 
@@ -321,7 +322,7 @@ def plan(noise: float, threshold: float, alpha: float, max_rounds: int, round_s:
     `low`: the noise to decide by (noise_low: a lower bound); `noise` is the figure reported."""
     low = noise if low is None else low
     floor = threshold_floor(pair_bias, workers)
-    noise_text = f"noise {_pct(math.expm1(noise)) if math.isfinite(noise) else 'unmeasurable'} a round"
+    noise_text = f"noise {percent(math.expm1(noise)) if math.isfinite(noise) else 'unmeasurable'} a round"
 
     def allowed(k: float) -> int:
         return max(0, min(max_rounds, int(budget_left_s / max(round_s * k, 1e-9))))
@@ -332,9 +333,10 @@ def plan(noise: float, threshold: float, alpha: float, max_rounds: int, round_s:
     base = dict(noise=noise, floor=floor, rounds_needed=need, rounds_allowed=allowed(1.0), smallest=smallest)
     if threshold < floor:
         return Plan("refuse", rounds=0, message=(
-            f"threshold {_pct(threshold)} is under the floor of {_pct(floor)} that worker processes set (two "
-            f"processes of one tree differ by about {_pct(pair_bias)} sd a pair, {workers} pair(s) averaged), "
-            f"whatever the rounds ({noise_text}): use a threshold of at least {_pct(floor)}, or more workers an arm"),
+            f"threshold {percent(threshold)} is under the floor of {percent(floor)} that worker processes set, "
+            f"whatever the rounds ({noise_text}; two processes of one tree differ by about {percent(pair_bias)} sd a "
+            f"pair, {workers} pair(s) averaged): use a threshold of at least {percent(floor)}, more workers an arm, "
+            "or the pair bias calibrate measures here"),
             **base)
     if rounds_needed(low, threshold, alpha, power_z) <= allowed(1.0):
         return Plan("go", rounds=allowed(1.0), **base)
@@ -345,10 +347,10 @@ def plan(noise: float, threshold: float, alpha: float, max_rounds: int, round_s:
         while k <= max_sample_s / sample_s:
             if rounds_needed(sized_by / math.sqrt(k), threshold, alpha, power_z) <= allowed(k):
                 return Plan("stretch", rounds=allowed(k), stretch=k, **base, message=(
-                    f"{noise_text}: {_pct(threshold)} needs about {need} rounds of {sample_s:.2g} s; samples "
+                    f"{noise_text}: {percent(threshold)} needs about {need} rounds of {sample_s:.2g} s; samples "
                     f"stretched to {sample_s * k:.2g} s"))
             k *= 1.1
     return Plan("refuse", rounds=0, **base, message=(
-        f"{noise_text}: {_pct(threshold)} needs about {need} rounds of {sample_s:.2g} s; the budget allows "
-        f"{allowed(1.0)}; the smallest change it can call in the budget is about {_pct(smallest)}"
+        f"{noise_text}: {percent(threshold)} needs about {need} rounds of {sample_s:.2g} s; the budget allows "
+        f"{allowed(1.0)}; the smallest change it can call in the budget is about {percent(smallest)}"
         + ("" if smallest != floor else " (the worker pairs' floor)")))
