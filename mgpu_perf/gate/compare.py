@@ -136,7 +136,8 @@ class Comparison:
                 "level": self.level, "p_slower": self.estimate.p_slower if self.estimate else None,
                 "noise": finite(self.noise()), "pair_spread": self.pair_spread(), "plans": self.plans,
                 "clock": self.clock, "clock_reason": self.clock_reason, "graphs": self.graphs,
-                "seconds": self.seconds, "round_s": finite(self.round_s), "samples": self.samples, "host_samples": self.host_samples,
+                "seconds": self.seconds, "round_s": finite(self.round_s), "samples": self.samples,
+                "host_samples": self.host_samples,
                 "pairs": self.pairs, "pilot": self.pilot}
 
 

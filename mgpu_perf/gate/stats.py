@@ -263,7 +263,7 @@ def smallest_detectable(noise: float, rounds: int, alpha: float, power_z: float 
 def threshold_floor(pair_bias: float, workers: int, sds: float = FLOOR_SDS) -> float:
     """The smallest threshold worker processes let the gate judge: T/2 must be `sds` standard
     deviations of the bias the arms' worker pairs bring (one pair's sd `pair_bias`, averaged over
-    `workers` pairs: / sqrt(workers)). With 1.5 %: 6.2 % with one worker an arm, 4.3 % with two."""
+    `workers` pairs: / sqrt(workers)). With 1.5 %: 6.1 % with one worker an arm, 4.3 % with two."""
     return 2 * math.expm1(sds * pair_bias / math.sqrt(max(1, workers)))
 
 

@@ -120,11 +120,13 @@ def one_decision(baseline: Path, candidate: Path, name: str, spec: dict, family:
     level = settings.alpha / family
     result.level = level
 
-    result.verdict = abstats.verdict(result.estimate, settings.threshold, level)
+    result.verdict = result.status if result.status == "undecidable" else \
+        abstats.verdict(result.estimate, settings.threshold, level)
     low, high = result.interval()
     return {"verdict": result.verdict, "ratio": result.estimate.ratio, "interval": [low, high],
             "rounds": len(result.samples["baseline"]), "seconds": time.perf_counter() - start,
-            "samples": result.samples}  # every round, to replay the decision under another rule
+            "samples": result.samples, "reason": result.reason, "plans": result.plans,
+            "ops_per_sample": result.ops_per_sample}  # every round, to replay the decision under another rule
 
 
 def whole_set(candidate: Path, baseline: Path, out: Path, settings: Settings) -> dict:
@@ -227,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": name, "spec": spec, "runs_per_kind": runs, "set_runs_per_kind": set_runs,
         "settings": {"threshold": settings.threshold, "max_rounds": settings.max_rounds, "sample_s": settings.sample_s,
                      "workers": settings.workers},
-        "rates": {kind: {v: rate(ds, v) for v in ("slower", "unchanged", "inconclusive", "faster")}
+        "rates": {kind: {v: rate(ds, v) for v in ("slower", "unchanged", "inconclusive", "faster", "undecidable")}
                   for kind, ds in decisions.items()},
         "seconds_per_decision": {kind: sum(d["seconds"] for d in ds) / len(ds) for kind, ds in decisions.items()},
         "rounds_per_decision": {kind: sum(d["rounds"] for d in ds) / len(ds) for kind, ds in decisions.items()},
@@ -240,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nsingle step, {runs} runs each (fresh workers per run):")
     for kind, ds in decisions.items():
         print(f"   {kind:<11} slower {rate(ds, 'slower')}, unchanged {rate(ds, 'unchanged')}, "
-              f"inconclusive {rate(ds, 'inconclusive')}, faster {rate(ds, 'faster')}; "
+              f"inconclusive {rate(ds, 'inconclusive')}, faster {rate(ds, 'faster')}, "
+              f"undecidable {rate(ds, 'undecidable')}; "
               f"{summary['rounds_per_decision'][kind]:.1f} rounds, {summary['seconds_per_decision'][kind]:.0f} s a run")
     if set_runs:
         per_run = [r["seconds"] for rs in sets.values() for r in rs]
