@@ -304,3 +304,55 @@ def compiled_ddp_bypassing_the_reducer() -> ModelSpec:
 
     DistributedDataParallel.compiled = lambda self, net: torch.compile(net.module) if self.compile_model else net
     return mlp()
+
+
+class OwnLossLM(TiedLM):
+    """transformers' convention: given `labels`, the model computes its loss itself, a mean over the
+    tokens it counts (labels of -100 are padding), or with num_items_in_batch, their sum over that."""
+
+    def forward(self, tokens, labels=None, num_items_in_batch=None):
+        logits = super().forward(tokens)  # (B, T, V)
+        if labels is None:
+            return {"logits": logits}
+        summed = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100,
+                                 reduction="sum")
+        counted = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
+        return {"loss": summed / counted, "logits": logits}
+
+
+def _padded_tokens(n: int, g: torch.Generator):
+    """_tokens with each sequence's tail past a random length (2..6) padded out of the loss (-100)."""
+    seq, target = _tokens(n, g)
+    lengths = torch.randint(2, 7, (n, 1), generator=g)
+    return seq, target.masked_fill(torch.arange(6) >= lengths, -100)
+
+
+def _counted_correct(logits, labels):
+    hits = (logits.detach().argmax(dim=-1) == labels).float()
+    counted = (labels != -100).float()
+    return ((hits * counted).sum(dim=1) / counted.sum(dim=1).clamp(min=1)).sum()
+
+
+def own_loss_lm() -> ModelSpec:
+    """The model's own loss summed over its tokens (num_items_in_batch=1), padding left out: right."""
+    return ModelSpec(build=OwnLossLM, draw=_padded_tokens, labels="labels", labels_loss="num_items_in_batch",
+                     correct=_counted_correct, name="own_loss_lm")
+
+
+def own_loss_lm_as_a_mean() -> ModelSpec:
+    """The same loss taken as a mean over each shard's examples: wrong where shards count different
+    numbers of tokens."""
+    return ModelSpec(build=OwnLossLM, draw=_padded_tokens, labels="labels", labels_loss="mean",
+                     correct=_counted_correct, name="own_loss_lm_as_a_mean")
+
+
+class OwnLossMLP(MLP):
+    def forward(self, x, labels=None):
+        logits = super().forward(x)
+        return {"logits": logits} if labels is None else {"loss": F.cross_entropy(logits, labels), "logits": logits}
+
+
+def own_loss_classifier() -> ModelSpec:
+    """An image classifier that returns its own mean cross-entropy when given labels: a mean over
+    examples, made a sum by labels_loss="mean"."""
+    return ModelSpec(build=OwnLossMLP, draw=image_spec(MLP, SHAPE, 4).draw, labels="labels", name="own_loss_classifier")

@@ -7,6 +7,7 @@ strategy on 2 emulated devices (a second each); DDP runs are few, since each sta
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -443,3 +444,22 @@ def test_check_amp_bf16_passes_a_correct_model_and_fails_a_planted_defect():
     failed = by_name(defect, "buffers")
     assert failed.status == "fail" and failed.first_divergence.tensor == "buffer batch_scale", failed
     assert "--amp bf16" in failed.reproduce, failed.reproduce
+
+
+@pytest.mark.parametrize("model", ["own_loss_lm", "own_loss_classifier"])
+def test_a_model_that_computes_its_own_loss_from_labels_passes(model):
+    """ModelSpec(labels="labels"): the target goes in as labels=, the model's own loss is made a sum
+    (times the examples for a mean over them; num_items_in_batch=1 for a mean over counted tokens)."""
+    report = check(model, dataclasses.replace(MANUAL_2, strategies=("manual", "dataparallel")))
+    assert not report.failures and report.verified and not report.findings, \
+        [(r.strategy, r.name, r.status, r.reason) for r in report.results if r.status != "pass"]
+
+
+def test_a_padded_lms_own_loss_taken_as_a_mean_per_shard_fails_uneven_and_accumulation():
+    """A mean over each shard's tokens weighs the tokens of shards with fewer of them more: the
+    finding names the cause, and the first divergence is at step 1."""
+    report = check("own_loss_lm_as_a_mean")
+    assert by_name(report, "loss-not-a-sum").status == "finding", report.findings
+    assert "num_items_in_batch" in by_name(report, "loss-not-a-sum").reason
+    failed = by_name(report, "gradients")
+    assert failed.status == "fail" and failed.first_divergence.step == 1 and "not a sum" in failed.reason, failed

@@ -23,6 +23,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGES = ["--input-shape", "3,32,32", "--classes", "10"]
 
 
+def _have(module: str) -> bool:
+    try:
+        __import__(module)
+        return True
+    except ImportError:
+        return False
+
+
 def _needs(module: str):
     try:
         __import__(module)
@@ -43,6 +51,9 @@ CASES = [
      "call(s) to scaled_dot_product_attention(dropout_p=0.1)"),
     ("examples/transformers_models.py:bert", [], 0, {"random-layers"},
      "call(s) to scaled_dot_product_attention(dropout_p=0.1)"),
+    ("examples/transformers_models.py:gpt2_labels", [], 0, {"random-layers"},
+     "call(s) to scaled_dot_product_attention(dropout_p=0.1)"),
+    ("examples/transformers_models.py:bert_labels", [], 0, {"random-layers"}, "dropout module(s)"),
     ("examples/timm_models.py:vit", IMAGES, 0, {"random-layers"}, "call(s) to scaled_dot_product_attention(dropout_p=0.1)"),
     ("examples/timm_models.py:convnext", IMAGES, 0, set(), ""),
     ("examples/timm_models.py:efficientnet", IMAGES, 0, {"random-layers", "batch-mixing"}, "call(s) to dropout(p=0.2)"),
@@ -78,3 +89,17 @@ def test_the_example_gets_its_verdict(target, extra, code, findings, text, tmp_p
     assert text in reasons, f"{target}: {text!r} not in the findings:\n{table}"
     if code:
         assert "buffer batch_scale differs after step 1" in table and "computed from the batch" in table, table
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(not _have("transformers"), reason="needs transformers: pip install 'mgpu[models]'")
+def test_gpt2s_own_loss_taken_as_a_mean_per_shard_fails_with_the_cause(monkeypatch, capsys):
+    """transformers' GPT-2 given labels= with padding, its loss taken as a mean over each shard
+    (labels_loss="mean"): the accumulation bug transformers fixed in late 2024. The check fails with
+    the finding's cause and the remedy."""
+    monkeypatch.chdir(ROOT)
+    got = main(["check", "examples/transformers_models.py:gpt2_labels_mean", "--strategies", "manual",
+                "--devices", "2", "--steps", "2"])
+    table = capsys.readouterr().out
+    assert got == 1, table
+    assert "loss-not-a-sum" in table and "num_items_in_batch" in table, table

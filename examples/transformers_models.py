@@ -3,6 +3,8 @@ data-parallel parity.
 
     python -m mgpu check examples/transformers_models.py:gpt2
     python -m mgpu check examples/transformers_models.py:bert
+    python -m mgpu check examples/transformers_models.py:gpt2_labels     # the model's own loss (labels=)
+    python -m mgpu check examples/transformers_models.py:bert_labels
 
 Needs `pip install 'mgpu[models]'` (transformers). The models return `ModelOutput`s, not tensors:
 mgpu scores their `logits` (docs/check.md, "The contract"), so no wrapper is needed.
@@ -12,6 +14,14 @@ modules and the calls to `scaled_dot_product_attention(dropout_p=0.1)` that tran
 makes itself (it passes its dropout module's probability instead of calling the module), all
 switched off for the comparisons. GPT-2 also passes `ties` (its output projection is the token
 embedding).
+
+The `_labels` variants train as transformers' Trainer does: the target goes in as `labels=` and the
+model computes its own loss (ModelSpec(labels="labels")). transformers' loss is a mean; mgpu needs a
+sum over the examples of a shard (docs/check.md, "The contract"). A sequence classifier's mean over
+its examples becomes one by multiplying with their number (labels_loss="mean"). A causal LM with
+padding averages over the tokens it counts, which differ from shard to shard: it is given
+num_items_in_batch=1 and returns their sum (labels_loss="num_items_in_batch"), the remedy
+transformers itself adopted for gradient accumulation in late 2024.
 """
 
 import torch
@@ -63,3 +73,37 @@ def _sentences(n, g):
 def bert():
     """BERT with 2 layers of width 32, a sequence classifier over 4 classes: logits (B, 4)."""
     return ModelSpec(build=_bert, draw=_sentences, name="bert (2 layers, width 32)")
+
+
+def _padded_tokens(n, g):
+    """Sequences as in _tokens with the model's own labels: the inputs themselves (the model shifts
+    them), each one's tail past a random length (8..16 tokens) set to -100, padding the loss leaves out."""
+    ids = _tokens(n, g)[0]
+    lengths = torch.randint(CONTEXT // 2, CONTEXT + 1, (n, 1), generator=g)
+    return ids, ids.masked_fill(torch.arange(CONTEXT) >= lengths, -100)
+
+
+def _next_token_correct(logits, labels):
+    """Per sequence, the share of its counted positions whose argmax is the next token, summed."""
+    hits = (logits.detach()[:, :-1].argmax(dim=-1) == labels[:, 1:]).float()
+    counted = (labels[:, 1:] != -100).float()
+    return ((hits * counted).sum(dim=1) / counted.sum(dim=1).clamp(min=1)).sum()
+
+
+def gpt2_labels():
+    """GPT-2 given labels=, padded: its loss summed over the counted tokens (num_items_in_batch=1)."""
+    return ModelSpec(build=_gpt2, draw=_padded_tokens, labels="labels", labels_loss="num_items_in_batch",
+                     correct=_next_token_correct, name="gpt2 with labels= (2 layers, width 32)")
+
+
+def gpt2_labels_mean():
+    """The same model scored as a mean over each shard's tokens, times its sequences: wrong where
+    shards hold different numbers of tokens (the accumulation bug transformers fixed in late 2024)."""
+    return ModelSpec(build=_gpt2, draw=_padded_tokens, labels="labels", labels_loss="mean",
+                     correct=_next_token_correct, name="gpt2 with labels=, a mean per shard")
+
+
+def bert_labels():
+    """BERT given labels=: its mean cross-entropy over a shard's examples, times their number."""
+    return ModelSpec(build=_bert, draw=_sentences, labels="labels", labels_loss="mean",
+                     name="bert with labels= (2 layers, width 32)")

@@ -42,7 +42,7 @@ from torch.nn import functional as F
 
 from mgpu.errors import MgpuError, SpecError, one_line
 
-__all__ = ["ModelSpec", "Objective", "select_output", "OnOutput", "ImageBatches", "image_spec", "builtin_spec", "load_spec", "parse_input_shape",
+__all__ = ["ModelSpec", "Objective", "ModelLoss", "LABELS_LOSSES", "select_output", "OnOutput", "ImageBatches", "image_spec", "builtin_spec", "load_spec", "parse_input_shape",
            "as_inputs", "batch_length", "slice_inputs", "cross_entropy_sum", "argmax_correct", "validate_spec"]
 
 Inputs = Any  # a tensor, or a tuple of tensors: the positional arguments of the model
@@ -100,12 +100,48 @@ class OnOutput:
         return self.fn(select_output(output, self.field), target)
 
 
+LABELS_LOSSES = ("mean", "sum", "num_items_in_batch")
+
+
+@dataclass(frozen=True)
+class ModelLoss:
+    """The loss a model computes itself when given the target (transformers' `labels=`), as the sum
+    mgpu needs: `output.loss` times the shard's examples for a mean over them ("mean"); as it is for
+    a sum ("sum", and "num_items_in_batch", where the model was given num_items_in_batch=1, so that
+    transformers' loss is the sum over the items it counts: tokens, padding left out)."""
+
+    reduction: str = "mean"
+
+    def __call__(self, output, target: torch.Tensor) -> torch.Tensor:
+        if isinstance(output, Mapping):
+            loss = output.get("loss")
+        elif isinstance(output, (tuple, list)) and output:
+            loss = output[0]
+        else:
+            loss = getattr(output, "loss", None)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise SpecError(f"ModelSpec(labels=...) passes the target to the model, which must then return its loss "
+                            f"(output.loss, or a tuple's first item): got {type(output).__name__} without one")
+        loss = loss.reshape(())
+        return loss * target.shape[0] if self.reduction == "mean" else loss
+
+
 @dataclass(frozen=True)
 class Objective:
-    """The loss and the count of correct examples a strategy computes on each shard."""
+    """The loss and the count of correct examples a strategy computes on each shard, and how the
+    model is called on a shard (`forward`: with the target as a keyword when the model computes its
+    own loss)."""
 
     loss: Callable[[Any, torch.Tensor], torch.Tensor] = cross_entropy_sum
     correct: Callable[[Any, torch.Tensor], torch.Tensor] = argmax_correct
+    labels: str | None = None     # the keyword the model takes the target under (None: it is not given the target)
+    extra: tuple = ()             # further (keyword, value) pairs of that call
+
+    def forward(self, net, inputs: tuple, target: torch.Tensor):
+        """The model's training output for one shard: net(*inputs), or net(*inputs, labels=target, ...)."""
+        if self.labels is None:
+            return net(*inputs)
+        return net(*inputs, **{self.labels: target}, **dict(self.extra))
 
     def loss_and_stats(self, output, target: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss to backpropagate: the summed loss times `scale`, detached [loss_sum, correct]
@@ -126,14 +162,25 @@ class ModelSpec:
     correct: Callable[[Any, torch.Tensor], torch.Tensor] = argmax_correct
     optimizer: Callable[[list], torch.optim.Optimizer] | None = None
     output: str | None = None  # the field of a dict or ModelOutput output that loss and correct score (default: logits)
+    # transformers' convention: the model is given the target as this keyword and returns its own loss
+    # (output.loss), which then replaces `loss`; labels_loss says how it reduces (LABELS_LOSSES, ModelLoss).
+    labels: str | None = None
+    labels_loss: str = "mean"
     name: str = "model"
     source: str | None = None  # "MODULE:FUNCTION" it was loaded from: other processes load it again from there
     options: dict = field(default_factory=dict)  # what load_spec was given besides the source (input shape, classes)
 
     @property
     def objective(self) -> Objective:
-        """loss and correct as strategies call them: on the output's tensor (select_output)."""
-        return Objective(OnOutput(self.loss, self.output), OnOutput(self.correct, self.output))
+        """loss and correct as strategies call them: on the output's tensor (select_output), or with
+        `labels`, the model's own loss as a sum (ModelLoss)."""
+        correct = OnOutput(self.correct, self.output)
+        if self.labels is None:
+            return Objective(OnOutput(self.loss, self.output), correct)
+        if self.labels_loss not in LABELS_LOSSES:
+            raise SpecError(f"ModelSpec(labels_loss={self.labels_loss!r}): choose one of {', '.join(LABELS_LOSSES)}")
+        extra = (("num_items_in_batch", 1),) if self.labels_loss == "num_items_in_batch" else ()
+        return Objective(ModelLoss(self.labels_loss), correct, labels=self.labels, extra=extra)
 
     def build_seeded(self, seed: int) -> nn.Module:
         """build() under `seed`, leaving the caller's random state as it was."""
@@ -375,15 +422,16 @@ def validate_spec(spec: ModelSpec, batch_size: int = 4, seed: int = 0) -> None:
             raise SpecError(f"{spec.name}: draw({batch_size}) gave {what} of shape {tuple(t.shape)}: "
                             f"dim 0 must hold the {batch_size} examples")
     model.train()
+    objective = spec.objective
     try:
-        output = model(*inputs)
+        output = objective.forward(model, inputs, target)
     except MgpuError:
         raise
     except Exception as e:
         shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
         raise SpecError(f"{spec.name}: inputs of shape {shapes} do not fit the model: {one_line(e, with_type=True)}") from None
     try:
-        loss = spec.objective.loss(output, target)
+        loss = objective.loss(output, target)
     except SpecError:
         raise
     except Exception as e:
@@ -394,7 +442,7 @@ def validate_spec(spec: ModelSpec, batch_size: int = 4, seed: int = 0) -> None:
     if not math.isfinite(float(loss.detach())):
         raise SpecError(f"{spec.name}: the loss of a freshly built model is {float(loss.detach())}")
     try:
-        correct = spec.objective.correct(output, target)
+        correct = objective.correct(output, target)
         float(correct)
     except Exception as e:
         raise SpecError(f"{spec.name}: cannot count correct examples from the output ({_describe(output)}) and "

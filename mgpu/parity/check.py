@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import os
 import pickle
 import shlex
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -40,8 +42,8 @@ from mgpu.parity.records import NO_BUFFERS, CheckResult, Report
 from mgpu.parity.probe import (find_buffer_updates, find_mixing_layers, find_random_layers, loss_is_a_sum,
                                switch_off_dropout)
 from mgpu.parity.report import failure_message
-from mgpu.parity.record import (Plan, Recording, check_ties, load_snapshot, record_strategy, reference_run,
-                                reference_step, snapshot, step_timeout)
+from mgpu.parity.record import (LocalShard, Plan, Recording, assemble_shards, check_ties, has_shards, load_snapshot,
+                                record_strategy, reference_run, reference_step, snapshot, step_timeout)
 from mgpu.spec import ModelSpec, builtin_spec, load_spec, validate_spec
 from mgpu.strategies import RANK_STRATEGIES  # each run of these is a spawn of its ranks
 
@@ -132,9 +134,11 @@ def _label(name: str, n: int) -> str:
 
 @dataclass
 class RankJob:
-    """What each rank of a ddp or fsdp check runs (picklable: the ranks are fresh processes)."""
+    """What each rank of the ddp and fsdp checks on one world size runs (picklable: the ranks are
+    fresh processes). The strategies run one after the other in one spawn, on one process group:
+    starting processes and loading the model's libraries is a large share of a rank run."""
 
-    strategy: str              # ddp | fsdp
+    strategies: tuple          # ddp, fsdp
     source: str | None
     spec_options: dict
     spec_blob: bytes | None
@@ -151,34 +155,119 @@ class RankJob:
 
 
 def rank_main(job: RankJob):
-    """In each rank: the plans under ddp or fsdp; rank 0 returns every rank's recordings, [plan][rank]."""
-    import torch.distributed as dist
-
+    """In each rank: the plans under each strategy of the job; rank 0 returns every rank's
+    recordings, {strategy: [plan][rank]} (pickled)."""
     set_exact_gpu_math()  # as run_check has it in the launching process
     spec = job.spec()
-    strategy = _strategy_for(job.strategy, int(os.environ["WORLD_SIZE"]), job.options.step_timeout or 60.0,
-                             job.options.device, job.options.amp, job.options.compile)
+    world = int(os.environ["WORLD_SIZE"])
+    out, strategy = {}, None
     try:
-        strategy.find_unused_parameters = job.find_unused
-        rank, world = strategy.rank, strategy.world_size
-        out = []
-        for plan in job.plans:
-            model = spec.build_seeded(job.options.seed + 7919 * rank)  # ranks start apart: the strategy must make them equal
-            switch_off_dropout(model, calls=job.dropout_calls)
-            if rank == 0:
-                load_snapshot(model, job.initial)
-            strategy.use_objective(spec.objective)
-            strategy.setup(model, make_optimizer(job.options, spec))
-            rec = record_strategy(strategy, spec, plan, label=f"{_label(job.strategy, world)} (rank {rank})",
-                                  timeout_s=job.options.step_timeout)
-            gathered = [None] * world if rank == 0 else None
-            dist.gather_object(rec, gathered, dst=0)  # to rank 0 only: every rank's copy of all would cost memory
-            out.append(gathered)
+        for name in job.strategies:
+            # The strategies share the process group: the second one's create() finds it set up.
+            strategy = _strategy_for(name, world, job.options.step_timeout or 60.0, job.options.device,
+                                     job.options.amp, job.options.compile)
+            out[name] = _rank_plans(job, spec, strategy)
         # Bytes, not tensors: torch's multiprocessing would pass each tensor as a file descriptor to
         # the launcher, and a model of a few hundred tensors runs out of them.
-        return pickle.dumps(out) if rank == 0 else None
+        return pickle.dumps(out) if strategy.rank == 0 else None
     finally:
-        strategy.teardown()
+        if strategy is not None:
+            strategy.teardown()
+
+
+def _rank_plans(job: RankJob, spec: ModelSpec, strategy) -> list | None:
+    """Every plan under one strategy; on rank 0, [plan][rank] recordings."""
+    import torch.distributed as dist
+
+    strategy.find_unused_parameters = job.find_unused
+    rank, world = strategy.rank, strategy.world_size
+    out = []
+    for plan in job.plans:
+        model = spec.build_seeded(job.options.seed + 7919 * rank)  # ranks start apart: the strategy must make them equal
+        switch_off_dropout(model, calls=job.dropout_calls)
+        if rank == 0:
+            load_snapshot(model, job.initial)
+        strategy.use_objective(spec.objective)
+        strategy.setup(model, make_optimizer(job.options, spec))
+        rec = record_strategy(strategy, spec, plan, label=f"{_label(strategy.name, world)} (rank {rank})",
+                              timeout_s=job.options.step_timeout, keep_shards=True)
+        _send_only_differences(rec, rank, world)
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(rec, gathered, dst=0)  # to rank 0 only: every rank's copy of all would cost memory
+        if rank == 0:
+            _fill_from_rank_0(gathered)
+        out.append(gathered)
+    return out
+
+
+def _send_only_differences(rec: Recording, rank: int, world: int) -> None:
+    """Before rank 0 gathers the recordings: an entry of a state of rank r > 0 that is bitwise rank 0's
+    (what a correct strategy gives at every step) is left out (None) when the digests of the two
+    states say so; so is the optimizer state, of which only rank 0's is compared (under fsdp the
+    other ranks send their shards of it). A model's state is then sent and pickled once, not once
+    per rank: for a 5 M-parameter model that was most of a rank run's time. Shards (LocalShard) are
+    always sent: rank 0 puts them together."""
+    import torch.distributed as dist
+
+    digests = [state_digest(_unsharded(state[0])) for state in rec.states]
+    everyone = [None] * world
+    dist.all_gather_object(everyone, digests)
+    if rank > 0:
+        rec.states = [[{k: v if isinstance(v, LocalShard) else None for k, v in state[0].items()}] if mine == first
+                      else state for mine, first, state in zip(digests, everyone[0], rec.states)]
+        if not any(has_shards(o) for o in rec.optimizer_states):
+            rec.optimizer_states = []
+
+
+def _unsharded(state: dict) -> dict:
+    return {k: v for k, v in state.items() if not isinstance(v, LocalShard)}
+
+
+def _fill_from_rank_0(per_rank: list) -> None:
+    """On rank 0, after the gather: rank 0's entries where the other ranks left them out as equal,
+    and every sharded tensor whole (assemble_shards), in states, gradients and rank 0's optimizer states."""
+    first = per_rank[0]
+    for rec in per_rank[1:]:
+        rec.states = [[{k: first.states[s][0][k] if v is None else v for k, v in state[0].items()}]
+                      for s, state in enumerate(rec.states)]
+    for s in range(len(first.states)):
+        for rec, whole in zip(per_rank, assemble_shards([rec.states[s][0] for rec in per_rank])):
+            rec.states[s] = [whole]
+    for rec, whole in zip(per_rank, assemble_shards([rec.grads[0] for rec in per_rank])):
+        rec.grads = [whole]
+    if any(has_shards(o) for o in first.optimizer_states):
+        first.optimizer_states = [assemble_shards([rec.optimizer_states[s] for rec in per_rank])[0]
+                                  for s in range(len(first.optimizer_states))]
+
+
+def recording_digest(rec: Recording) -> str:
+    """A digest of everything a comparison reads from a recording: every replica's states, gradients
+    and ties, the optimizer states and statistics."""
+    h = hashlib.blake2b(digest_size=16)
+    for states in rec.states:
+        for state in states:
+            h.update(state_digest(state).encode())
+    for grads in rec.grads:
+        h.update(state_digest({k: g for k, g in grads.items() if g is not None}).encode())
+        h.update(repr(sorted(k for k, g in grads.items() if g is None)).encode())
+    for optimizer_state in rec.optimizer_states:
+        per_parameter = optimizer_state.get("state", {})
+        h.update(state_digest({f"{i}: {k}": v for i, state in per_parameter.items() for k, v in state.items()
+                               if isinstance(v, torch.Tensor)}).encode())
+        h.update(repr(({i: {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
+                        for i, state in per_parameter.items()}, optimizer_state.get("param_groups"))).encode())
+    h.update(repr((rec.stats, rec.ties, rec.shards)).encode())
+    return h.hexdigest()
+
+
+def state_digest(state: dict) -> str:
+    """A digest of a snapshot's names, dtypes, shapes and bytes: equal digests, bitwise equal states."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(state):
+        t = state[name].detach().contiguous()
+        h.update(f"{name} {t.dtype} {tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
 
 
 def _spec_blob(spec: ModelSpec) -> tuple[bytes | None, str | None]:
@@ -218,6 +307,16 @@ class _Refs:
     model: torch.nn.Module
     options: CheckOptions
     cache: dict = field(default_factory=dict)
+    comparisons: dict = field(default_factory=dict)  # (kind, shards, the recording's digest) -> _compare_run's result
+
+    def compared(self, kind: str, rec: Recording, plan: Plan, shards: int) -> list:
+        """_compare_run(kind, rec, ...), computed once for bitwise equal recordings: on the CPU,
+        nn.DataParallel on 2 and on 3 devices is the same pass-through run, and its reference steps
+        (most of a check's time for a large model) need not be taken twice."""
+        key = (kind, plan, shards, recording_digest(rec))
+        if key not in self.comparisons:
+            self.comparisons[key] = _compare_run(kind, rec, self, plan, shards)
+        return self.comparisons[key]
 
     def fresh_optimizer_state(self) -> dict:
         return make_optimizer(self.options, self.spec)(list(copy.deepcopy(self.model).parameters())).state_dict()
@@ -410,35 +509,49 @@ def _run_check(spec: ModelSpec, options: CheckOptions | None, progress) -> Repor
     skip_exact = ("the model draws random numbers in forward beyond dropout: the runs cannot be compared exactly"
                   if traits.other_randomness else None)
 
-    rank_records: dict = {}  # (strategy, n) -> [plan][rank] recordings, or why the run crashed
-    rank_failure = None      # why no rank run can start (the spec cannot reach the ranks)
-    for name, n in options.runs():
-        if name not in RANK_STRATEGIES:
-            continue
-        blob, why_not = _spec_blob(spec)
-        if why_not:
-            rank_failure = why_not
-            break
-        say(f"check: {_label(name, n)}: starting {n} ranks")
-        job = RankJob(name, spec.source, dict(spec.options), blob, snapshot(model), list(plans.values()), options,
-                      find_unused=bool(traits.unused), dropout_calls=bool(traits.dropout_calls))
-        try:
-            rank_records[name, n] = _spawn_ranks(job, n, options)
-        except LaunchError as e:  # a rank crashed in the model's code: that run fails, the others go on
-            rank_records[name, n] = f"the run crashed: {str(e).splitlines()[0]}"
+    blob, rank_failure = _spec_blob(spec)  # rank_failure: why no rank run can start (the spec cannot reach the ranks)
+    ranks = None
+    if not rank_failure and any(name in RANK_STRATEGIES for name, _ in options.runs()):
+        jobs = {}
+        for name, n in options.runs():
+            if name in RANK_STRATEGIES:
+                jobs.setdefault(n, []).append(name)
+        ranks = _RankRuns({n: RankJob(tuple(names), spec.source, dict(spec.options), blob, snapshot(model),
+                                      list(plans.values()), options, find_unused=bool(traits.unused),
+                                      dropout_calls=bool(traits.dropout_calls))
+                           for n, names in sorted(jobs.items(), reverse=True)},  # the most ranks first: the longest
+                          options, say)
+    try:
+        _run_and_judge(spec, model, options, plans, refs, traits, skip_exact, ranks, rank_failure, add, repro)
+    finally:
+        if ranks is not None:
+            ranks.close()
+    order = {run: i for i, run in enumerate(options.runs())}  # the report in the options' order, as judged or not
+    results.sort(key=lambda r: -1 if r.strategy is None else order.get((r.strategy, r.devices), len(order)))
+    report = Report(spec.name, options, results, seconds=time.perf_counter() - start_time, notes=_notes(options))
+    return report
 
-    for name, n in options.runs():
+
+def _run_and_judge(spec, model, options, plans, refs, traits, skip_exact, ranks, rank_failure, add, repro) -> None:
+    """Each strategy and device count: its runs (in this process, or the ranks' from `ranks`), judged.
+    Rank runs whose ranks have finished go first, in-process runs fill the time until they do."""
+    pending = list(options.runs())
+    while pending:
+        name, n = next((run for run in pending if run[0] in RANK_STRATEGIES and ranks and ranks.ready(run[1])),
+                       next((run for run in pending if run[0] not in RANK_STRATEGIES), pending[0]))
+        pending.remove((name, n))
         if name in RANK_STRATEGIES and rank_failure:
             add(CheckResult("all", name, n, "skipped", rank_failure))
             continue
-        if name in RANK_STRATEGIES and isinstance(rank_records[name, n], str):
-            add(CheckResult("all", name, n, "fail", rank_records[name, n], reproduce=repro(name, n, plans["plain"])))
+        per_plan = ranks.get(name, n) if name in RANK_STRATEGIES else None
+        if isinstance(per_plan, str):
+            add(CheckResult("all", name, n, "fail", per_plan, reproduce=repro(name, n, plans["plain"])))
             continue
         recs = {}
         try:
             for kind, plan in plans.items():
                 if name in RANK_STRATEGIES:
-                    recs[kind] = _rank_recording(rank_records[name, n][list(plans).index(kind)])
+                    recs[kind] = _rank_recording(per_plan[list(plans).index(kind)])
                 else:
                     recs[kind] = _run_in_process(spec, model, name, n, plan, options)
         except MgpuError:
@@ -448,8 +561,56 @@ def _run_check(spec: ModelSpec, options: CheckOptions | None, progress) -> Repor
                             reproduce=repro(name, n, plans["plain"])))
             continue
         _judge(name, n, recs, plans, refs, traits, skip_exact, add, repro)
-    report = Report(spec.name, options, results, seconds=time.perf_counter() - start_time, notes=_notes(options))
-    return report
+
+
+class _RankRuns:
+    """The ddp and fsdp runs of a check: one spawn per world size, both strategies in it, started at
+    once in a thread of their own. Meanwhile the launching process (one thread: run_check) makes the
+    in-process runs and computes the references, rather than wait with a core idle while the ranks
+    start and load the model's libraries."""
+
+    def __init__(self, jobs: dict, options: CheckOptions, say):
+        self.options, self.say, self.results = options, say, {}
+        self.thread = threading.Thread(target=self._run_all, args=(jobs,), name="mgpu-check-ranks", daemon=True)
+        self.done = {n: threading.Event() for n in jobs}
+        self.thread.start()
+
+    def _run_all(self, jobs: dict) -> None:
+        for n, job in jobs.items():
+            try:
+                self.results[n] = self._run(job, n)
+            except BaseException as e:  # CheckTimeout, SpecError, ...: raised where the results are read
+                self.results[n] = e
+            finally:
+                self.done[n].set()
+
+    def _run(self, job: RankJob, n: int) -> dict:
+        """{strategy: [plan][rank] recordings, or why its run crashed}. When the joint spawn fails, each
+        strategy is spawned alone again, so that the crash is told to the strategy that made it."""
+        self.say(f"check: {' and '.join(_label(s, n) for s in job.strategies)}: starting {n} ranks")
+        try:
+            return _spawn_ranks(job, n, self.options)
+        except LaunchError as e:
+            if len(job.strategies) == 1:
+                return {job.strategies[0]: f"the run crashed: {str(e).splitlines()[0]}"}
+        out = {}
+        for name in job.strategies:
+            out.update(self._run(replace(job, strategies=(name,)), n))
+        return out
+
+    def ready(self, n: int) -> bool:
+        return self.done[n].is_set()
+
+    def get(self, name: str, n: int):
+        self.done[n].wait()
+        result = self.results[n]
+        if isinstance(result, BaseException):
+            raise result
+        return result[name]
+
+    def close(self) -> None:
+        """Wait for the ranks (on an error too: no spawn goes on behind the caller's back)."""
+        self.thread.join()
 
 
 def _rank_recording(per_rank: list[Recording]) -> Recording:
@@ -463,7 +624,7 @@ def _rank_recording(per_rank: list[Recording]) -> Recording:
 def _spawn_ranks(job: RankJob, n: int, options: CheckOptions):
     from mgpu.launch import spawn
 
-    steps = sum(p.steps + 1 for p in job.plans)
+    steps = sum(p.steps + 1 for p in job.plans) * len(job.strategies)
     deadline = None if options.step_timeout is None else 60.0 + steps * options.step_timeout
     try:
         return pickle.loads(spawn(rank_main, job, nprocs=n, deadline_s=deadline))
@@ -505,7 +666,7 @@ def _judge(name, n, recs, plans, refs, traits, skip_exact, add, repro) -> None:
         # batch or takes branches by what a batch holds (unused parameters): then it is the same
         # shards, one after the other, the first device's buffers kept.
         shards = rec.shards if traits.mixing or traits.unused else 1
-        for check, div, errs in _compare_run(kind, rec, refs, plan, shards):
+        for check, div, errs in refs.compared(kind, rec, plan, shards):
             if div == "none":
                 add(CheckResult(check, name, n, "skipped", NO_BUFFERS))
                 continue

@@ -26,7 +26,7 @@ from torch import nn
 
 from mgpu.comm import shard_bounds
 from mgpu.parity.dropout import DropoutOff, hold_dropout_off
-from mgpu.spec import ModelSpec, select_output
+from mgpu.spec import ModelSpec, select_output, slice_inputs
 
 __all__ = ["flatten_output", "switch_off_dropout", "find_random_layers", "find_mixing_layers",
            "find_buffer_updates", "loss_is_a_sum", "MIXING_REL_TOL"]
@@ -222,15 +222,33 @@ def loss_is_a_sum(spec: ModelSpec, model: nn.Module, inputs: tuple, target: torc
     if target.shape[0] < 2:
         return None
     model = copy.deepcopy(model).double().eval()  # eval: a BatchNorm must not make the parts differ
-    with torch.no_grad():
-        output = select_output(model(*(t.double() if t.is_floating_point() else t for t in inputs)), spec.output)
-    if not isinstance(output, torch.Tensor) or output.shape[:1] != target.shape[:1]:
-        return None
-    with torch.no_grad():
-        whole = float(spec.loss(output, target))
-        parts = float(spec.loss(output[:1], target[:1])) + float(spec.loss(output[1:], target[1:]))
-    if math.isclose(whole, parts, rel_tol=1e-9, abs_tol=1e-12):
+    inputs = tuple(t.double() if t.is_floating_point() else t for t in inputs)
+    objective = spec.objective
+    rel_tol = 1e-9
+    if objective.labels is not None:  # the model computes its loss itself: one forward per part
+        losses = []
+        with torch.no_grad():
+            for a, b in ((0, len(target)), (0, 1), (1, len(target))):
+                losses.append(objective.loss(objective.forward(model, slice_inputs(inputs, a, b), target[a:b]), target[a:b]))
+        whole, parts = float(losses[0]), float(losses[1]) + float(losses[2])
+        if losses[0].dtype != torch.float64:
+            # transformers computes its losses in float32 whatever the model's dtype: a sum is then
+            # equal up to float32 rounding, and a mean per shard still misses by far more.
+            rel_tol = 1e-5
+    else:
+        with torch.no_grad():
+            output = select_output(model(*inputs), spec.output)
+        if not isinstance(output, torch.Tensor) or output.shape[:1] != target.shape[:1]:
+            return None
+        with torch.no_grad():
+            whole = float(spec.loss(output, target))
+            parts = float(spec.loss(output[:1], target[:1])) + float(spec.loss(output[1:], target[1:]))
+    if math.isclose(whole, parts, rel_tol=rel_tol, abs_tol=1e-12):
         return None
     return (f"the loss is not a sum over examples: loss of {target.shape[0]} examples {whole:.6g}, loss of 1 plus "
             f"loss of the other {target.shape[0] - 1} {parts:.6g} (a mean per device weighs a smaller shard's "
-            "examples more): return the sum (reduction='sum'); mgpu divides by the global batch size")
+            "examples more): " + (
+                f"the model's own loss times the examples (labels_loss={spec.labels_loss!r}) is not one: a mean over "
+                "tokens, padding left out, needs labels_loss='num_items_in_batch' (transformers' models take it)"
+                if objective.labels is not None else
+                "return the sum (reduction='sum'); mgpu divides by the global batch size"))

@@ -41,7 +41,7 @@ from mgpu.comm import shard_bounds
 from mgpu.errors import CheckTimeout
 from mgpu.spec import ModelSpec, slice_inputs
 
-__all__ = ["Plan", "Recording", "ReferenceStep", "snapshot", "load_snapshot", "record_strategy", "reference_step",
+__all__ = ["Plan", "Recording", "ReferenceStep", "LocalShard", "assemble_shards", "has_shards", "snapshot", "load_snapshot", "record_strategy", "reference_step",
            "reference_run", "step_timeout", "check_ties", "device_pieces"]
 
 
@@ -70,35 +70,80 @@ class Recording:
     shards: int = 1  # how many shards the global batch was cut into (a DataParallel pass-through: 1)
 
 
-def _cpu(t: torch.Tensor) -> torch.Tensor:
+@dataclass
+class LocalShard:
+    """A rank's own dim-0 shard of a sharded tensor (FSDP's DTensors), kept as it is rather than
+    gathered whole by a collective per tensor: rank 0 puts the ranks' shards together
+    (`assemble_shards`) after one gather of the whole recording."""
+
+    local: torch.Tensor
+    shape: tuple
+
+
+def _cpu(t: torch.Tensor, keep_shards: bool = False):
     """A detached CPU copy of a tensor, whole: a sharded one (a DTensor, under fsdp) is gathered
-    first, a collective every rank makes at the same point."""
-    full_tensor = getattr(t, "full_tensor", None)
-    if callable(full_tensor):
-        t = full_tensor()
+    first, a collective every rank makes at the same point; with keep_shards, a dim-0 shard stays
+    this rank's LocalShard."""
+    to_local = getattr(t, "to_local", None)
+    if callable(to_local):
+        from torch.distributed.tensor import Shard
+
+        if keep_shards and tuple(t.placements) == (Shard(0),):
+            return LocalShard(to_local().detach().to("cpu", copy=True), tuple(t.shape))
+        t = t.full_tensor()
     return t.detach().to("cpu", copy=True)
 
 
-def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+def snapshot(model: nn.Module, keep_shards: bool = False) -> dict[str, torch.Tensor]:
     """Every parameter and buffer (persistent or not), detached CPU float copies, by kind and name."""
-    state = {f"weight {n}": _cpu(p) for n, p in model.named_parameters()}
-    state.update({f"buffer {n}": _cpu(b) for n, b in model.named_buffers()})
+    state = {f"weight {n}": _cpu(p, keep_shards) for n, p in model.named_parameters()}
+    state.update({f"buffer {n}": _cpu(b, keep_shards) for n, b in model.named_buffers()})
     return state
 
 
-def _grads(model: nn.Module) -> dict:
-    return {n: None if p.grad is None else _cpu(p.grad) for n, p in model.named_parameters()}
+def _grads(model: nn.Module, keep_shards: bool = False) -> dict:
+    return {n: None if p.grad is None else _cpu(p.grad, keep_shards) for n, p in model.named_parameters()}
 
 
-def _cpu_copy(obj):
-    """A deep copy with every tensor on the CPU (sharded ones gathered whole)."""
+def _cpu_copy(obj, keep_shards: bool = False):
+    """A deep copy with every tensor on the CPU (sharded ones gathered whole, or kept as LocalShards)."""
     if isinstance(obj, torch.Tensor):
-        return _cpu(obj)
+        return _cpu(obj, keep_shards)
     if isinstance(obj, dict):
-        return {k: _cpu_copy(v) for k, v in obj.items()}
+        return {k: _cpu_copy(v, keep_shards) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_cpu_copy(v) for v in obj)
+        return type(obj)(_cpu_copy(v, keep_shards) for v in obj)
     return copy.deepcopy(obj)
+
+
+def assemble_shards(per_rank: list) -> list:
+    """The same structure as per_rank[0] with every LocalShard replaced by the whole tensor: the
+    ranks' shards at that place, concatenated in rank order along dim 0 (FSDP's even chunks, the
+    last ones shorter or empty). One whole tensor object serves every rank's place."""
+    first = per_rank[0]
+    if isinstance(first, LocalShard):
+        whole = torch.cat([shard.local for shard in per_rank])
+        if tuple(whole.shape) != first.shape:
+            raise RuntimeError(f"shards of {tuple(whole.shape)} put together for a tensor of {first.shape}")
+        return [whole] * len(per_rank)
+    if isinstance(first, dict) and any(has_shards(v) for v in first.values()):
+        columns = {k: assemble_shards([d[k] for d in per_rank]) for k in first}
+        return [{k: columns[k][r] for k in first} for r in range(len(per_rank))]
+    if isinstance(first, (list, tuple)) and any(has_shards(v) for v in first):
+        columns = [assemble_shards([x[i] for x in per_rank]) for i in range(len(first))]
+        return [type(first)(column[r] for column in columns) for r in range(len(per_rank))]
+    return per_rank
+
+
+def has_shards(obj) -> bool:
+    """Whether a recording's piece (a state, a gradient dict, an optimizer state) holds a LocalShard."""
+    if isinstance(obj, LocalShard):
+        return True
+    if isinstance(obj, dict):
+        return any(has_shards(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(has_shards(v) for v in obj)
+    return False
 
 
 def load_snapshot(model: nn.Module, state: dict) -> None:
@@ -146,15 +191,17 @@ def step_timeout(seconds: float | None, what: str):
         signal.signal(signal.SIGALRM, old)
 
 
-def record_strategy(strategy, spec: ModelSpec, plan: Plan, label: str, timeout_s: float | None = None) -> Recording:
+def record_strategy(strategy, spec: ModelSpec, plan: Plan, label: str, timeout_s: float | None = None,
+                    keep_shards: bool = False) -> Recording:
     """Run `plan` on a set-up strategy (setup done, objective set) and record every replica.
 
     Under DDP each rank records its own replica; the caller gathers them. `label` names the run
-    in timeout messages ("manual on 2 devices").
+    in timeout messages ("manual on 2 devices"). keep_shards: FSDP's sharded tensors are recorded
+    as this rank's LocalShards, for the caller to assemble (no collective per tensor and step).
     """
     modules = strategy.modules()
-    rec = Recording(states=[[snapshot(m) for m in modules]],
-                    optimizer_states=[_cpu_copy(strategy.optimizers()[0].state_dict())],
+    rec = Recording(states=[[snapshot(m, keep_shards) for m in modules]],
+                    optimizer_states=[_cpu_copy(strategy.optimizers()[0].state_dict(), keep_shards)],
                     shards=len(strategy.devices))  # per process: DDP's ranks are gathered by the caller
     for step in range(1, plan.steps + 1):
         inputs, target = plan.batch(spec, step)
@@ -164,12 +211,12 @@ def record_strategy(strategy, spec: ModelSpec, plan: Plan, label: str, timeout_s
             stats = strategy.all_sum(strategy.forward_backward(slice_inputs(inputs, start, stop), target[start:stop],
                                                               plan.batch_size, plan.micro_steps)).tolist()
             if step == 1:
-                rec.grads = [_grads(m) for m in modules]
+                rec.grads = [_grads(m, keep_shards) for m in modules]
             rec.stats.append([float(v) for v in stats])
             strategy.optimizer_step()
             strategy.synchronize()
-        rec.states.append([snapshot(m) for m in modules])
-        rec.optimizer_states.append(_cpu_copy(strategy.optimizers()[0].state_dict()))
+        rec.states.append([snapshot(m, keep_shards) for m in modules])
+        rec.optimizer_states.append(_cpu_copy(strategy.optimizers()[0].state_dict(), keep_shards))
     rec.ties = [check_ties(m) for m in modules]
     return rec
 
@@ -261,7 +308,7 @@ def reference_step(spec: ModelSpec, template: nn.Module, state: dict, optimizer_
                 y = target[start:stop]
                 with (torch.autocast(device_type=torch.device(device).type, dtype=autocast) if autocast
                       else contextlib.nullcontext()):
-                    output = model(*slice_inputs(inputs, start, stop))
+                    output = objective.forward(model, slice_inputs(inputs, start, stop), y)
                     loss = objective.loss(output, y)
                 scaled = loss if scale_after else loss * (1.0 / plan.batch_size)
                 grads = torch.autograd.grad(scaled, params, allow_unused=True)

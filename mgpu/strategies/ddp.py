@@ -120,7 +120,8 @@ class DistributedDataParallel(SingleDevice):
             # Ranks on one machine share its cores (those this process may use: its affinity mask,
             # as taskset, cgroups or a batch scheduler set it): oversubscribing them would serialise the ranks.
             torch.set_num_threads(max(1, len(devmod.usable_cores()) // local_world))
-        setup_process_group(backend, cfg.timeout)
+        if not dist.is_initialized():  # else a strategy before this one in the same ranks set it up (mgpu check)
+            setup_process_group(backend, cfg.timeout)
         strategy = cls(devmod.DeviceList([device]))
         strategy.rank, strategy.world_size = dist.get_rank(), dist.get_world_size()
         strategy.sync_bn = cfg.sync_bn

@@ -37,8 +37,8 @@ class Manual(Strategy):
                     continue  # a shard smaller than micro_steps has fewer pieces
                 X_piece, y_piece = shard_pieces[k]
                 with self.autocast(device):
-                    loss, piece_stats = self.objective.loss_and_stats(net(*self.inputs(X_piece, device)),
-                                                                      y_piece, 1.0)
+                    output = self.objective.forward(net, self.inputs(X_piece, device), y_piece)
+                    loss, piece_stats = self.objective.loss_and_stats(output, y_piece, 1.0)
                 loss.backward()  # queued per device: the host never waits here, so on GPUs the replicas overlap
                 stats += piece_stats.to(main, non_blocking=True)  # device to device: no host read
         self.sync_gradients(global_batch_size)

@@ -51,8 +51,9 @@ class SingleDevice(Strategy):
         for k, (X_piece, y_piece) in enumerate(pieces):
             with self.gradient_sync(last_micro_step=k == len(pieces) - 1):
                 with self.autocast(device):
-                    loss, piece_stats = self.objective.loss_and_stats(self.net(*self.inputs(X_piece, device)),
-                                                                      to_device(y_piece, device), scale)
+                    y_piece = to_device(y_piece, device)
+                    output = self.objective.forward(self.net, self.inputs(X_piece, device), y_piece)
+                    loss, piece_stats = self.objective.loss_and_stats(output, y_piece, scale)
                 loss.backward()
             stats += piece_stats
         return stats
