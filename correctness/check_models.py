@@ -356,3 +356,17 @@ def own_loss_classifier() -> ModelSpec:
     """An image classifier that returns its own mean cross-entropy when given labels: a mean over
     examples, made a sum by labels_loss="mean"."""
     return ModelSpec(build=OwnLossMLP, draw=image_spec(MLP, SHAPE, 4).draw, labels="labels", name="own_loss_classifier")
+
+
+class CrashesSharded(MLP):
+    """Works everywhere but under FSDP, whose fully_shard gives the module a class of its own
+    ("FSDPCrashesSharded"): a crash of one strategy among the ranks' several."""
+
+    def forward(self, x):
+        if type(self).__name__.startswith("FSDP"):
+            raise RuntimeError("this model cannot be sharded")
+        return super().forward(x)
+
+
+def crashes_sharded() -> ModelSpec:
+    return image_spec(CrashesSharded, SHAPE, 4, name="crashes_sharded")

@@ -463,3 +463,15 @@ def test_a_padded_lms_own_loss_taken_as_a_mean_per_shard_fails_uneven_and_accumu
     assert "num_items_in_batch" in by_name(report, "loss-not-a-sum").reason
     failed = by_name(report, "gradients")
     assert failed.status == "fail" and failed.first_divergence.step == 1 and "not a sum" in failed.reason, failed
+
+
+def test_a_crash_of_one_rank_strategy_fails_that_strategy_alone():
+    """ddp and fsdp share one spawn of the ranks; when it fails, each is run alone again, so the crash
+    is told to the strategy that made it and the other one is still checked."""
+    report = check("crashes_sharded", CheckOptions(strategies=("ddp", "fsdp"), devices=(2,), steps=1, step_timeout=30,
+                                                   device=COMPARISON_KIND))
+    fsdp = [r for r in report.results if r.strategy == "fsdp"]
+    assert [(r.name, r.status) for r in fsdp] == [("all", "fail")], fsdp
+    assert "the run crashed" in fsdp[0].reason and "cannot be sharded" in fsdp[0].reason, fsdp[0].reason
+    ddp = {r.name: r.status for r in report.results if r.strategy == "ddp"}
+    assert ddp and set(ddp.values()) <= {"pass", "skipped"} and ddp["gradients"] == "pass", ddp
