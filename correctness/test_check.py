@@ -475,3 +475,16 @@ def test_a_crash_of_one_rank_strategy_fails_that_strategy_alone():
     assert "the run crashed" in fsdp[0].reason and "cannot be sharded" in fsdp[0].reason, fsdp[0].reason
     ddp = {r.name: r.status for r in report.results if r.strategy == "ddp"}
     assert ddp and set(ddp.values()) <= {"pass", "skipped"} and ddp["gradients"] == "pass", ddp
+
+
+def test_the_json_report_writes_an_infinite_relative_error_as_null(tmp_path):
+    """A weight whose float64 reference is zero (timm zero-initialises some BatchNorm weights) has an
+    infinite relative error; JSON has no infinity, and the report must still be written."""
+    from mgpu.parity.records import CheckResult, Report
+    from mgpu.parity.report import write_json
+
+    report = Report("zeros", MANUAL_2, [CheckResult("weights", "manual", 2, "pass",
+                                                    errors={"max_abs": 1e-9, "max_rel": float("inf")})])
+    write_json(report, tmp_path / "check.json")
+    record = json.loads((tmp_path / "check.json").read_text())["checks"][0]
+    assert record["errors"] == {"max_abs": 1e-9, "max_rel": None}, record

@@ -70,3 +70,22 @@ def test_a_compiled_run_that_diverges_from_eager_is_caught_under_manual(monkeypa
     assert buffers.status == "fail" and buffers.first_divergence.tensor == "buffer batch_scale", _statuses(defect)
     fixed = run_check(load_spec("examples/planted_defect.py:fixed", input_shape="3,8,8", classes=4), options)
     assert not fixed.failures and fixed.verified, _statuses(fixed)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("strategy, n", [("single", 1), ("manual", 2)])
+def test_train_compile_trains_what_eager_trains(strategy, n, tmp_path, capsys):
+    """`python -m mgpu train --compile`: the chapter's line, and after one step the weights of the eager
+    run within float32 tolerance (one step: free-running runs part by more, test_weights says why)."""
+    from mgpu.cli import main
+    from mgpu.parity.compare import assert_tensors_close
+
+    args = ["train", "--model", "lenet", "--strategy", strategy, "--devices", str(n), "--epochs", "1",
+            "--batch-size", "16", "--train-size", "16", "--test-size", "16", "--no-progress", "--seed", "3"]
+    assert main([*args, "--out", str(tmp_path / "eager")]) == 0
+    assert main([*args, "--compile", "--out", str(tmp_path / "compiled")]) == 0
+    assert "test acc:" in capsys.readouterr().out
+    eager = torch.load(tmp_path / "eager" / "model.pt", map_location="cpu")
+    compiled = torch.load(tmp_path / "compiled" / "model.pt", map_location="cpu")
+    assert eager.keys() == compiled.keys(), "a compiled run's model.pt must hold the plain module's names"
+    assert_tensors_close(compiled, eager, f"{strategy} --compile after one step")

@@ -521,11 +521,7 @@ def _run_check(spec: ModelSpec, options: CheckOptions | None, progress) -> Repor
                                       dropout_calls=bool(traits.dropout_calls))
                            for n, names in sorted(jobs.items(), reverse=True)},  # the most ranks first: the longest
                           options, say)
-    try:
-        _run_and_judge(spec, model, options, plans, refs, traits, skip_exact, ranks, rank_failure, add, repro)
-    finally:
-        if ranks is not None:
-            ranks.close()
+    _run_and_judge(spec, model, options, plans, refs, traits, skip_exact, ranks, rank_failure, add, repro)
     order = {run: i for i, run in enumerate(options.runs())}  # the report in the options' order, as judged or not
     results.sort(key=lambda r: -1 if r.strategy is None else order.get((r.strategy, r.devices), len(order)))
     report = Report(spec.name, options, results, seconds=time.perf_counter() - start_time, notes=_notes(options))
@@ -567,7 +563,9 @@ class _RankRuns:
     """The ddp and fsdp runs of a check: one spawn per world size, both strategies in it, started at
     once in a thread of their own. Meanwhile the launching process (one thread: run_check) makes the
     in-process runs and computes the references, rather than wait with a core idle while the ranks
-    start and load the model's libraries."""
+    start and load the model's libraries. A check that ends early (Ctrl-C, a hanging model in this
+    process) does not wait for the thread: it is a daemon, its spawn ends at its deadline, and the
+    ranks die with this process (mgpu.launch)."""
 
     def __init__(self, jobs: dict, options: CheckOptions, say):
         self.options, self.say, self.results = options, say, {}
@@ -608,9 +606,6 @@ class _RankRuns:
             raise result
         return result[name]
 
-    def close(self) -> None:
-        """Wait for the ranks (on an error too: no spawn goes on behind the caller's back)."""
-        self.thread.join()
 
 
 def _rank_recording(per_rank: list[Recording]) -> Recording:

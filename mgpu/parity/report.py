@@ -107,8 +107,20 @@ def failure_message(report: Report, result: CheckResult) -> str:
 
 
 def write_json(report: Report, path: str | Path) -> None:
-    text = json.dumps(report.to_json(), indent=2, allow_nan=False, default=_jsonable)
+    text = json.dumps(_finite(report.to_json()), indent=2, allow_nan=False, default=_jsonable)
     Path(path).write_text(text + "\n")
+
+
+def _finite(value):
+    """Infinite and NaN floats as null (JSON has neither): a relative error over a reference that is
+    zero is infinite (timm's EfficientNet zero-initialises BatchNorm weights), and wrote no file."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _jsonable(value):
