@@ -553,10 +553,16 @@ def _run_and_judge(spec, model, options, plans, refs, traits, skip_exact, ranks,
         except MgpuError:
             raise
         except Exception as e:  # the model or the strategy crashed: that run fails, the others go on
-            add(CheckResult("all", name, n, "fail", f"the run crashed: {one_line(e, with_type=True)}",
+            add(CheckResult("all", name, n, "fail", f"the run crashed: {_shortened(one_line(e, with_type=True))}",
                             reproduce=repro(name, n, plans["plain"])))
             continue
         _judge(name, n, recs, plans, refs, traits, skip_exact, add, repro)
+
+
+def _shortened(text: str, most: int = 400) -> str:
+    """A crash's one-line message cut to `most` characters: inductor's compile errors hold the whole
+    generated C++ (tens of kilobytes), which would fill the report's row."""
+    return text if len(text) <= most else text[:most] + " ..."
 
 
 class _RankRuns:
