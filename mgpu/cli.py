@@ -187,7 +187,7 @@ def _add_gate_parser(commands) -> None:
     g.add_argument("--sample-s", default="0.25", metavar="SECONDS",
                    help="seconds of work in one timed sample (longer: a narrower interval, a longer run)")
     g.add_argument("--workers", default="auto", metavar="N",
-                   help="worker processes per arm, 1 to 4 (auto: 2 below --threshold 10, else 1): the rounds rotate "
+                   help="worker processes per arm, 1 to 8 (auto: as many as the threshold needs, 1 at 10, 3 at 5): the rounds rotate "
                         "through their pairs, averaging out one process's bias against another")
     g.add_argument("--budget-s", default="120", metavar="SECONDS",
                    help="seconds of rounds a benchmark may take when its first rounds' noise needs longer samples; a "

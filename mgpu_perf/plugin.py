@@ -40,7 +40,7 @@ def pytest_addoption(parser):
                     help="seconds of work in one timed sample, a whole number of steps (default 0.25); longer "
                          "samples narrow the interval where steps are noisy (a GPU with unlocked clocks)")
     group.addoption("--ab-workers", default="auto", metavar="N",
-                    help="worker processes per arm, 1 to 4 (default auto: 2 below --ab-threshold 10, else 1): "
+                    help="worker processes per arm, 1 to 8 (default auto: as many as the threshold needs, 1 at 10, 3 at 5): "
                          "the rounds rotate through the arms' worker pairs, averaging out the bias of one "
                          "process against another")
     group.addoption("--ab-budget-s", default="120", metavar="SECONDS",

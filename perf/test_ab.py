@@ -466,10 +466,10 @@ BAD_GATE_INPUT = {
     "sample-s-0": (lambda tmp: dict(baseline="HEAD", sample_s="0"), "--ab-sample-s must be a number of seconds in (0, 60]"),
     "sample-s-text": (lambda tmp: dict(baseline="HEAD", sample_s="1s"),
                       "--ab-sample-s must be a number of seconds in (0, 60]"),
-    "workers-0": (lambda tmp: dict(baseline="HEAD", workers="0"), "--ab-workers must be an integer from 1 to 4 or auto"),
-    "workers-5": (lambda tmp: dict(baseline="HEAD", workers="5"), "--ab-workers must be an integer from 1 to 4 or auto"),
+    "workers-0": (lambda tmp: dict(baseline="HEAD", workers="0"), "--ab-workers must be an integer from 1 to 8 or auto"),
+    "workers-9": (lambda tmp: dict(baseline="HEAD", workers="9"), "--ab-workers must be an integer from 1 to 8 or auto"),
     "workers-text": (lambda tmp: dict(baseline="HEAD", workers="two"),
-                     "--ab-workers must be an integer from 1 to 4 or auto"),
+                     "--ab-workers must be an integer from 1 to 8 or auto"),
 }
 
 
@@ -512,8 +512,9 @@ def test_good_gate_options_become_the_settings():
     assert (settings.threshold, settings.max_rounds, settings.strict, settings.smoke, settings.sample_s,
             settings.workers) == (0.05, 12, True, False, 1.5, 2)
     assert (parse_settings().sample_s, parse_settings().workers) == (0.25, 1), "at the default 10 %: one worker an arm"
-    assert parse_settings("5").workers == 2 and parse_settings("9.9", workers="auto").workers == 2, \
-        "below 10 %: two workers an arm (one pair's bias comes near the T/2 margin)"
+    assert [parse_settings(t, workers="auto").workers for t in ("9.9", "7", "5")] == [1, 2, 3], \
+        "below 10 %: more workers an arm (one pair's bias comes near the T/2 margin)"
+    assert parse_settings("5", pair_bias="0.5").workers == 1, "a quieter machine's pair bias needs fewer"
     assert parse_settings("5", workers="1").workers == 1, "an explicit count wins"
     smoke = parse_settings(smoke=True)
     assert smoke.smoke and smoke.max_rounds == 3, "--benchmark-disable makes the gate a three-round smoke run"

@@ -224,7 +224,7 @@ def test_the_gate_command_names_its_cases_and_keeps_model_paths_inside_the_repos
     (["--strategies", "single"], "gate needs --baseline REF"),
     (["--baseline", "HEAD", "--max-rounds", "2"], "--max-rounds must be an integer >= 3"),
     (["--baseline", "HEAD", "--sample-s", "-1"], "--sample-s must be a number of seconds in (0, 60]"),
-    (["--baseline", "HEAD", "--workers", "0"], "--workers must be an integer from 1 to 4 or auto"),
+    (["--baseline", "HEAD", "--workers", "0"], "--workers must be an integer from 1 to 8 or auto"),
     (["--baseline", "HEAD", "--budget-s", "0"], "--budget-s must be a number of seconds > 0"),
     (["--baseline", "HEAD", "--pair-bias", "-1"], "--pair-bias must be a percentage in [0, 50)"),
     (["--baseline", "HEAD", "--graphs", "yes"], "--graphs must be one of auto, on, off"),

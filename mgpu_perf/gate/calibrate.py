@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-s", default="120", metavar="SECONDS", help="the gate's --ab-budget-s")
     p.add_argument("--pair-bias", default="1.5", metavar="PERCENT", help="the gate's --ab-pair-bias")
     p.add_argument("--workers", default="2", metavar="N",
-                   help="workers an arm, 1 to 4 (default 2: the pairs' spread is measured from 2 on)")
+                   help="workers an arm, 1 to 8 (default 2: the pairs' spread is measured from 2 on)")
     p.add_argument("--graphs", default="auto", choices=("auto", "on", "off"))
     p.add_argument("--amp", default="off", choices=("off", "bf16"))
     p.add_argument("--compile", action="store_true")

@@ -57,11 +57,7 @@ class Settings:
     compile: bool = False     # the workloads' --compile (torch.compile)
 
 
-def workers_for(threshold: float) -> int:
-    """Worker processes an arm when none is asked for: 2 below a 10 % threshold, else 1. Below 10 %
-    the T/2 margin comes near the bias of one pair of processes (docs/perf.md: at T = 5 % one worker
-    an arm caught 18/20 slowdowns of 5 %, two caught 20/20); at 10 % one pair is enough (20/20)."""
-    return 2 if threshold < 0.10 else 1
+workers_for = abstats.workers_for  # the auto count of worker processes an arm (stats.workers_for)
 
 
 def round_order(i: int, workers: int = 1) -> tuple[str, str]:
@@ -101,7 +97,7 @@ class Comparison:
     clock_reason: str = ""
     graphs: dict = field(default_factory=dict)  # per arm: captured or not, and why not
     plans: list = field(default_factory=list)   # the sizing of each phase (stats.Plan.to_dict)
-    pilot: dict | None = None           # the rounds before samples were stretched (not in the estimate)
+    pilot: dict | None = None           # rounds set aside: before a stretch or a second look (not in the estimate)
     seconds: float = 0.0
     round_s: float = math.nan           # seconds a round took (both arms), over every round taken
     estimate: abstats.Estimate | None = None
@@ -211,6 +207,22 @@ def _take_round(pools, result: Comparison, i: int, workers: int, ops: int, setti
     result.pairs.append(pair)
 
 
+def _set_aside(result: Comparison, ops: int) -> None:
+    """Move the rounds taken so far to `pilot` (outside the estimate, kept in ab.json): rounds the
+    sizing took as warm-up, or shorter samples than the stretched ones that follow."""
+    pilot = result.pilot or {"ops_per_sample": ops, "ops": [], "samples": {"baseline": [], "candidate": []},
+                             "host_samples": {"baseline": [], "candidate": []}, "pairs": []}
+    for key in ("samples", "host_samples"):
+        for label in ("baseline", "candidate"):
+            pilot[key][label] += getattr(result, key)[label]
+    pilot["pairs"] += result.pairs
+    pilot["ops"] += [ops] * len(result.pairs)
+    result.pilot = pilot
+    result.samples = {"baseline": [], "candidate": []}
+    result.host_samples = {"baseline": [], "candidate": []}
+    result.pairs = []
+
+
 def _size(result: Comparison, settings: Settings, strictest: float, round_s: float, sample_s: float,
           budget_left: float, workers: int, may_stretch: bool) -> abstats.Plan:
     est = abstats.estimate(result.samples["baseline"], result.samples["candidate"], settings.threshold)
@@ -228,8 +240,9 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
 
     The first look (at min_rounds) also sizes the run from the rounds' noise (stats.plan): a
     threshold under the worker pairs' floor, or one the budget cannot decide at any sample length,
-    ends the benchmark there as `undecidable`, with the figures; one that needs longer samples
-    starts its rounds again with them (the first rounds kept as `pilot`, outside the estimate)."""
+    ends the benchmark there as `undecidable`, with the figures, once a second look at as many new
+    rounds agrees (the workers' first rounds may be their noisiest); one that needs longer samples
+    starts its rounds again with them. Rounds set aside are kept as `pilot`, outside the estimate."""
     result = Comparison(name, spec)
     start = time.perf_counter()
     pools = {label: group if isinstance(group, list) else [group] for label, group in arms.items()}
@@ -267,21 +280,34 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
         result.ops_per_sample = ops
         strictest = settings.alpha / family_size
         limit, i, stretched = settings.max_rounds, 0, False
+        # The first look waits until every worker pair has had its two rounds. A refusal for noise
+        # waits for a second look at as many new rounds, the first ones set aside: fresh workers'
+        # first rounds were the noisiest here (14 % a round in a refused decision, 2-6 % typical).
+        first_look = max(settings.min_rounds, 2 * workers)
+        second_look = False
         began = phase_began = time.perf_counter()
         while i < limit:
             _take_round(pools, result, i, workers, ops, settings)
             i += 1
             done = i
-            if settings.smoke or done < settings.min_rounds:
+            if settings.smoke or done < first_look:
                 continue
-            if done == settings.min_rounds:
+            if done == first_look:
                 now = time.perf_counter()
                 plan = _size(result, settings, strictest, (now - phase_began) / done, ops * op_s,
                              settings.budget_s - (now - began), workers, may_stretch=not stretched)
                 est = abstats.estimate(result.samples["baseline"], result.samples["candidate"], settings.threshold)
+                under_floor = settings.threshold < plan.floor
+                if (plan.action == "refuse" and not under_floor and not second_look and done < limit
+                        and not abstats.settled(est, settings.threshold, strictest)):
+                    # Taken as the workers' warm-up: set aside, and as many rounds measured again.
+                    _set_aside(result, ops)
+                    i, second_look, phase_began = 0, True, time.perf_counter()
+                    log(f"{name}: first rounds too noisy to size ({plan.message}); measuring again")
+                    continue
                 # Under the floor: no verdict, whatever the rounds. Too noisy for the budget: no verdict
                 # unless these rounds already settled it (or they are all the rounds asked for).
-                if plan.action == "refuse" and (settings.threshold < plan.floor or (
+                if plan.action == "refuse" and (under_floor or (
                         done < limit and not abstats.settled(est, settings.threshold, strictest))):
                     result.status, result.reason = "undecidable", plan.message
                     break
@@ -289,18 +315,14 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
                     break
                 if plan.action == "stretch":
                     # The first rounds' samples are shorter, their noise larger: kept, not mixed in.
-                    result.pilot = {"ops_per_sample": ops, "samples": result.samples, "pairs": result.pairs,
-                                    "host_samples": result.host_samples}
-                    result.samples = {"baseline": [], "candidate": []}
-                    result.host_samples = {"baseline": [], "candidate": []}
-                    result.pairs = []
+                    _set_aside(result, ops)
                     ops = max(ops + 1, math.ceil(ops * plan.stretch))
                     result.ops_per_sample = ops
                     limit, i, stretched, phase_began = plan.rounds, 0, True, time.perf_counter()
                     log(f"{name}: {plan.message}")
                     continue
-                limit = min(limit, max(plan.rounds, settings.min_rounds))
-            if (done < limit and (done - settings.min_rounds) % settings.look_every == 0):
+                limit = min(limit, max(plan.rounds, first_look))
+            if done < limit and (done - first_look) % settings.look_every == 0:
                 # Only a verdict that cannot be a false `slower` ends a benchmark early: looking
                 # for `slower` after every few rounds would test it again and again (a false
                 # alarm rate up to 3x the nominal level, simulated). `slower` is judged once, at the end.

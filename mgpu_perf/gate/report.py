@@ -58,8 +58,11 @@ def describe_timing(r: Comparison) -> list[str]:
     if r.clock != "host":
         lines.append(f"timed by {r.clock} ({r.clock_reason}); host median {_median(r.host_samples['baseline']):.1f}"
                      f" / {_median(r.host_samples['candidate']):.1f} ms")
-    if r.pilot is not None:
-        lines.append(f"samples stretched: {r.plans[0]['message']}")
+    for plan in r.plans[:-1] if r.status == "undecidable" else r.plans:
+        if plan["action"] == "stretch":
+            lines.append(f"samples stretched: {plan['message']}")
+        elif plan["action"] == "refuse":
+            lines.append(f"first rounds set aside, measured again: {plan['message']}")
     graphs = {label: g for label, g in r.graphs.items() if g}
     if graphs and any(g.get("captured") for g in graphs.values()):
         lines.append("CUDA-graph replays in both arms")

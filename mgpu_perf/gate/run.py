@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from mgpu.errors import GateError
+from mgpu_perf.gate import stats as abstats
 from mgpu_perf.gate.arm import Arm, ArmError, start_workers
 from mgpu_perf.gate.baseline import (Baseline, check_baseline, describe_candidate, is_mgpu_checkout,
                                      uncommitted_changes)
@@ -30,7 +31,7 @@ from mgpu_perf.gate.report import gate_exit_status, write_reports
 __all__ = ["GateRun", "parse_settings", "GateError", "GRAPH_MODES", "AMP_MODES", "with_speed_options"]
 
 
-MAX_WORKERS = 4  # per arm: each holds the workload (a model, a pool of ranks) for the whole benchmark
+MAX_WORKERS = abstats.MAX_WORKERS  # per arm: each holds the workload (a model, a pool of ranks) for the whole benchmark
 
 
 GRAPH_MODES = ("auto", "on", "off")
@@ -62,15 +63,15 @@ def parse_settings(threshold="10", max_rounds="40", strict: bool = False, smoke:
         raise GateError(f"--ab-sample-s must be a number of seconds in (0, 60], got {sample_s!r}") from None
     if not (math.isfinite(seconds) and 0 < seconds <= 60):
         raise GateError(f"--ab-sample-s must be a number of seconds in (0, 60], got {sample_s!r}")
+    bias = _number(str(pair_bias).strip().rstrip("%"), "--ab-pair-bias", "a percentage in [0, 50)",
+                   lambda v: 0 <= v < 50)
     try:
-        count = workers_for(percent / 100) if str(workers).strip() == "auto" else int(str(workers))
+        count = workers_for(percent / 100, bias / 100) if str(workers).strip() == "auto" else int(str(workers))
     except ValueError:
         raise GateError(f"--ab-workers must be an integer from 1 to {MAX_WORKERS} or auto, got {workers!r}") from None
     if not 1 <= count <= MAX_WORKERS:
         raise GateError(f"--ab-workers must be an integer from 1 to {MAX_WORKERS} or auto, got {count}")
     budget = _number(budget_s, "--ab-budget-s", "a number of seconds > 0", lambda v: v > 0)
-    bias = _number(str(pair_bias).strip().rstrip("%"), "--ab-pair-bias", "a percentage in [0, 50)",
-                   lambda v: 0 <= v < 50)
     if graphs not in GRAPH_MODES:
         raise GateError(f"--ab-graphs must be one of {', '.join(GRAPH_MODES)}, got {graphs!r}")
     if amp not in AMP_MODES:

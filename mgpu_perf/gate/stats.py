@@ -56,7 +56,7 @@ def _t():
 
 __all__ = ["Estimate", "estimate", "trimmed_mean", "verdict", "settled", "holm_levels", "decide", "VERDICTS",
            "round_noise", "noise_low", "rounds_needed", "smallest_detectable", "threshold_floor", "pair_spread", "Plan", "plan",
-           "PAIR_BIAS", "POWER_Z", "FLOOR_SDS", "percent"]
+           "workers_for", "averaged_bias", "PAIR_BIAS", "POWER_Z", "FLOOR_SDS", "BIAS_SHARE", "MAX_WORKERS", "percent"]
 
 VERDICTS = ("slower", "faster", "unchanged", "inconclusive", "undecidable")
 
@@ -197,6 +197,8 @@ def decide(estimates: list[Estimate], threshold: float, alpha: float) -> list[tu
 POWER_Z = 1.2816   # the power asked of a change of exactly the threshold: 90 % (one-sided normal quantile)
 PAIR_BIAS = 0.015  # sd of one pair of worker processes' bias (log ratio); the top of docs/perf.md's 1-1.6 %
 FLOOR_SDS = 2.0    # T/2 must be this many sds of the (averaged) pair bias: else the bias alone can reach it
+BIAS_SHARE = 0.5   # the auto worker count keeps the pairs' bias, at the power asked, within this share of the margin
+MAX_WORKERS = 8    # worker processes an arm at most (each holds the workload: a model, a pool of ranks)
 
 
 def round_noise(est: Estimate) -> float:
@@ -232,32 +234,64 @@ def _df(rounds: int) -> int:
     return max(1, rounds - 2 * g - 1)
 
 
-def rounds_needed(noise: float, threshold: float, alpha: float, power_z: float = POWER_Z, most: int = 100_000) -> int:
+def _used(se: float, bias: float, t: float, power_z: float) -> float:
+    """How much of the margin a decision of standard error `se` uses, its verdict at level alpha (t)
+    with the power asked (power_z), when the worker pairs add an averaged bias of sd `bias` that
+    the rounds' interval does not see: the interval's half-width t se, plus power_z sds of what
+    the estimate varies by from one run to the next, sqrt(bias^2 + se^2)."""
+    return t * se + power_z * math.sqrt(bias * bias + se * se)
+
+
+def rounds_needed(noise: float, threshold: float, alpha: float, power_z: float = POWER_Z, most: int = 100_000,
+                  bias: float = 0.0) -> int:
     """The fewest rounds at which a change of exactly the threshold is called `slower` with the
-    power asked (90 %) at level alpha, for rounds of this noise: (t_alpha + z) noise / sqrt(n) <=
-    log(1 + T) - log(1 + T/2). `most` + 1 when even `most` rounds are not enough (or noise is inf)."""
+    power asked (90 %) at level alpha, for rounds of this noise: t noise / sqrt(n) + z sqrt(bias^2 +
+    noise^2 / n) <= log(1 + T) - log(1 + T/2), `bias` the sd of the worker pairs' averaged bias
+    (averaged_bias; 0: none). `most` + 1 when even `most` rounds are not enough (or noise is inf,
+    or the bias alone leaves no room: z bias >= the margin)."""
     if not math.isfinite(noise):
         return most + 1
     margin = _margin(threshold)
+    if power_z * bias >= margin:
+        return most + 1
     t = _t()
     z_alpha = float(t.ppf(1 - alpha, 10_000))
-    n = max(3, int(((z_alpha + power_z) * noise / margin) ** 2 * 0.9))  # a start just below the answer
+    n = max(3, int(((z_alpha + power_z) * noise / margin) ** 2 * 0.9))  # a start below the answer
     while n <= most:
-        if (float(t.ppf(1 - alpha, _df(n))) + power_z) * noise / math.sqrt(n) <= margin:
+        if _used(noise / math.sqrt(n), bias, float(t.ppf(1 - alpha, _df(n))), power_z) <= margin:
             return n
         n += max(1, n // 50)
     return most + 1
 
 
-def smallest_detectable(noise: float, rounds: int, alpha: float, power_z: float = POWER_Z) -> float:
+def smallest_detectable(noise: float, rounds: int, alpha: float, power_z: float = POWER_Z, bias: float = 0.0) -> float:
     """The smallest threshold T (a fraction) that `rounds` rounds of this noise decide with the power
-    asked: log(1 + T) - log(1 + T/2) = m with m = (t + z) noise / sqrt(rounds), so
+    asked: log(1 + T) - log(1 + T/2) = m with m the margin used (_used), so
     T = (e^m - 1) / (1 - e^m / 2); inf where no threshold is (m >= log 2)."""
     if rounds < 2 or not math.isfinite(noise):
         return math.inf
-    m = (float(_t().ppf(1 - alpha, _df(rounds))) + power_z) * noise / math.sqrt(rounds)
+    m = _used(noise / math.sqrt(rounds), bias, float(_t().ppf(1 - alpha, _df(rounds))), power_z)
     e = math.exp(m)
     return (e - 1) / (1 - e / 2) if e < 2 else math.inf
+
+
+def averaged_bias(pair_bias: float, workers: int) -> float:
+    """The sd of the bias the arms' worker pairs bring to an estimate whose rounds go to `workers`
+    pairs in turn (compare.round_pair): one pair's sd over sqrt(workers)."""
+    return pair_bias / math.sqrt(max(1, workers))
+
+
+def workers_for(threshold: float, pair_bias: float = PAIR_BIAS, power_z: float = POWER_Z,
+                share: float = BIAS_SHARE, most: int = MAX_WORKERS) -> int:
+    """Worker processes an arm when none is asked for: the fewest whose averaged pair bias, at the
+    power asked, uses at most `share` of the margin a change of the threshold has over T/2, leaving
+    the rest to the rounds' noise (rounds_needed). With 1.5 %: 1 at 10 %, 2 at 7 %, 3 at 5 %.
+    Measured (docs/gate.md): at 5 % two workers an arm caught 16 of 20 slowdowns of 5 %, two of
+    the misses `unchanged` at 1.035, a pair of processes timing the slower tree 5 points low."""
+    for workers in range(1, most + 1):
+        if power_z * averaged_bias(pair_bias, workers) <= share * _margin(threshold):
+            return workers
+    return most
 
 
 def threshold_floor(pair_bias: float, workers: int, sds: float = FLOOR_SDS) -> float:
@@ -319,17 +353,22 @@ def plan(noise: float, threshold: float, alpha: float, max_rounds: int, round_s:
       no sample length fits the rounds it needs into the time left;
     - go, when the rounds it needs fit max_rounds (and the time left) at this length: as asked;
     - stretch, to the shortest sample length whose rounds fit.
-    `low`: the noise to decide by (noise_low: a lower bound); `noise` is the figure reported."""
+    Sized by `noise`; `low` (noise_low: a lower bound) decides only whether to refuse. The worker
+    pairs' averaged bias (averaged_bias) takes its share of the margin in every count of rounds."""
     low = noise if low is None else low
     floor = threshold_floor(pair_bias, workers)
+    bias = averaged_bias(pair_bias, workers)
     noise_text = f"noise {percent(math.expm1(noise)) if math.isfinite(noise) else 'unmeasurable'} a round"
 
     def allowed(k: float) -> int:
         return max(0, min(max_rounds, int(budget_left_s / max(round_s * k, 1e-9))))
 
-    need = rounds_needed(noise, threshold, alpha, power_z)
+    def needed(n: float) -> int:
+        return rounds_needed(n, threshold, alpha, power_z, bias=bias)
+
+    need = needed(noise)
     k_best = max(1.0, min(max_sample_s / sample_s, budget_left_s / max(round_s * max_rounds, 1e-9)))
-    smallest = max(floor, smallest_detectable(noise / math.sqrt(k_best), allowed(k_best), alpha, power_z))
+    smallest = max(floor, smallest_detectable(noise / math.sqrt(k_best), allowed(k_best), alpha, power_z, bias))
     base = dict(noise=noise, floor=floor, rounds_needed=need, rounds_allowed=allowed(1.0), smallest=smallest)
     if threshold < floor:
         return Plan("refuse", rounds=0, message=(
@@ -338,19 +377,32 @@ def plan(noise: float, threshold: float, alpha: float, max_rounds: int, round_s:
             f"pair, {workers} pair(s) averaged): use a threshold of at least {percent(floor)}, more workers an arm, "
             "or the pair bias calibrate measures here"),
             **base)
-    if rounds_needed(low, threshold, alpha, power_z) <= allowed(1.0):
-        return Plan("go", rounds=allowed(1.0), **base)
-    # Stretched by the noise measured, not its lower bound: too short a stretch is refused at the
-    # next look, too long a one only takes longer. The lower bound decides whether one is possible.
-    for sized_by in ((noise, low) if may_stretch else ()):
-        k = max(1.0, rounds_needed(sized_by, threshold, alpha, power_z) / max_rounds)
-        while k <= max_sample_s / sample_s:
-            if rounds_needed(sized_by / math.sqrt(k), threshold, alpha, power_z) <= allowed(k):
+    # Sized by the noise measured: a run sized on a low draw of its first rounds ends short of the
+    # power asked (at 5 %, two decisions in 20 sized `go` at 1.9-2.5 % went on at 5.5 % and ended
+    # `unchanged`, docs/gate.md). Too long a stretch only takes longer; only a refusal, which loses
+    # the verdict, waits for the noise's lower bound to say that no sample length fits.
+    def stretch(sized_by: float) -> Plan | None:
+        k = max(1.0, needed(sized_by) / max_rounds)
+        while may_stretch and k <= max_sample_s / sample_s:
+            if needed(sized_by / math.sqrt(k)) <= allowed(k):
                 return Plan("stretch", rounds=allowed(k), stretch=k, **base, message=(
                     f"{noise_text}: {percent(threshold)} needs about {need} rounds of {sample_s:.2g} s; samples "
                     f"stretched to {sample_s * k:.2g} s"))
             k *= 1.1
+        return None
+
+    if need <= allowed(1.0):
+        return Plan("go", rounds=allowed(1.0), **base)
+    sized = stretch(noise)
+    if sized is None and needed(low) <= allowed(1.0):
+        sized = Plan("go", rounds=allowed(1.0), **base)  # the lower bound fits: these rounds may still decide it
+    sized = sized or stretch(low)
+    if sized is not None:
+        return sized
+    suggested = workers_for(threshold, pair_bias, power_z)
+    more = (f"; {suggested} workers an arm (the auto count) would leave the rounds more of the margin the worker "
+            "pairs' bias takes" if suggested > workers else "")
     return Plan("refuse", rounds=0, **base, message=(
         f"{noise_text}: {percent(threshold)} needs about {need} rounds of {sample_s:.2g} s; the budget allows "
         f"{allowed(1.0)}; the smallest change it can call in the budget is about {percent(smallest)}"
-        + ("" if smallest != floor else " (the worker pairs' floor)")))
+        + ("" if smallest != floor else " (the worker pairs' floor)") + more))

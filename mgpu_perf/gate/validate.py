@@ -164,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-rounds", type=int, default=Settings.max_rounds, help="the gate's --ab-max-rounds")
     parser.add_argument("--sample-s", type=float, default=Settings.sample_s, help="seconds a sample (default 0.25)")
     parser.add_argument("--workers", type=int, default=None,
-                        help="the gate's --ab-workers (default: as the gate's auto, 2 below --threshold 10, else 1)")
+                        help="the gate's --ab-workers (default: as the gate's auto, 1 at --threshold 10, 3 at 5)")
+    parser.add_argument("--without-half", action="store_true",
+                        help="leave out the T/2 candidate (it is reported, not judged): a third less time")
     parser.add_argument("--tree", default=".", help="the checkout of mgpu to validate (default: this folder)")
     args = parser.parse_args(argv)
     runs = args.runs if args.runs is not None else (5 if args.quick else 20)
@@ -173,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--runs and --set-runs must be at least 0, and one of them positive")
     if args.workers is None:
         args.workers = workers_for(args.threshold / 100)
-    if not (0 < args.threshold < 100) or args.max_rounds < 3 or args.sample_s <= 0 or not 1 <= args.workers <= 4:
-        parser.error("--threshold must be in (0, 100), --max-rounds at least 3, --sample-s positive, --workers 1 to 4")
+    if not (0 < args.threshold < 100) or args.max_rounds < 3 or args.sample_s <= 0 or not 1 <= args.workers <= abstats.MAX_WORKERS:
+        parser.error("--threshold must be in (0, 100), --max-rounds at least 3, --sample-s positive, "
+                     f"--workers 1 to {abstats.MAX_WORKERS}")
     from mgpu_perf.gate.baseline import is_mgpu_checkout
 
     root = Path(args.tree).resolve()
@@ -194,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         unchanged = copy_tree(root, tmp / "unchanged")  # a candidate identical to it (a folder may not be both arms)
         slowed = {full: copy_tree(root, tmp / "slowed-full", full), half: copy_tree(root, tmp / "slowed-half", half)}
         kinds = {"same tree": unchanged, big: slowed[full], small: slowed[half]}
+        if args.without_half:
+            del kinds[small]
         decisions: dict[str, list[dict]] = {k: [] for k in kinds}
         print(f"1. {name} ({spec}), {runs} runs per kind, threshold {args.threshold:g} %, "
               f"{settings.workers} worker(s) an arm, judged at alpha {settings.alpha}/{family}", flush=True)
