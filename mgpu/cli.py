@@ -183,7 +183,8 @@ def _add_gate_parser(commands) -> None:
     g.add_argument("--devices", default="1", metavar="N[,N...]", help="device counts (emulated on the CPU without GPUs)")
     g.add_argument("--batch", type=_int, default=32, help="examples per device")
     g.add_argument("--threshold", default="10", metavar="PERCENT", help="the slowdown the gate exists to catch")
-    g.add_argument("--max-rounds", default="40", metavar="N", help="most rounds per benchmark (>= 3)")
+    g.add_argument("--max-rounds", default="200", metavar="N",
+                   help="most rounds per benchmark (>= 3; default 200: each runs what its noise needs, at least 40, within --budget-s)")
     g.add_argument("--sample-s", default="0.25", metavar="SECONDS",
                    help="seconds of work in one timed sample (longer: a narrower interval, a longer run)")
     g.add_argument("--workers", default="auto", metavar="N",

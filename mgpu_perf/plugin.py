@@ -35,7 +35,9 @@ def pytest_addoption(parser):
                          "unless --ab-baseline names another")
     group.addoption("--ab-threshold", default="10", metavar="PERCENT",
                     help="the slowdown the gate exists to catch, in percent (default 10)")
-    group.addoption("--ab-max-rounds", default="40", metavar="N", help="most rounds per benchmark (default 40, >= 3)")
+    group.addoption("--ab-max-rounds", default="200", metavar="N",
+                    help="most rounds per benchmark (>= 3; default 200: each runs what its noise needs, at least 40, "
+                         "within --ab-budget-s)")
     group.addoption("--ab-sample-s", default="0.25", metavar="SECONDS",
                     help="seconds of work in one timed sample, a whole number of steps (default 0.25); longer "
                          "samples narrow the interval where steps are noisy (a GPU with unlocked clocks)")

@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--classes", type=int, default=None)
     p.add_argument("--rounds", type=int, default=20, help="interleaved rounds a benchmark (default 20, >= 5)")
     p.add_argument("--threshold", default="10", metavar="PERCENT", help="the change to size for (default 10)")
-    p.add_argument("--max-rounds", default="40", metavar="N", help="the gate's --ab-max-rounds")
+    p.add_argument("--max-rounds", default="200", metavar="N", help="the gate's --ab-max-rounds")
     p.add_argument("--sample-s", default="0.25", metavar="SECONDS", help="the gate's --ab-sample-s")
     p.add_argument("--budget-s", default="120", metavar="SECONDS", help="the gate's --ab-budget-s")
     p.add_argument("--pair-bias", default="1.5", metavar="PERCENT", help="the gate's --ab-pair-bias")

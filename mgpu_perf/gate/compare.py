@@ -43,7 +43,7 @@ class Settings:
     threshold: float = 0.10   # the slowdown the gate exists to catch (fraction)
     alpha: float = 0.05       # chance of any false `slower` in a whole run (Holm across benchmarks)
     min_rounds: int = 10
-    max_rounds: int = 40
+    max_rounds: int = 200     # a cap: each benchmark runs the rounds its noise needs (stats.plan), within budget_s
     look_every: int = 5       # rounds between looks at the interval, once min_rounds are in
     warmup: int = 2           # untimed samples per arm before the rounds
     sample_s: float = 0.25    # target duration of one sample (a whole number of operations)

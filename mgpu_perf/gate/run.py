@@ -2,7 +2,7 @@
 into Settings, the two trees, the two arms (started when the first gated benchmark runs), the
 comparisons, the verdicts and the reports.
 
-    run = GateRun(parse_settings(threshold="10", max_rounds="40"), root, baseline_ref="origin/main")
+    run = GateRun(parse_settings(threshold="10", max_rounds="200"), root, baseline_ref="origin/main")
     run.compare("my_step[ddp-2]", spec, family_size=3)     # starts the arms the first time
     status = run.finish()                                   # verdicts (Holm), reports; 0 or 1
     run.close()
@@ -38,7 +38,7 @@ GRAPH_MODES = ("auto", "on", "off")
 AMP_MODES = ("off", "bf16")
 
 
-def parse_settings(threshold="10", max_rounds="40", strict: bool = False, smoke: bool = False,
+def parse_settings(threshold="10", max_rounds="200", strict: bool = False, smoke: bool = False,
                    sample_s="0.25", workers="auto", budget_s="120", pair_bias="1.5", graphs="auto", amp="off",
                    compile: bool = False) -> Settings:
     """The gate's settings from option text (`--ab-threshold 5%`, `--ab-max-rounds 60`, `--ab-sample-s 1`,

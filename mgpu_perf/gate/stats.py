@@ -199,6 +199,7 @@ PAIR_BIAS = 0.015  # sd of one pair of worker processes' bias (log ratio); the t
 FLOOR_SDS = 2.0    # T/2 must be this many sds of the (averaged) pair bias: else the bias alone can reach it
 BIAS_SHARE = 0.5   # the auto worker count keeps the pairs' bias, at the power asked, within this share of the margin
 MAX_WORKERS = 8    # worker processes an arm at most (each holds the workload: a model, a pool of ranks)
+SPARE = 1.5        # rounds run = this many times the rounds needed: the first look measures the noise roughly
 
 
 def round_noise(est: Estimate) -> float:
@@ -343,7 +344,8 @@ def percent(x: float) -> str:
 
 def plan(noise: float, threshold: float, alpha: float, max_rounds: int, round_s: float, sample_s: float,
          budget_left_s: float, pair_bias: float = PAIR_BIAS, workers: int = 1, max_sample_s: float = 60.0,
-         may_stretch: bool = True, power_z: float = POWER_Z, low: float | None = None) -> Plan:
+         may_stretch: bool = True, power_z: float = POWER_Z, low: float | None = None, at_least: int = 40,
+         spare: float = SPARE) -> Plan:
     """The sizing rule. `noise`: per-round log-ratio noise of the first rounds; `round_s`: seconds a
     round took (both arms, overheads included); `sample_s`: seconds of work in one of its samples.
     A sample k times as long is taken to have noise / sqrt(k) (independent steps; on the H200 of
@@ -353,6 +355,12 @@ def plan(noise: float, threshold: float, alpha: float, max_rounds: int, round_s:
       no sample length fits the rounds it needs into the time left;
     - go, when the rounds it needs fit max_rounds (and the time left) at this length: as asked;
     - stretch, to the shortest sample length whose rounds fit.
+    A benchmark runs `spare` times the rounds it needs (the noise of 10 rounds is rough: 1.5 times
+    covers noise 1.22 times the figure measured), at least `at_least` (40: the rounds of the rates
+    measured at 10 %), within max_rounds and the time left. More rounds come before longer samples:
+    they keep the rounds already taken (a stretch starts again), and on the 2-core VM longer samples
+    bought no more per second of rounds (docs/gate.md section 4: noise squared times seconds a round
+    was 1.4-1.9 for samples of one step, 2.5-4.7 for 3 steps, 2.0-7.8 for 6-12 steps, two runs).
     Sized by `noise`; `low` (noise_low: a lower bound) decides only whether to refuse. The worker
     pairs' averaged bias (averaged_bias) takes its share of the margin in every count of rounds."""
     low = noise if low is None else low
@@ -365,6 +373,9 @@ def plan(noise: float, threshold: float, alpha: float, max_rounds: int, round_s:
 
     def needed(n: float) -> int:
         return rounds_needed(n, threshold, alpha, power_z, bias=bias)
+
+    def rounds(k: float, sized_by: float) -> int:
+        return min(allowed(k), max(at_least, math.ceil(spare * needed(sized_by / math.sqrt(k)))))
 
     need = needed(noise)
     k_best = max(1.0, min(max_sample_s / sample_s, budget_left_s / max(round_s * max_rounds, 1e-9)))
@@ -385,17 +396,17 @@ def plan(noise: float, threshold: float, alpha: float, max_rounds: int, round_s:
         k = max(1.0, needed(sized_by) / max_rounds)
         while may_stretch and k <= max_sample_s / sample_s:
             if needed(sized_by / math.sqrt(k)) <= allowed(k):
-                return Plan("stretch", rounds=allowed(k), stretch=k, **base, message=(
+                return Plan("stretch", rounds=rounds(k, sized_by), stretch=k, **base, message=(
                     f"{noise_text}: {percent(threshold)} needs about {need} rounds of {sample_s:.2g} s; samples "
                     f"stretched to {sample_s * k:.2g} s"))
             k *= 1.1
         return None
 
     if need <= allowed(1.0):
-        return Plan("go", rounds=allowed(1.0), **base)
+        return Plan("go", rounds=rounds(1.0, noise), **base)
     sized = stretch(noise)
     if sized is None and needed(low) <= allowed(1.0):
-        sized = Plan("go", rounds=allowed(1.0), **base)  # the lower bound fits: these rounds may still decide it
+        sized = Plan("go", rounds=allowed(1.0), **base)  # the lower bound fits: all the rounds allowed may decide it
     sized = sized or stretch(low)
     if sized is not None:
         return sized

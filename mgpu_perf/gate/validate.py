@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from mgpu_perf.gate import stats as abstats
@@ -190,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name, spec, family = single_step_spec()
+    partial = out / f"gate-validation-t{args.threshold:g}.partial.json"  # every decision as it ends
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mgpu-validate-gate-") as tmp:
         tmp = Path(tmp)
@@ -206,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             for kind, candidate in kinds.items():
                 d = one_decision(same, candidate, name, spec, family, tmp, settings)
                 decisions[kind].append(d)
+                partial.write_text(json.dumps({"settings": asdict(settings), "decisions": decisions}) + "\n")
                 print(f"   run {i + 1:>2} {kind:<11} {d['verdict']:<13} ratio {d['ratio']:.3f} "
                       f"[{d['interval'][0]:.3f}, {d['interval'][1]:.3f}] {d['rounds']:>2} rounds {d['seconds']:.0f} s",
                       flush=True)
@@ -244,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     path = out / f"gate-validation-t{args.threshold:g}.json"
     path.write_text(json.dumps(summary, indent=2) + "\n")
+    partial.unlink(missing_ok=True)
     print(f"\nsingle step, {runs} runs each (fresh workers per run):")
     for kind, ds in decisions.items():
         print(f"   {kind:<11} slower {rate(ds, 'slower')}, unchanged {rate(ds, 'unchanged')}, "
