@@ -244,17 +244,17 @@ def test_a_threshold_under_the_floor_ends_without_a_verdict_in_its_first_rounds(
     assert "undecidable: threshold 1 %" in table and "-  " in table, table
 
 
-def test_noise_the_budget_cannot_decide_ends_at_the_second_look_not_at_max_rounds(clock):
-    """Rounds of about 20 % noise against a 5 % threshold and a 30-s budget: said after 20 rounds
-    (the first look's refusal, confirmed by 10 new rounds), with the figures, instead of 40 rounds
-    and `inconclusive`."""
+def test_noise_the_budget_cannot_decide_ends_at_the_third_look_not_at_max_rounds(clock):
+    """Rounds of about 20 % noise against a 5 % threshold and a 30-s budget: said after 30 rounds
+    (the first look's refusal, confirmed twice by 10 new rounds), with the figures, instead of 40
+    rounds and `inconclusive`."""
     pools = _pools(clock, workers=3, noise=0.15 * math.sqrt(25))  # 25 ops a sample: 15 % a sample, an arm
     settings = Settings(threshold=0.05, max_rounds=40, sample_s=0.25, workers=3, budget_s=30)
     result = compare("noisy", {"kind": "x"}, pools, settings, family_size=1)
     assert result.status == "undecidable" and len(result.samples["baseline"]) == 10, (result.status, result.reason)
-    assert len(result.pilot["samples"]["baseline"]) == 10, "the first look's rounds, set aside"
+    assert len(result.pilot["samples"]["baseline"]) == 20, "the first two looks' rounds, set aside"
     assert "needs about" in result.reason and "the budget allows" in result.reason, result.reason
-    assert [p["action"] for p in result.plans] == ["refuse", "refuse"] and result.plans[0]["noise"] > 0.05, \
+    assert [p["action"] for p in result.plans] == ["refuse"] * 3 and result.plans[0]["noise"] > 0.05, \
         result.plans
 
 
