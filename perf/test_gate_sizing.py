@@ -291,6 +291,21 @@ def test_noisy_first_rounds_of_fresh_workers_are_looked_at_again_before_a_refusa
     assert result.verdict == "slower", (result.verdict, result.estimate)
 
 
+def test_noise_that_grows_after_the_first_look_gets_more_rounds(clock):
+    """Sized at the first look on quiet rounds (2 % a round), a 10 % slowdown whose later rounds are
+    four times noisier: the later looks add rounds (within the cap and the budget), never take any
+    away, and it is caught where 40 rounds ended `inconclusive` (two decisions in 15, docs/gate.md)."""
+    rng = np.random.default_rng(11)
+    pools = {label: [SettlingArm(label, clock, rng, noise=0.08 * 5 / math.sqrt(2), first_noise=0.02 * 5 / math.sqrt(2),
+                                 loud=10, bias=1.10 if label == "candidate" else 1.0)] for label in ("baseline", "candidate")}
+    settings = Settings(threshold=0.10, sample_s=0.25, budget_s=300)
+    result = compare("growing", {"kind": "x"}, pools, settings, family_size=7)
+    assert result.plans[0]["action"] == "go" and result.plans[0]["rounds"] == 40, result.plans
+    assert len(result.samples["baseline"]) > 40, "the later looks did not add rounds"
+    judge([result], settings)
+    assert result.verdict == "slower", (result.verdict, result.estimate, len(result.samples["baseline"]))
+
+
 def test_the_first_look_waits_for_every_worker_pair(clock):
     pools = _pools(clock, workers=6, noise=0.02 * 5)
     result = compare("pairs", {"kind": "x"}, pools, Settings(workers=6), family_size=7)

@@ -226,6 +226,20 @@ def _set_aside(result: Comparison, ops: int) -> None:
     result.pairs = []
 
 
+def _resized(limit: int, done: int, est: abstats.Estimate, settings: Settings, strictest: float, workers: int,
+             began: float, phase_began: float) -> int:
+    """The rounds to run, looked at again from all the rounds so far: more (within max_rounds and
+    the budget) when the noise has grown since the first look sized the run; never fewer. Two
+    decisions in 15 at 10 % were sized at 2.5-3.7 % noise, went on at far more, and ended
+    `inconclusive` at 40 rounds (docs/gate.md section 8). Only the noise sets it, never the
+    ratio, and `slower` is still tested once, at the end."""
+    now = time.perf_counter()
+    round_s = (now - phase_began) / done
+    fits = done + int(max(0.0, settings.budget_s - (now - began)) / max(round_s, 1e-9))
+    want = abstats.rounds_to_run(abstats.round_noise(est), settings.threshold, strictest, settings.pair_bias, workers)
+    return max(limit, min(want, settings.max_rounds, fits))
+
+
 def _size(result: Comparison, settings: Settings, strictest: float, round_s: float, sample_s: float,
           budget_left: float, workers: int, may_stretch: bool) -> abstats.Plan:
     est = abstats.estimate(result.samples["baseline"], result.samples["candidate"], settings.threshold)
@@ -327,13 +341,15 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
                     log(f"{name}: {plan.message}")
                     continue
                 limit = min(limit, max(plan.rounds, first_look))
-            if done < limit and (done - first_look) % settings.look_every == 0:
+            if done <= limit and (done - first_look) % settings.look_every == 0:
                 # Only a verdict that cannot be a false `slower` ends a benchmark early: looking
                 # for `slower` after every few rounds would test it again and again (a false
                 # alarm rate up to 3x the nominal level, simulated). `slower` is judged once, at the end.
                 est = abstats.estimate(result.samples["baseline"], result.samples["candidate"], settings.threshold)
-                if abstats.settled(est, settings.threshold, strictest):
+                if done < limit and abstats.settled(est, settings.threshold, strictest):
                     break
+                if done > first_look:
+                    limit = _resized(limit, done, est, settings, strictest, workers, began, phase_began)
         taken = len(result.samples["baseline"]) + len((result.pilot or {}).get("samples", {}).get("baseline", []))
         result.round_s = (time.perf_counter() - began) / max(1, taken)
         _in_both(pools, "check")  # wrong results fail the run, in either arm

@@ -56,7 +56,7 @@ def _t():
 
 __all__ = ["Estimate", "estimate", "trimmed_mean", "verdict", "settled", "holm_levels", "decide", "VERDICTS",
            "round_noise", "noise_low", "rounds_needed", "smallest_detectable", "threshold_floor", "pair_spread", "Plan", "plan",
-           "workers_for", "averaged_bias", "PAIR_BIAS", "POWER_Z", "FLOOR_SDS", "BIAS_SHARE", "MAX_WORKERS", "percent"]
+           "workers_for", "averaged_bias", "rounds_to_run", "PAIR_BIAS", "POWER_Z", "FLOOR_SDS", "BIAS_SHARE", "MAX_WORKERS", "percent"]
 
 VERDICTS = ("slower", "faster", "unchanged", "inconclusive", "undecidable")
 
@@ -293,6 +293,14 @@ def workers_for(threshold: float, pair_bias: float = PAIR_BIAS, power_z: float =
         if power_z * averaged_bias(pair_bias, workers) <= share * _margin(threshold):
             return workers
     return most
+
+
+def rounds_to_run(noise: float, threshold: float, alpha: float, pair_bias: float = PAIR_BIAS, workers: int = 1,
+                  spare: float = None, power_z: float = POWER_Z) -> int:
+    """The rounds a benchmark of this noise runs: `spare` (SPARE) times rounds_needed with the
+    worker pairs' averaged bias (what plan's `go` runs, before its floor of 40 and its caps)."""
+    need = rounds_needed(noise, threshold, alpha, power_z, bias=averaged_bias(pair_bias, workers))
+    return math.ceil((SPARE if spare is None else spare) * need)
 
 
 def threshold_floor(pair_bias: float, workers: int, sds: float = FLOOR_SDS) -> float:
