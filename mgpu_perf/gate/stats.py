@@ -383,7 +383,8 @@ def plan(noise: float, threshold: float, alpha: float, max_rounds: int, round_s:
         return rounds_needed(n, threshold, alpha, power_z, bias=bias)
 
     def rounds(k: float, sized_by: float) -> int:
-        return min(allowed(k), max(at_least, math.ceil(spare * needed(sized_by / math.sqrt(k)))))
+        wanted = rounds_to_run(sized_by / math.sqrt(k), threshold, alpha, pair_bias, workers, spare, power_z)
+        return min(allowed(k), max(at_least, wanted))
 
     need = needed(noise)
     k_best = max(1.0, min(max_sample_s / sample_s, budget_left_s / max(round_s * max_rounds, 1e-9)))

@@ -197,10 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp)
         same = copy_tree(root, tmp / "same")  # the baseline of every run
         unchanged = copy_tree(root, tmp / "unchanged")  # a candidate identical to it (a folder may not be both arms)
-        slowed = {full: copy_tree(root, tmp / "slowed-full", full), half: copy_tree(root, tmp / "slowed-half", half)}
-        kinds = {"same tree": unchanged, big: slowed[full], small: slowed[half]}
-        if args.without_half:
-            del kinds[small]
+        slowed = {full: copy_tree(root, tmp / "slowed-full", full)}
+        if not args.without_half:
+            slowed[half] = copy_tree(root, tmp / "slowed-half", half)
+        kinds = {"same tree": unchanged, big: slowed[full], **({} if args.without_half else {small: slowed[half]})}
         decisions: dict[str, list[dict]] = {k: [] for k in kinds}
         print(f"1. {name} ({spec}), {runs} runs per kind, threshold {args.threshold:g} %, "
               f"{settings.workers} worker(s) an arm, judged at alpha {settings.alpha}/{family}", flush=True)
