@@ -42,6 +42,7 @@ first rounds happened to measure low stopped there as `unchanged` (1 run in 10 a
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import asdict, dataclass
@@ -53,6 +54,14 @@ def _t():
     from scipy.stats import t
 
     return t
+
+
+@functools.lru_cache(maxsize=4096)
+def _t_quantile(q: float, df: int) -> float:
+    """Student's t quantile, remembered: the sizing asks for the same few hundred (level, df) pairs
+    again at every look (scipy's ppf costs about 0.1 ms a call; sizing was most of a simulated
+    gate run's time)."""
+    return float(_t().ppf(q, df))
 
 __all__ = ["Estimate", "estimate", "trimmed_mean", "verdict", "settled", "holm_levels", "decide", "VERDICTS",
            "round_noise", "noise_low", "rounds_needed", "smallest_detectable", "threshold_floor", "pair_spread", "Plan", "plan",
@@ -255,11 +264,10 @@ def rounds_needed(noise: float, threshold: float, alpha: float, power_z: float =
     margin = _margin(threshold)
     if power_z * bias >= margin:
         return most + 1
-    t = _t()
-    z_alpha = float(t.ppf(1 - alpha, 10_000))
+    z_alpha = _t_quantile(1 - alpha, 10_000)
     n = max(3, int(((z_alpha + power_z) * noise / margin) ** 2 * 0.9))  # a start below the answer
     while n <= most:
-        if _used(noise / math.sqrt(n), bias, float(t.ppf(1 - alpha, _df(n))), power_z) <= margin:
+        if _used(noise / math.sqrt(n), bias, _t_quantile(1 - alpha, _df(n)), power_z) <= margin:
             return n
         n += max(1, n // 50)
     return most + 1
@@ -271,7 +279,7 @@ def smallest_detectable(noise: float, rounds: int, alpha: float, power_z: float 
     T = (e^m - 1) / (1 - e^m / 2); inf where no threshold is (m >= log 2)."""
     if rounds < 2 or not math.isfinite(noise):
         return math.inf
-    m = _used(noise / math.sqrt(rounds), bias, float(_t().ppf(1 - alpha, _df(rounds))), power_z)
+    m = _used(noise / math.sqrt(rounds), bias, _t_quantile(1 - alpha, _df(rounds)), power_z)
     e = math.exp(m)
     return (e - 1) / (1 - e / 2) if e < 2 else math.inf
 
