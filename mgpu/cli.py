@@ -182,25 +182,9 @@ def _add_gate_parser(commands) -> None:
                    help=f"strategies to gate, from {','.join(STRATEGY_NAMES)}")
     g.add_argument("--devices", default="1", metavar="N[,N...]", help="device counts (emulated on the CPU without GPUs)")
     g.add_argument("--batch", type=_int, default=32, help="examples per device")
-    g.add_argument("--threshold", default="10", metavar="PERCENT", help="the slowdown the gate exists to catch")
-    g.add_argument("--max-rounds", default="200", metavar="N",
-                   help="most rounds per benchmark (>= 3; default 200: each runs what its noise needs, at least 40, within --budget-s)")
-    g.add_argument("--sample-s", default="0.25", metavar="SECONDS",
-                   help="seconds of work in one timed sample (longer: a narrower interval, a longer run)")
-    g.add_argument("--workers", default="auto", metavar="N",
-                   help="worker processes per arm, 1 to 8 (auto: as many as the threshold needs, 1 at 10, 3 at 5): the rounds rotate "
-                        "through their pairs, averaging out one process's bias against another")
-    g.add_argument("--budget-s", default="120", metavar="SECONDS",
-                   help="seconds of rounds a benchmark may take when its first rounds' noise needs longer samples; a "
-                        "threshold the budget cannot decide is said at once (undecidable), with the figures")
-    g.add_argument("--pair-bias", default="1.5", metavar="PERCENT",
-                   help="sd of the bias between two worker processes of one tree (python -m mgpu_perf calibrate "
-                        "measures it); a threshold under the floor it sets is undecidable")
-    g.add_argument("--graphs", default="auto", metavar="{auto,on,off}",
-                   help="time CUDA-graph replays of the step where it can be captured (single, manual on one GPU); "
-                        "on: also say why not on a CPU; off: never")
-    _speed_arguments(g)
-    g.add_argument("--strict", action="store_true", help="an inconclusive or undecidable benchmark fails the run too")
+    from mgpu_perf.gate.options import add_gate_options  # the plugin's --ab-* options, without the prefix
+
+    add_gate_options(g.add_argument, show_defaults=False)
     g.add_argument("--out", default="perf-results", help="folder for ab.json, ab-baseline.json, ab-candidate.json")
 
 def _names_and_counts(parser, args) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_perf.gate.options import add_gate_options
 from mgpu_perf.markers import MARKER, MARKER_HELP
 
 ENV_OUT = "MGPU_PERF_OUT"
@@ -33,32 +34,7 @@ def pytest_addoption(parser):
     group.addoption("--ab-baseline-python", default=None, metavar="PATH",
                     help="A/B gate: run the baseline arm with this Python (another torch/CUDA/NCCL), same tree "
                          "unless --ab-baseline names another")
-    group.addoption("--ab-threshold", default="10", metavar="PERCENT",
-                    help="the slowdown the gate exists to catch, in percent (default 10)")
-    group.addoption("--ab-max-rounds", default="200", metavar="N",
-                    help="most rounds per benchmark (>= 3; default 200: each runs what its noise needs, at least 40, "
-                         "within --ab-budget-s)")
-    group.addoption("--ab-sample-s", default="0.25", metavar="SECONDS",
-                    help="seconds of work in one timed sample, a whole number of steps (default 0.25); longer "
-                         "samples narrow the interval where steps are noisy (a GPU with unlocked clocks)")
-    group.addoption("--ab-workers", default="auto", metavar="N",
-                    help="worker processes per arm, 1 to 8 (default auto: as many as the threshold needs, 1 at 10, 3 at 5): "
-                         "the rounds rotate through the arms' worker pairs, averaging out the bias of one "
-                         "process against another")
-    group.addoption("--ab-budget-s", default="120", metavar="SECONDS",
-                    help="seconds of rounds a benchmark may take when its first rounds' noise needs longer samples "
-                         "(default 120); a threshold it cannot decide in them is `undecidable` at once, with figures")
-    group.addoption("--ab-pair-bias", default="1.5", metavar="PERCENT",
-                    help="sd of the bias between two worker processes of one tree (default 1.5; `python -m "
-                         "mgpu_perf calibrate` measures it): a threshold under the floor it sets is `undecidable`")
-    group.addoption("--ab-graphs", default="auto", choices=("auto", "on", "off"),
-                    help="time CUDA-graph replays of steps that can be captured (single, manual on one GPU; "
-                         "default auto); on: say why not on a CPU too; off: never")
-    group.addoption("--ab-amp", default="off", choices=("off", "bf16"),
-                    help="the gated training steps under bfloat16 autocast (default off)")
-    group.addoption("--ab-compile", action="store_true", help="the gated training steps' models under torch.compile")
-    group.addoption("--ab-strict", action="store_true",
-                    help="an inconclusive or undecidable benchmark fails the run too")
+    add_gate_options(group.addoption, prefix="ab-")  # threshold, rounds, workers, budgets, ... (gate/options.py)
     group.addoption("--perf-out", default=None, metavar="DIR",
                     help=f"folder for ab.json and the perf suite's outputs (default ${ENV_OUT} or {DEFAULT_OUT}/)")
 

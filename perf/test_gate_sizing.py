@@ -22,6 +22,7 @@ from mgpu_perf.gate import compare as compare_module
 from mgpu_perf.gate import stats as abstats
 from mgpu_perf.gate.compare import Settings, choose_clock, compare, judge
 from mgpu_perf.gate.report import format_table, gate_exit_status, write_reports
+from mgpu_perf.gate.run import share_of_run
 from mgpu_perf.gate.worker import time_ops
 from mgpu_perf.harness.graphs import graph_state, why_not_captured
 
@@ -245,17 +246,41 @@ def test_a_threshold_under_the_floor_ends_without_a_verdict_in_its_first_rounds(
 
 
 def test_noise_the_budget_cannot_decide_ends_at_the_third_look_not_at_max_rounds(clock):
-    """Rounds of about 20 % noise against a 5 % threshold and a 30-s budget: said after 30 rounds
+    """Rounds of about 20 % noise against a 5 % threshold and a 60-s budget: said after 30 rounds
     (the first look's refusal, confirmed twice by 10 new rounds), with the figures, instead of 40
     rounds and `inconclusive`."""
     pools = _pools(clock, workers=3, noise=0.15 * math.sqrt(25))  # 25 ops a sample: 15 % a sample, an arm
-    settings = Settings(threshold=0.05, max_rounds=40, sample_s=0.25, workers=3, budget_s=30)
+    settings = Settings(threshold=0.05, max_rounds=40, sample_s=0.25, workers=3, budget_s=60)
     result = compare("noisy", {"kind": "x"}, pools, settings, family_size=1)
     assert result.status == "undecidable" and len(result.samples["baseline"]) == 10, (result.status, result.reason)
     assert len(result.pilot["samples"]["baseline"]) == 20, "the first two looks' rounds, set aside"
     assert "needs about" in result.reason and "the budget allows" in result.reason, result.reason
     assert [p["action"] for p in result.plans] == ["refuse"] * 3 and result.plans[0]["noise"] > 0.05, \
         result.plans
+
+
+def test_a_refusal_looks_again_only_where_the_budget_holds_another_look(clock):
+    """The same noise with a 12-s budget (a small share of a run's budget): the first look takes
+    about 7 s, so there is no time for 10 new rounds and as many after them: refused at once,
+    nothing set aside."""
+    pools = _pools(clock, workers=3, noise=0.15 * math.sqrt(25))
+    settings = Settings(threshold=0.05, max_rounds=40, sample_s=0.25, workers=3, budget_s=12)
+    result = compare("noisy", {"kind": "x"}, pools, settings, family_size=1)
+    assert result.status == "undecidable" and result.pilot is None, (result.status, result.pilot)
+    assert len(result.samples["baseline"]) == 10 and len(result.plans) == 1, result.plans
+
+
+def test_a_run_budget_is_shared_by_the_benchmarks_left():
+    """Each benchmark gets --ab-budget-s or its even share of what the run has left, if less: what
+    an early benchmark leaves goes to the later ones; none gets a negative budget; 0 (and a smoke
+    run) leaves --ab-budget-s alone."""
+    settings = Settings(budget_s=120, run_budget_s=300)
+    assert share_of_run(settings, 0, 7).budget_s == pytest.approx(300 / 7)
+    assert share_of_run(settings, 100, 2).budget_s == pytest.approx(100), "a quick first half leaves more to the rest"
+    assert share_of_run(settings, 60, 1).budget_s == 120, "never more than --ab-budget-s"
+    assert share_of_run(settings, 400, 3).budget_s == 0
+    assert share_of_run(Settings(budget_s=120, run_budget_s=0), 1e6, 7).budget_s == 120
+    assert share_of_run(Settings(budget_s=120, run_budget_s=10, smoke=True), 0, 7).budget_s == 120
 
 
 class SettlingArm(NoisyArm):

@@ -116,7 +116,9 @@ def test_without_its_options_the_installed_plugin_costs_nothing(pytester):
 
         def test_nothing_heavy_was_imported(pytestconfig):
             assert pytestconfig.pluginmanager.has_plugin("mgpu_perf.plugin"), "the entry point did not load"
-            heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "mgpu") or m.startswith("mgpu_perf.gate"))
+            table = ("mgpu_perf.gate", "mgpu_perf.gate.options")  # the option table only: no torch, no gate code
+            heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "mgpu")
+                           or (m.startswith("mgpu_perf.gate") and m not in table))
             assert not heavy, f"imported without being asked: {heavy[:5]}"
         ''')
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
@@ -226,6 +228,7 @@ def test_the_gate_command_names_its_cases_and_keeps_model_paths_inside_the_repos
     (["--baseline", "HEAD", "--sample-s", "-1"], "--sample-s must be a number of seconds in (0, 60]"),
     (["--baseline", "HEAD", "--workers", "0"], "--workers must be an integer from 1 to 8 or auto"),
     (["--baseline", "HEAD", "--budget-s", "0"], "--budget-s must be a number of seconds > 0"),
+    (["--baseline", "HEAD", "--run-budget-s", "-5"], "--run-budget-s must be a number of seconds >= 0"),
     (["--baseline", "HEAD", "--pair-bias", "-1"], "--pair-bias must be a percentage in [0, 50)"),
     (["--baseline", "HEAD", "--graphs", "yes"], "--graphs must be one of auto, on, off"),
     (["--baseline", "HEAD", "--amp", "fp16"], "--amp must be one of off, bf16"),
@@ -284,6 +287,50 @@ def test_the_gate_command_end_to_end(user_repo, tmp_path, capsys, monkeypatch):
         if bench["verdict"] != "slower":
             break
     assert verdicts[-1][0] != "slower", f"both arms the same commit, `slower` twice in a row: {verdicts}"
+
+
+def test_a_gate_run_keeps_to_its_run_budget(user_repo, tmp_path, capsys, monkeypatch):
+    """--run-budget-s shared among the benchmarks, run as a user would: with 3 s for two, each gets
+    at most its share of what is left (ab.json's budget_s) and takes no rounds past its first look;
+    one its share cannot decide (unless its first rounds settle it) is `undecidable`, naming it."""
+    from mgpu.cli import main
+
+    monkeypatch.chdir(user_repo)
+    out_dir = tmp_path / "out"
+    try:
+        code = main(["gate", "model.py:spec", "--baseline", "HEAD", "--strategies", "single,manual", "--devices", "1",
+                     "--sample-s", "0.05", "--run-budget-s", "3", "--out", str(out_dir)])
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    report = json.loads((out_dir / "ab.json").read_text())
+    budgets = [b["budget_s"] for b in report["benchmarks"]]
+    assert report["settings"]["run_budget_s"] == 3 and budgets[0] <= 1.5 and budgets[1] <= 3 - budgets[0], budgets
+    assert all(b["rounds"] <= 10 for b in report["benchmarks"]), [(b["status"], b["rounds"]) for b in report["benchmarks"]]
+    for b in report["benchmarks"]:
+        assert b["status"] == "compared" or "its share of --ab-run-budget-s 3" in b["reason"], b["reason"]
+    assert "--ab-" not in out.out + out.err and code == 0, (code, out.out + out.err[-2000:])
+
+
+def test_a_benchmark_its_share_cannot_decide_names_the_run_budget(user_repo, monkeypatch):
+    """The second of two benchmarks, after the first spent the run's budget: given 0 s, and its
+    `undecidable` names --ab-run-budget-s (not only --ab-budget-s, which the user did not lower)."""
+    from mgpu_perf.gate import run as run_module
+    from mgpu_perf.gate.compare import Comparison
+
+    given = []
+
+    def undecided(name, spec, arms, settings, family_size):
+        given.append(settings.budget_s)
+        return Comparison(name, spec, status="undecidable", reason="noise 9 % a round: the budget allows 0")
+
+    monkeypatch.setattr(run_module, "compare", undecided)
+    gate = run_module.GateRun(run_module.parse_settings(run_budget_s="50"), user_repo, "HEAD")
+    gate.started = True  # no workers: compare is replaced
+    gate.began = run_module.time.perf_counter() - 60  # the first benchmark took the whole budget and more
+    gate.results.append(Comparison("first", {}))
+    result = gate.compare("second", {"kind": "x"}, family_size=2)
+    assert given == [0.0] and result.reason.endswith("(its share of --ab-run-budget-s 50: 0 s)"), (given, result.reason)
 
 
 # -- python -m mgpu bench --------------------------------------------------------------------------------

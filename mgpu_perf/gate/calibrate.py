@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mgpu_perf.gate.options import add_gate_options
+
 __all__ = ["calibrate_one", "describe", "main"]
 
 PROG = "python -m mgpu_perf calibrate"
@@ -76,16 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-shape", default=None, metavar="C,H,W")
     p.add_argument("--classes", type=int, default=None)
     p.add_argument("--rounds", type=int, default=20, help="interleaved rounds a benchmark (default 20, >= 5)")
-    p.add_argument("--threshold", default="10", metavar="PERCENT", help="the change to size for (default 10)")
-    p.add_argument("--max-rounds", default="200", metavar="N", help="the gate's --ab-max-rounds")
-    p.add_argument("--sample-s", default="0.25", metavar="SECONDS", help="the gate's --ab-sample-s")
-    p.add_argument("--budget-s", default="120", metavar="SECONDS", help="the gate's --ab-budget-s")
-    p.add_argument("--pair-bias", default="1.5", metavar="PERCENT", help="the gate's --ab-pair-bias")
-    p.add_argument("--workers", default="2", metavar="N",
-                   help="workers an arm, 1 to 8 (default 2: the pairs' spread is measured from 2 on)")
-    p.add_argument("--graphs", default="auto", choices=("auto", "on", "off"))
-    p.add_argument("--amp", default="off", choices=("off", "bf16"))
-    p.add_argument("--compile", action="store_true")
+    # The gate's options (gate/options.py), as the gate would run; 2 workers an arm by default: the
+    # pairs' spread is measured from 2 on. A run budget and --strict judge nothing here.
+    add_gate_options(p.add_argument, defaults={"workers": "2"}, leave_out=("run-budget-s", "strict"))
     p.add_argument("--out", default="perf-results", help="folder for calibrate.json")
     return p
 
@@ -129,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     from mgpu_perf.gate.arm import ArmError, start_workers
     from mgpu_perf.gate.baseline import repository_root
     from mgpu_perf.gate.compare import compare
-    from mgpu_perf.gate.run import parse_settings, with_speed_options
+    from mgpu_perf.gate.options import settings_from
+    from mgpu_perf.gate.run import with_speed_options
     from mgpu_perf.gate.stats import percent
 
     parser = build_parser()
@@ -137,9 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 5:
         parser.error(f"--rounds must be at least 5, got {args.rounds}")
     try:
-        settings = parse_settings(args.threshold, args.max_rounds, sample_s=args.sample_s, workers=args.workers,
-                                  budget_s=args.budget_s, pair_bias=args.pair_bias, graphs=args.graphs,
-                                  amp=args.amp, compile=args.compile)
+        settings = settings_from(lambda dest: getattr(args, dest), leave_out=("run-budget-s", "strict"))
     except GateError as e:
         parser.error(one_line(e).replace("--ab-", "--"))
     root = repository_root(Path.cwd())

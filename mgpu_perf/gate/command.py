@@ -63,13 +63,12 @@ def run_gate_command(args, error: Callable[[str], None]) -> int:
     from mgpu_perf.clocks import gpu_clocks
     from mgpu_perf.gate.arm import ArmError
     from mgpu_perf.gate.baseline import repository_root
-    from mgpu_perf.gate.run import GateRun, parse_settings
+    from mgpu_perf.gate.options import settings_from
+    from mgpu_perf.gate.run import GateRun
 
     root = repository_root(Path.cwd())
     try:
-        settings = parse_settings(args.threshold, args.max_rounds, strict=args.strict, sample_s=args.sample_s,
-                                  workers=args.workers, budget_s=args.budget_s, pair_bias=args.pair_bias,
-                                  graphs=args.graphs, amp=args.amp, compile=args.compile)
+        settings = settings_from(lambda dest: getattr(args, dest))
         model = model_in_repository(args.model, root)
         cases = gate_cases(model, args.strategies, args.devices, args.batch, args.input_shape, args.classes)
         run = GateRun(settings, root, args.baseline, args.baseline_python, gpu_clocks())
@@ -93,7 +92,8 @@ def run_gate_command(args, error: Callable[[str], None]) -> int:
             print(f"mgpu gate: {name} ...", file=sys.stderr, flush=True)
             result = run.compare(name, spec, len(cases))
             if result.status in ("not comparable", "undecidable"):
-                print(f"mgpu gate: {name}: {result.status}: {result.reason}", file=sys.stderr, flush=True)
+                print(f"mgpu gate: {name}: {result.status}: {_as_command_options(result.reason)}", file=sys.stderr,
+                      flush=True)
         status = run.finish(Path(args.out))
     except GateError as e:
         print(f"mgpu: error: {_as_command_options(one_line(e))}", file=sys.stderr)
@@ -103,6 +103,6 @@ def run_gate_command(args, error: Callable[[str], None]) -> int:
         print(f"mgpu: error: a workload failed: {one_line(e)}", file=sys.stderr)
         status = 1
     finally:
-        print("\n".join(run.summary_lines()))
+        print(_as_command_options("\n".join(run.summary_lines())))
         run.close()
     return status

@@ -50,7 +50,8 @@ class Settings:
     workers: int = 1          # worker processes per arm; the rounds rotate through their pairs
     strict: bool = False      # `inconclusive` (and `undecidable`) fails the run too
     smoke: bool = False       # --benchmark-disable: exercise the machinery, judge nothing
-    budget_s: float = 120.0   # seconds of rounds a benchmark may take when its samples are stretched
+    budget_s: float = 120.0   # seconds of rounds one benchmark may take
+    run_budget_s: float = 300.0  # seconds a whole gate run may take, shared by the benchmarks left (0: none)
     pair_bias: float = abstats.PAIR_BIAS  # sd of one worker pair's bias: sets the threshold's floor
     graphs: str = "auto"      # CUDA-graph steps: auto | on | off (harness/graphs.py)
     amp: str = "off"          # the workloads' --amp: off | bf16
@@ -100,6 +101,7 @@ class Comparison:
     clock_reason: str = ""
     graphs: dict = field(default_factory=dict)  # per arm: captured or not, and why not
     plans: list = field(default_factory=list)   # the sizing of each phase (stats.Plan.to_dict)
+    budget_s: float = math.nan          # seconds of rounds it was given (its share of the run's budget)
     pilot: dict | None = None           # rounds set aside: before a stretch or a second look (not in the estimate)
     seconds: float = 0.0
     round_s: float = math.nan           # seconds a round took (both arms), over every round taken
@@ -134,6 +136,7 @@ class Comparison:
                 "ratio": finite(self.estimate.ratio) if self.estimate else None, "interval": [low, high],
                 "level": self.level, "p_slower": self.estimate.p_slower if self.estimate else None,
                 "noise": finite(self.noise()), "pair_spread": self.pair_spread(), "plans": self.plans,
+                "budget_s": finite(self.budget_s),
                 "clock": self.clock, "clock_reason": self.clock_reason, "graphs": self.graphs,
                 "seconds": self.seconds, "round_s": finite(self.round_s), "samples": self.samples,
                 "host_samples": self.host_samples,
@@ -260,7 +263,7 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
     ends the benchmark there as `undecidable`, with the figures, once two more looks at as many new
     rounds each agree (the workers' first rounds may be their noisiest); one that needs longer samples
     starts its rounds again with them. Rounds set aside are kept as `pilot`, outside the estimate."""
-    result = Comparison(name, spec)
+    result = Comparison(name, spec, budget_s=settings.budget_s)
     start = time.perf_counter()
     pools = {label: group if isinstance(group, list) else [group] for label, group in arms.items()}
     if len({len(pool) for pool in pools.values()}) != 1:
@@ -317,7 +320,9 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
                              settings.budget_s - (now - began), workers, may_stretch=not stretched)
                 est = abstats.estimate(result.samples["baseline"], result.samples["candidate"], settings.threshold)
                 under_floor = settings.threshold < plan.floor
-                if (plan.action == "refuse" and not under_floor and looks_left and done < limit
+                # Another look only where the budget holds it and as many rounds again after it.
+                time_for_look = 2 * (now - phase_began) <= settings.budget_s - (now - began)
+                if (plan.action == "refuse" and not under_floor and looks_left and done < limit and time_for_look
                         and not abstats.settled(est, settings.threshold, strictest)):
                     # Taken as the workers' warm-up, or a noisy spell: set aside, and measured again.
                     _set_aside(result, ops)

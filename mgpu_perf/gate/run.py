@@ -13,11 +13,13 @@ a baseline whose code or Python cannot start a worker raises it from the first c
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from mgpu.errors import GateError
@@ -28,7 +30,7 @@ from mgpu_perf.gate.baseline import (Baseline, check_baseline, describe_candidat
 from mgpu_perf.gate.compare import Comparison, Settings, compare, judge, workers_for
 from mgpu_perf.gate.report import gate_exit_status, write_reports
 
-__all__ = ["GateRun", "parse_settings", "GateError", "GRAPH_MODES", "AMP_MODES", "with_speed_options"]
+__all__ = ["GateRun", "parse_settings", "share_of_run", "GateError", "GRAPH_MODES", "AMP_MODES", "with_speed_options"]
 
 
 MAX_WORKERS = abstats.MAX_WORKERS  # per arm: each holds the workload (a model, a pool of ranks) for the whole benchmark
@@ -40,10 +42,11 @@ AMP_MODES = ("off", "bf16")
 
 def parse_settings(threshold="10", max_rounds="200", strict: bool = False, smoke: bool = False,
                    sample_s="0.25", workers="auto", budget_s="120", pair_bias="1.5", graphs="auto", amp="off",
-                   compile: bool = False) -> Settings:
+                   compile: bool = False, run_budget_s="300") -> Settings:
     """The gate's settings from option text (`--ab-threshold 5%`, `--ab-max-rounds 60`, `--ab-sample-s 1`,
     `--ab-workers 2`; `auto`: compare.workers_for the threshold; `--ab-budget-s 300`, `--ab-pair-bias 1`,
-    `--ab-graphs off`, `--ab-amp bf16`, `--ab-compile`); GateError naming a bad one."""
+    `--ab-graphs off`, `--ab-amp bf16`, `--ab-compile`, `--ab-run-budget-s 600`); GateError naming a bad one.
+    The options and their defaults are listed once, in gate/options.py."""
     text = str(threshold).strip().rstrip("%")
     try:
         percent = float(text)
@@ -72,6 +75,7 @@ def parse_settings(threshold="10", max_rounds="200", strict: bool = False, smoke
     if not 1 <= count <= MAX_WORKERS:
         raise GateError(f"--ab-workers must be an integer from 1 to {MAX_WORKERS} or auto, got {count}")
     budget = _number(budget_s, "--ab-budget-s", "a number of seconds > 0", lambda v: v > 0)
+    run_budget = _number(run_budget_s, "--ab-run-budget-s", "a number of seconds >= 0 (0: no limit)", lambda v: v >= 0)
     if graphs not in GRAPH_MODES:
         raise GateError(f"--ab-graphs must be one of {', '.join(GRAPH_MODES)}, got {graphs!r}")
     if amp not in AMP_MODES:
@@ -79,7 +83,7 @@ def parse_settings(threshold="10", max_rounds="200", strict: bool = False, smoke
     return Settings(threshold=percent / 100, max_rounds=3 if smoke else rounds,
                     min_rounds=min(Settings.min_rounds, rounds), strict=bool(strict), smoke=bool(smoke),
                     sample_s=seconds, workers=count, budget_s=budget, pair_bias=bias / 100, graphs=graphs, amp=amp,
-                    compile=bool(compile))
+                    compile=bool(compile), run_budget_s=run_budget)
 
 
 def _number(text, option: str, what: str, ok) -> float:
@@ -107,6 +111,18 @@ def with_speed_options(spec: dict, settings: Settings) -> dict:
     return spec
 
 
+def share_of_run(settings: Settings, spent_s: float, benchmarks_left: int) -> Settings:
+    """The settings of the next of `benchmarks_left` benchmarks when the run has spent `spent_s`: its
+    budget is --ab-budget-s, or its even share of what is left of --ab-run-budget-s, if less. A
+    benchmark decided early leaves its time to the ones after it; worker start-up and setup count
+    against the run, so a run ends about one benchmark's setup past its budget. A smoke run, or a
+    run budget of 0, keeps --ab-budget-s."""
+    if settings.smoke or settings.run_budget_s <= 0:
+        return settings
+    share = max(0.0, settings.run_budget_s - spent_s) / max(1, benchmarks_left)
+    return dataclasses.replace(settings, budget_s=share) if share < settings.budget_s else settings
+
+
 class GateRun:
     def __init__(self, settings: Settings, root: Path, baseline_ref: str | None = None,
                  baseline_python: str | None = None, gpu_clocks: list | None = None):
@@ -132,6 +148,7 @@ class GateRun:
         self.versions_seen: dict = {}
         self.started = self.broken = False
         self.workdir: Path | None = None
+        self.began: float | None = None  # the first compare: the run budget counts from here
 
     # -- arms ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -162,21 +179,31 @@ class GateRun:
         """One gated workload in both arms (arms started on first use). ArmError if an arm fails."""
         if self.broken:
             raise ArmError("a worker of an earlier benchmark failed: this run cannot go on")
+        if self.began is None:
+            self.began = time.perf_counter()
         if not self.started:
             try:
                 self.start()
             except GateError:
                 self.broken = True
                 raise
+        settings = self.benchmark_settings(family_size)
         try:
-            result = compare(name, with_speed_options(spec, self.settings), self.arms, self.settings, family_size)
+            result = compare(name, with_speed_options(spec, self.settings), self.arms, settings, family_size)
         except Exception:
             for arm in self._workers():  # a failed arm (or a broken exchange) leaves no state to trust
                 arm.kill()
             self.arms, self.broken = {}, True
             raise
+        if result.status == "undecidable" and settings.budget_s < self.settings.budget_s:
+            result.reason += (f" (its share of --ab-run-budget-s {self.settings.run_budget_s:g}: "
+                              f"{settings.budget_s:.0f} s)")
         self.results.append(result)
         return result
+
+    def benchmark_settings(self, family_size: int) -> Settings:
+        """The next benchmark's settings: its share of what is left of the run's budget (share_of_run)."""
+        return share_of_run(self.settings, time.perf_counter() - self.began, family_size - len(self.results))
 
     # -- the end ---------------------------------------------------------------------------------
     def finish(self, out_dir: Path | None) -> int:

@@ -17,20 +17,17 @@ import pytest
 
 from mgpu.errors import GateError
 from mgpu_perf.clocks import gpu_clocks
+from mgpu_perf.gate import options
 from mgpu_perf.gate.baseline import repository_root
-from mgpu_perf.gate.run import GateRun, parse_settings
+from mgpu_perf.gate.run import GateRun
 from mgpu_perf.markers import MARKER, marker_spec
 
 __all__ = ["ABGate"]
 
 
 def settings_from(config):
-    return parse_settings(config.getoption("ab_threshold"), config.getoption("ab_max_rounds"),
-                          strict=config.getoption("ab_strict"), smoke=bool(config.getoption("benchmark_disable", False)),
-                          sample_s=config.getoption("ab_sample_s"), workers=config.getoption("ab_workers"),
-                          budget_s=config.getoption("ab_budget_s"), pair_bias=config.getoption("ab_pair_bias"),
-                          graphs=config.getoption("ab_graphs"), amp=config.getoption("ab_amp"),
-                          compile=config.getoption("ab_compile"))
+    return options.settings_from(lambda dest: config.getoption("ab_" + dest),
+                                 smoke=bool(config.getoption("benchmark_disable", False)))
 
 
 class ABGate:
