@@ -283,6 +283,32 @@ def test_a_run_budget_is_shared_by_the_benchmarks_left():
     assert share_of_run(Settings(budget_s=120, run_budget_s=10, smoke=True), 0, 7).budget_s == 120
 
 
+class SlowToSetUpArm(NoisyArm):
+    """A worker whose set-up (starting its rank pool, building the model) takes `setup_s`."""
+
+    def __init__(self, *args, setup_s=0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.setup_s = setup_s
+
+    def request(self, command, **fields):
+        if command == "setup":
+            self.clock.now += self.setup_s
+        return super().request(command, **fields)
+
+
+def test_a_benchmarks_budget_counts_its_set_up(clock):
+    """The budget counts from the benchmark's start, so that the shares a run gives out add up to
+    its time: after 100 s of set-up, a 120-s budget allows about 20 s of rounds at the first look
+    (0.5 s a round), not 120 s' worth (the cap of 200)."""
+    rng = np.random.default_rng(3)
+    pools = {label: [SlowToSetUpArm(label, clock, rng, setup_s=50.0, noise=0.03 * 5)] for label in ("baseline", "candidate")}
+    settings = Settings(threshold=0.10, sample_s=0.25, budget_s=120)
+    result = compare("slow set-up", {"kind": "x"}, pools, settings, family_size=1)
+    allowed = result.plans[0]["rounds_allowed"]
+    assert 20 <= allowed <= 40, f"rounds allowed after 100 s of set-up in a 120-s budget: {allowed}"
+    assert result.seconds <= 120 + 10 * 0.6, result.seconds
+
+
 class SettlingArm(NoisyArm):
     """A fresh worker whose first `loud` samples carry `first_noise` (its first rounds: 9.9-24 % here),
     then `noise`."""

@@ -50,7 +50,7 @@ class Settings:
     workers: int = 1          # worker processes per arm; the rounds rotate through their pairs
     strict: bool = False      # `inconclusive` (and `undecidable`) fails the run too
     smoke: bool = False       # --benchmark-disable: exercise the machinery, judge nothing
-    budget_s: float = 120.0   # seconds of rounds one benchmark may take
+    budget_s: float = 120.0   # seconds one benchmark may take, its set-up included
     run_budget_s: float = 300.0  # seconds a whole gate run may take, shared by the benchmarks left (0: none)
     pair_bias: float = abstats.PAIR_BIAS  # sd of one worker pair's bias: sets the threshold's floor
     graphs: str = "auto"      # CUDA-graph steps: auto | on | off (harness/graphs.py)
@@ -307,7 +307,10 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
         # as not (docs/gate.md section 4).
         first_look = max(settings.min_rounds, 2 * workers)
         looks_left = REFUSAL_LOOKS - 1
-        began = phase_began = time.perf_counter()
+        # The budget counts from the benchmark's start (worker set-up and warm-up included), so that
+        # the budgets a run shares out (run.share_of_run) add up to the run's time.
+        began, rounds_began = start, time.perf_counter()
+        phase_began = rounds_began
         while i < limit:
             _take_round(pools, result, i, workers, ops, settings)
             i += 1
@@ -356,7 +359,7 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
                 if done > first_look:
                     limit = _resized(limit, done, est, settings, strictest, workers, began, phase_began)
         taken = len(result.samples["baseline"]) + len((result.pilot or {}).get("samples", {}).get("baseline", []))
-        result.round_s = (time.perf_counter() - began) / max(1, taken)
+        result.round_s = (time.perf_counter() - rounds_began) / max(1, taken)
         _in_both(pools, "check")  # wrong results fail the run, in either arm
     finally:
         for arm in (arm for pool in pools.values() for arm in pool):  # each on its own: the first error is reported

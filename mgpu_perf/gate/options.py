@@ -37,8 +37,8 @@ GATE_OPTIONS = (
                "worker processes per arm, 1 to 8 (auto: as many as the threshold needs, 1 at 10, 3 at 5): the rounds "
                "rotate through the arms' worker pairs, averaging out the bias of one process against another"),
     GateOption("budget-s", "120", "SECONDS",
-               "seconds of rounds one benchmark may take; a threshold its first rounds' noise cannot decide in them "
-               "is `undecidable` at once, with the figures"),
+               "seconds one benchmark may take, its workers' set-up included; a threshold its first rounds' noise "
+               "cannot decide in them is `undecidable` at once, with the figures"),
     GateOption("run-budget-s", "300", "SECONDS",
                "seconds a whole gate run may take, shared among the benchmarks not yet run (each gets at most "
                "--{p}budget-s); 0: no limit"),

@@ -114,9 +114,9 @@ def with_speed_options(spec: dict, settings: Settings) -> dict:
 def share_of_run(settings: Settings, spent_s: float, benchmarks_left: int) -> Settings:
     """The settings of the next of `benchmarks_left` benchmarks when the run has spent `spent_s`: its
     budget is --ab-budget-s, or its even share of what is left of --ab-run-budget-s, if less. A
-    benchmark decided early leaves its time to the ones after it; worker start-up and setup count
-    against the run, so a run ends about one benchmark's setup past its budget. A smoke run, or a
-    run budget of 0, keeps --ab-budget-s."""
+    benchmark decided early leaves its time to the ones after it. Worker start-up and each
+    benchmark's set-up count against the run (compare counts a budget from the benchmark's start).
+    A smoke run, or a run budget of 0, keeps --ab-budget-s."""
     if settings.smoke or settings.run_budget_s <= 0:
         return settings
     share = max(0.0, settings.run_budget_s - spent_s) / max(1, benchmarks_left)
