@@ -20,8 +20,8 @@ import torch
 from conftest import requires_gpus
 from mgpu_perf.gate import compare as compare_module
 from mgpu_perf.gate import stats as abstats
-from mgpu_perf.gate.compare import Settings, choose_clock, compare, judge
-from mgpu_perf.gate.report import format_table, gate_exit_status, write_reports
+from mgpu_perf.gate.compare import Comparison, Settings, choose_clock, compare, judge
+from mgpu_perf.gate.report import describe_timing, format_table, gate_exit_status, write_reports
 from mgpu_perf.gate.run import share_of_run
 from mgpu_perf.gate.worker import time_ops
 from mgpu_perf.harness.graphs import graph_state, why_not_captured
@@ -307,6 +307,20 @@ def test_a_benchmarks_budget_counts_its_set_up(clock):
     allowed = result.plans[0]["rounds_allowed"]
     assert 20 <= allowed <= 40, f"rounds allowed after 100 s of set-up in a 120-s budget: {allowed}"
     assert result.seconds <= 120 + 10 * 0.6, result.seconds
+
+
+def test_a_spent_budget_and_first_rounds_that_settled_it_are_said_plainly():
+    """Seen on examples/tiny_lm.py with a small run budget: a refusal with no time left said "the
+    smallest change it can call in the budget is about inf %", and a benchmark whose first rounds
+    settled it though no more could be sized was reported as "set aside, measured again"."""
+    spent = abstats.plan(0.4, 0.10, 0.05 / 7, 200, round_s=0.5, sample_s=0.25, budget_left_s=0.0)
+    assert spent.action == "refuse" and "inf" not in spent.message, spent.message
+    assert "no change can be called in the time left" in spent.message, spent.message
+    settled = Comparison("manual-1", {}, status="compared", plans=[spent.to_dict()])
+    assert describe_timing(settled) == [f"decided by its first rounds, which settled it (more could not be sized: "
+                                        f"{spent.message})"], describe_timing(settled)
+    again = Comparison("manual-1", {}, status="compared", plans=[spent.to_dict(), {"action": "go", "message": ""}])
+    assert describe_timing(again)[0].startswith("first rounds set aside, measured again"), describe_timing(again)
 
 
 class SettlingArm(NoisyArm):

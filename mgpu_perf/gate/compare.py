@@ -101,7 +101,7 @@ class Comparison:
     clock_reason: str = ""
     graphs: dict = field(default_factory=dict)  # per arm: captured or not, and why not
     plans: list = field(default_factory=list)   # the sizing of each phase (stats.Plan.to_dict)
-    budget_s: float = math.nan          # seconds of rounds it was given (its share of the run's budget)
+    budget_s: float = math.nan          # seconds it was given, set-up included (its share of the run's budget)
     pilot: dict | None = None           # rounds set aside: before a stretch or a second look (not in the estimate)
     seconds: float = 0.0
     round_s: float = math.nan           # seconds a round took (both arms), over every round taken
@@ -230,7 +230,7 @@ def _set_aside(result: Comparison, ops: int) -> None:
 
 
 def _resized(limit: int, done: int, est: abstats.Estimate, settings: Settings, strictest: float, workers: int,
-             began: float, phase_began: float) -> int:
+             start: float, phase_began: float) -> int:
     """The rounds to run, looked at again from all the rounds so far: more (within max_rounds and
     the budget) when the noise has grown since the first look sized the run; never fewer. Two
     decisions in 15 at 10 % were sized at 2.5-3.7 % noise, went on at far more, and ended
@@ -238,7 +238,7 @@ def _resized(limit: int, done: int, est: abstats.Estimate, settings: Settings, s
     ratio, and `slower` is still tested once, at the end."""
     now = time.perf_counter()
     round_s = (now - phase_began) / done
-    fits = done + int(max(0.0, settings.budget_s - (now - began)) / max(round_s, 1e-9))
+    fits = done + int(max(0.0, settings.budget_s - (now - start)) / max(round_s, 1e-9))
     want = abstats.rounds_to_run(abstats.round_noise(est), settings.threshold, strictest, settings.pair_bias, workers)
     return max(limit, min(want, settings.max_rounds, fits))
 
@@ -307,10 +307,9 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
         # as not (docs/gate.md section 4).
         first_look = max(settings.min_rounds, 2 * workers)
         looks_left = REFUSAL_LOOKS - 1
-        # The budget counts from the benchmark's start (worker set-up and warm-up included), so that
+        # The budget counts from the benchmark's `start` (worker set-up and warm-up included), so that
         # the budgets a run shares out (run.share_of_run) add up to the run's time.
-        began, rounds_began = start, time.perf_counter()
-        phase_began = rounds_began
+        rounds_began = phase_began = time.perf_counter()
         while i < limit:
             _take_round(pools, result, i, workers, ops, settings)
             i += 1
@@ -320,11 +319,11 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
             if done == first_look:
                 now = time.perf_counter()
                 plan = _size(result, settings, strictest, (now - phase_began) / done, ops * op_s,
-                             settings.budget_s - (now - began), workers, may_stretch=not stretched)
+                             settings.budget_s - (now - start), workers, may_stretch=not stretched)
                 est = abstats.estimate(result.samples["baseline"], result.samples["candidate"], settings.threshold)
                 under_floor = settings.threshold < plan.floor
                 # Another look only where the budget holds it and as many rounds again after it.
-                time_for_look = 2 * (now - phase_began) <= settings.budget_s - (now - began)
+                time_for_look = 2 * (now - phase_began) <= settings.budget_s - (now - start)
                 if (plan.action == "refuse" and not under_floor and looks_left and done < limit and time_for_look
                         and not abstats.settled(est, settings.threshold, strictest)):
                     # Taken as the workers' warm-up, or a noisy spell: set aside, and measured again.
@@ -357,7 +356,7 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
                 if done < limit and abstats.settled(est, settings.threshold, strictest):
                     break
                 if done > first_look:
-                    limit = _resized(limit, done, est, settings, strictest, workers, began, phase_began)
+                    limit = _resized(limit, done, est, settings, strictest, workers, start, phase_began)
         taken = len(result.samples["baseline"]) + len((result.pilot or {}).get("samples", {}).get("baseline", []))
         result.round_s = (time.perf_counter() - rounds_began) / max(1, taken)
         _in_both(pools, "check")  # wrong results fail the run, in either arm

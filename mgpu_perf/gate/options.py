@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["GateOption", "GATE_OPTIONS", "add_gate_options", "settings_from"]
+__all__ = ["GateOption", "GATE_OPTIONS", "DEFAULTS", "add_gate_options", "settings_from"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,9 @@ GATE_OPTIONS = (
     GateOption("compile", None, "", "the gated training steps' models under torch.compile"),
     GateOption("strict", None, "", "an inconclusive or undecidable benchmark fails the run too"),
 )
+
+# Each valued option's default text by its dest ("max_rounds": "200"): run.parse_settings's defaults.
+DEFAULTS = {option.dest: option.default for option in GATE_OPTIONS if option.default is not None}
 
 
 def add_gate_options(add: Callable, prefix: str = "", defaults: dict | None = None, leave_out=(),

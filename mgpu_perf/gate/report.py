@@ -58,11 +58,13 @@ def describe_timing(r: Comparison) -> list[str]:
     if r.clock != "host":
         lines.append(f"timed by {r.clock} ({r.clock_reason}); host median {_median(r.host_samples['baseline']):.1f}"
                      f" / {_median(r.host_samples['candidate']):.1f} ms")
-    for plan in r.plans[:-1] if r.status == "undecidable" else r.plans:
+    for i, plan in enumerate(r.plans[:-1] if r.status == "undecidable" else r.plans):
         if plan["action"] == "stretch":
             lines.append(f"samples stretched: {plan['message']}")
-        elif plan["action"] == "refuse":
+        elif plan["action"] == "refuse" and i + 1 < len(r.plans):
             lines.append(f"first rounds set aside, measured again: {plan['message']}")
+        elif plan["action"] == "refuse":  # the last look: its rounds already settled it
+            lines.append(f"decided by its first rounds, which settled it (more could not be sized: {plan['message']})")
     graphs = {label: g for label, g in r.graphs.items() if g}
     if graphs and any(g.get("captured") for g in graphs.values()):
         lines.append("CUDA-graph replays in both arms")

@@ -28,6 +28,7 @@ from mgpu_perf.gate.arm import Arm, ArmError, start_workers
 from mgpu_perf.gate.baseline import (Baseline, check_baseline, describe_candidate, is_mgpu_checkout,
                                      uncommitted_changes)
 from mgpu_perf.gate.compare import Comparison, Settings, compare, judge, workers_for
+from mgpu_perf.gate.options import DEFAULTS
 from mgpu_perf.gate.report import gate_exit_status, write_reports
 
 __all__ = ["GateRun", "parse_settings", "share_of_run", "GateError", "GRAPH_MODES", "AMP_MODES", "with_speed_options"]
@@ -40,13 +41,14 @@ GRAPH_MODES = ("auto", "on", "off")
 AMP_MODES = ("off", "bf16")
 
 
-def parse_settings(threshold="10", max_rounds="200", strict: bool = False, smoke: bool = False,
-                   sample_s="0.25", workers="auto", budget_s="120", pair_bias="1.5", graphs="auto", amp="off",
-                   compile: bool = False, run_budget_s="300") -> Settings:
+def parse_settings(threshold=DEFAULTS["threshold"], max_rounds=DEFAULTS["max_rounds"], strict: bool = False,
+                   smoke: bool = False, sample_s=DEFAULTS["sample_s"], workers=DEFAULTS["workers"],
+                   budget_s=DEFAULTS["budget_s"], pair_bias=DEFAULTS["pair_bias"], graphs=DEFAULTS["graphs"],
+                   amp=DEFAULTS["amp"], compile: bool = False, run_budget_s=DEFAULTS["run_budget_s"]) -> Settings:
     """The gate's settings from option text (`--ab-threshold 5%`, `--ab-max-rounds 60`, `--ab-sample-s 1`,
     `--ab-workers 2`; `auto`: compare.workers_for the threshold; `--ab-budget-s 300`, `--ab-pair-bias 1`,
     `--ab-graphs off`, `--ab-amp bf16`, `--ab-compile`, `--ab-run-budget-s 600`); GateError naming a bad one.
-    The options and their defaults are listed once, in gate/options.py."""
+    The options and their defaults are listed once, in gate/options.py (DEFAULTS)."""
     text = str(threshold).strip().rstrip("%")
     try:
         percent = float(text)

@@ -432,5 +432,6 @@ def plan(noise: float, threshold: float, alpha: float, max_rounds: int, round_s:
             "pairs' bias takes" if suggested > workers else "")
     return Plan("refuse", rounds=0, **base, message=(
         f"{noise_text}: {percent(threshold)} needs about {need} rounds of {sample_s:.2g} s; the budget allows "
-        f"{allowed(1.0)}; the smallest change it can call in the budget is about {percent(smallest)}"
+        f"{allowed(1.0)}; " + (f"the smallest change it can call in the budget is about {percent(smallest)}"
+                                if math.isfinite(smallest) else "no change can be called in the time left")
         + ("" if smallest != floor else " (the worker pairs' floor)") + more))
