@@ -38,18 +38,24 @@ def _plugin_installed() -> bool:
 
 
 @pytest.fixture
-def pytester(pytester, monkeypatch, pytestconfig):
-    """pytester with mgpu_perf's plugin, as a user who installed mgpu has it. A run without the install
-    (`PYTHONPATH=. pytest perf`, the way `make gpu-check` runs) has no entry point: there the plugin
-    is named in PYTEST_PLUGINS, and PYTHONPATH's relative folders are made absolute, since the runs (and the
-    gate's workers) start in pytester's folder."""
-    if not _plugin_installed():
-        monkeypatch.setenv("PYTEST_PLUGINS", "mgpu_perf.plugin")  # in-process runs and subprocesses alike
+def absolute_pythonpath(monkeypatch, pytestconfig):
+    """PYTHONPATH's relative folders made absolute from where pytest was started. Without the install
+    (`PYTHONPATH=. pytest perf`, the way `make gpu-check` runs) mgpu is found through `.` alone, and a
+    test that moves into its own folder before starting the gate's workers would lose it."""
     entries = os.environ.get("PYTHONPATH")
     if entries:
-        start = pytestconfig.invocation_params.dir  # pytester has moved into its own folder by now
+        start = pytestconfig.invocation_params.dir  # fixtures such as pytester may have moved by now
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join(str((start / e).resolve()) if e else e
                                                          for e in entries.split(os.pathsep)))
+
+
+@pytest.fixture
+def pytester(pytester, monkeypatch, absolute_pythonpath):
+    """pytester with mgpu_perf's plugin, as a user who installed mgpu has it. A run without the install
+    has no entry point: there the plugin is named in PYTEST_PLUGINS (and the runs, which start in
+    pytester's folder, get an absolute PYTHONPATH)."""
+    if not _plugin_installed():
+        monkeypatch.setenv("PYTEST_PLUGINS", "mgpu_perf.plugin")  # in-process runs and subprocesses alike
     return pytester
 
 
