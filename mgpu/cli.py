@@ -27,31 +27,29 @@ import sys
 
 from mgpu.config import (AMP_MODES, CHECK_STRATEGIES, DATA_NAMES, DEVICE_KINDS, EXACT_GPU_MATH_ENV, MODEL_NAMES,
                          NONFINITE_POLICIES, RESHARD_MODES, SHARD_MODES, STRATEGY_NAMES, CheckOptions, TrainConfig)
-from mgpu.errors import ConfigError, LaunchError, MgpuError, NonFiniteLossError
+from mgpu.errors import (EXIT_FAILED, EXIT_USAGE, ConfigError, LaunchError, MgpuError, NonFiniteLossError,
+                         OneLineParser, one_line)
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but an error is one line (no usage dump) and exit code 2."""
-
-    def error(self, message: str):
-        self.exit(EXIT_USAGE, f"mgpu: error: {message}\n")
+# Commands other packages add (mgpu_perf adds `bench` and `gate`): modules named by the entry-point
+# group COMMANDS_GROUP, or, for a checkout used without installing it (`PYTHONPATH=.`), in the
+# COMMANDS_ENV variable, comma-separated, as pytest reads PYTEST_PLUGINS. Each module has
+# `add_commands(commands) -> {name: main(parser, args) -> exit code}`; mgpu imports none by name.
+COMMANDS_GROUP = "mgpu.commands"
+COMMANDS_ENV = "MGPU_COMMANDS"
 
 
 # Options are parsed into numbers here and checked in TrainConfig.validate, which holds every
 # rule and message: text that is no number is handed on as it is, so that `--epochs 2.5`,
 # `--batch-size lots` and TrainConfig(epochs=2.5, batch_size="lots") get the same message.
-def _int(text: str) -> int | float | str:
+def int_or_text(text: str) -> int | float | str:
     """An integer when the text is one; else the number or the text itself, for validate() to reject."""
     try:
         return int(text)
     except ValueError:
-        return _float(text)
+        return float_or_text(text)
 
 
-def _float(text: str) -> float | str:
+def float_or_text(text: str) -> float | str:
     """A float when the text is a number ('nan' and 'inf' included); else the text itself."""
     try:
         return float(text)
@@ -59,7 +57,7 @@ def _float(text: str) -> float | str:
         return text
 
 
-def _one_of(names: tuple[str, ...]) -> str:
+def one_of(names: tuple[str, ...]) -> str:
     return "{" + ",".join(names) + "}"  # the metavar argparse shows for `choices`
 
 
@@ -73,7 +71,7 @@ def config_or_exit(parser: argparse.ArgumentParser, **fields) -> TrainConfig:
     try:
         return TrainConfig(**fields).validate()
     except ConfigError as e:
-        parser.error(_one_line(e))
+        parser.error(one_line(e))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,164 +80,82 @@ def build_parser() -> argparse.ArgumentParser:
     t = commands.add_parser("train", allow_abbrev=False, help="train a model and print the chapter's line",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = TrainConfig()
-    t.add_argument("--strategy", metavar=_one_of(STRATEGY_NAMES), default=d.strategy, help="how to spread the work")
-    t.add_argument("--devices", type=_int, default=d.devices,
+    t.add_argument("--strategy", metavar=one_of(STRATEGY_NAMES), default=d.strategy, help="how to spread the work")
+    t.add_argument("--devices", type=int_or_text, default=d.devices,
                    help="devices (replicas, or ranks for ddp and fsdp); emulated on the CPU when GPUs are short")
     t.add_argument("--require-gpus", action="store_true", help="fail instead of emulating missing GPUs")
-    t.add_argument("--device", metavar=_one_of(DEVICE_KINDS), default=d.device,
+    t.add_argument("--device", metavar=one_of(DEVICE_KINDS), default=d.device,
                    help="auto: GPUs when there are --devices of them, else the CPU; cpu: the CPU even beside GPUs; "
                         "cuda: GPUs or an error (as --require-gpus)")
     t.add_argument("--exact-gpu-math", action="store_true",
                    help=f"TF32 off and cuDNN's deterministic algorithms in every process of the run, for results "
                         f"another run can be compared with (also: {EXACT_GPU_MATH_ENV}=1); no effect on the CPU")
-    t.add_argument("--epochs", type=_int, default=d.epochs)
-    t.add_argument("--batch-size", type=_int, default=d.batch_size, help="global batch size")
-    t.add_argument("--lr", type=_float, default=d.lr, help="learning rate")
-    t.add_argument("--momentum", type=_float, default=d.momentum)
-    t.add_argument("--weight-decay", type=_float, default=d.weight_decay)
-    t.add_argument("--model", metavar=_one_of(MODEL_NAMES), default=d.model)
-    t.add_argument("--width", type=_int, default=d.width, help="ResNet-18 base width")
-    t.add_argument("--data", metavar=_one_of(DATA_NAMES), default=d.data)
+    t.add_argument("--epochs", type=int_or_text, default=d.epochs)
+    t.add_argument("--batch-size", type=int_or_text, default=d.batch_size, help="global batch size")
+    t.add_argument("--lr", type=float_or_text, default=d.lr, help="learning rate")
+    t.add_argument("--momentum", type=float_or_text, default=d.momentum)
+    t.add_argument("--weight-decay", type=float_or_text, default=d.weight_decay)
+    t.add_argument("--model", metavar=one_of(MODEL_NAMES), default=d.model)
+    t.add_argument("--width", type=int_or_text, default=d.width, help="ResNet-18 base width")
+    t.add_argument("--data", metavar=one_of(DATA_NAMES), default=d.data)
     t.add_argument("--data-dir", default=d.data_dir, help="folder with FashionMNIST/raw/ (torchvision layout)")
     t.add_argument("--download", action="store_true", help="download Fashion-MNIST if it is missing")
-    t.add_argument("--resize", type=_int, default=None, help="resize images to this side")
-    t.add_argument("--train-size", type=_int, default=None, help="use the first N training examples")
-    t.add_argument("--test-size", type=_int, default=None, help="use the first N test examples")
-    t.add_argument("--seed", type=_int, default=d.seed)
+    t.add_argument("--resize", type=int_or_text, default=None, help="resize images to this side")
+    t.add_argument("--train-size", type=int_or_text, default=None, help="use the first N training examples")
+    t.add_argument("--test-size", type=int_or_text, default=None, help="use the first N test examples")
+    t.add_argument("--seed", type=int_or_text, default=d.seed)
     t.add_argument("--out", default=d.out, help="folder for results.json, accuracy.png and model.pt")
     t.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
-    t.add_argument("--on-nonfinite", metavar=_one_of(NONFINITE_POLICIES), default=d.on_nonfinite,
+    t.add_argument("--on-nonfinite", metavar=one_of(NONFINITE_POLICIES), default=d.on_nonfinite,
                    help="on a NaN/Inf loss: stop with an error, or skip that step's update")
-    t.add_argument("--port", type=_int, default=None,
+    t.add_argument("--port", type=int_or_text, default=None,
                    help="ddp rendezvous port (default: a free one, chosen per run)")
-    t.add_argument("--timeout", type=_float, default=d.timeout,
+    t.add_argument("--timeout", type=float_or_text, default=d.timeout,
                    help="ddp: seconds a rank waits for the others")
     t.add_argument("--sync-bn", action="store_true", help="ddp: use SyncBatchNorm (CUDA only)")
     t.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                    help="save model, optimizer, RNG states and epoch to DIR/checkpoint.pt after every epoch")
-    t.add_argument("--amp", metavar=_one_of(AMP_MODES), default=d.amp,
+    t.add_argument("--amp", metavar=one_of(AMP_MODES), default=d.amp,
                    help="bf16: autocast forward and loss to bfloat16 (weights and SGD stay fp32)")
     t.add_argument("--channels-last", action="store_true", help="channels-last memory layout for images and convolutions")
     t.add_argument("--compile", action="store_true",
                    help="the training forward under torch.compile (inductor; the DDP or FSDP wrapper compiled with it)")
     t.add_argument("--data-on-device", action="store_true",
                    help="CUDA: hold the whole dataset on the first device, shuffle and gather there (no-op on the CPU)")
-    t.add_argument("--accumulate", type=_int, default=d.accumulate, metavar="K",
+    t.add_argument("--accumulate", type=int_or_text, default=d.accumulate, metavar="K",
                    help="gradient accumulation: each global batch in K micro-steps per device, gradients synchronised "
                         "on the last (under ddp: no_sync before it)")
-    t.add_argument("--shard", metavar=_one_of(SHARD_MODES), default=d.shard,
+    t.add_argument("--shard", metavar=one_of(SHARD_MODES), default=d.shard,
                    help="fsdp: fully_shard each block (residual block, layer) then the root, or the whole model as one")
-    t.add_argument("--reshard-after-forward", metavar=_one_of(RESHARD_MODES), default=d.reshard_after_forward,
+    t.add_argument("--reshard-after-forward", metavar=one_of(RESHARD_MODES), default=d.reshard_after_forward,
                    help="fsdp: free the gathered weights after forward and gather them again for backward (less "
                         "memory), or keep them (less communication)")
     t.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in --checkpoint-dir (starts afresh, saying so, if there is none)")
     _add_check_parser(commands)
-    _add_bench_parser(commands)
-    _add_gate_parser(commands)
+    parser.set_defaults(command_mains={"check": _check_main})
+    for add_commands in _command_providers():
+        parser.get_default("command_mains").update(add_commands(commands))
     return parser
 
 
-def _model_arguments(p) -> None:
-    p.add_argument("model", metavar="MODULE:FUNCTION",
-                   help="a function (in a module, or a .py file) returning an nn.Module or an mgpu.ModelSpec")
-    p.add_argument("--input-shape", default=None, metavar="C,H,W", help="one input image, for a function returning an nn.Module")
-    p.add_argument("--classes", type=_int, default=None, help="class count (default: read off the model's output)")
+def _command_providers() -> list:
+    """Each provider's `add_commands` (see COMMANDS_GROUP), the installed ones and those in COMMANDS_ENV,
+    once each. A provider that cannot be imported is skipped: its commands are then unknown (exit 2)."""
+    import importlib
+    import importlib.metadata
+    import os
 
+    names = [ep.value for ep in importlib.metadata.entry_points(group=COMMANDS_GROUP)]
+    names += [n.strip() for n in os.environ.get(COMMANDS_ENV, "").split(",") if n.strip()]
+    providers = []
+    for name in dict.fromkeys(names):
+        try:
+            providers.append(importlib.import_module(name).add_commands)
+        except (ImportError, AttributeError):
+            continue
+    return providers
 
-def _add_bench_parser(commands) -> None:
-
-    b = commands.add_parser("bench", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                            help="time your model's training step under each strategy and device count")
-    _model_arguments(b)
-    b.add_argument("--strategies", default="single,manual,ddp,fsdp", metavar="S[,S...]",
-                   help=f"strategies to time, from {','.join(STRATEGY_NAMES)}")
-    b.add_argument("--devices", default="1,2", metavar="N[,N...]", help="device counts (emulated on the CPU without GPUs)")
-    b.add_argument("--batch", type=_int, default=32, help="examples per device (weak scaling)")
-    b.add_argument("--rounds", type=_int, default=10, help="interleaved rounds: one step of every case each")
-    b.add_argument("--warmup", type=_int, default=2, help="untimed steps of every case first")
-    _speed_arguments(b)
-    b.add_argument("--out", default="perf-results", help="folder for bench.json and bench.png")
-
-
-def _speed_arguments(p) -> None:
-    """--amp and --compile of bench and gate: time the step as you train it."""
-    p.add_argument("--amp", metavar=_one_of(AMP_MODES), default="off",
-                   help="bf16: the forward and loss under bfloat16 autocast (weights and optimizer fp32)")
-    p.add_argument("--compile", action="store_true",
-                   help="the model under torch.compile (inductor); its compilation happens in the untimed warm-up")
-
-def _add_gate_parser(commands) -> None:
-
-    g = commands.add_parser("gate", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                            help="the A/B regression gate on your model's step: this working tree against a baseline")
-    _model_arguments(g)
-    g.add_argument("--baseline", default=None, metavar="REF",
-                   help="a git revision of this repository, or another checkout of it")
-    g.add_argument("--baseline-python", default=None, metavar="PATH",
-                   help="run the baseline with this Python (another torch/CUDA/NCCL)")
-    g.add_argument("--strategies", default="single", metavar="S[,S...]",
-                   help=f"strategies to gate, from {','.join(STRATEGY_NAMES)}")
-    g.add_argument("--devices", default="1", metavar="N[,N...]", help="device counts (emulated on the CPU without GPUs)")
-    g.add_argument("--batch", type=_int, default=32, help="examples per device")
-    from mgpu_perf.gate.options import add_gate_options  # the plugin's --ab-* options, without the prefix
-
-    add_gate_options(g.add_argument, show_defaults=False)
-    g.add_argument("--out", default="perf-results", help="folder for ab.json, ab-baseline.json, ab-candidate.json")
-
-def _names_and_counts(parser, args) -> None:
-    """--strategies and --devices of bench and gate as tuples, checked (one line, exit 2 on a bad one)."""
-    args.strategies = tuple(p.strip() for p in args.strategies.split(",") if p.strip())
-    unknown = [s for s in args.strategies if s not in STRATEGY_NAMES]
-    if unknown or not args.strategies:
-        parser.error(f"--strategies: unknown strategy {unknown[0] if unknown else args.strategies!r}: choose from "
-                     f"{', '.join(STRATEGY_NAMES)}")
-    try:
-        args.devices = tuple(int(p) for p in args.devices.split(","))
-    except ValueError:
-        parser.error(f"--devices must be comma-separated positive integers such as 1,2, got {args.devices!r}")
-    if any(n < 1 for n in args.devices):
-        parser.error(f"--devices must be positive, got {args.devices}")
-    if not isinstance(args.batch, int) or args.batch < 1:
-        parser.error(f"--batch must be a positive integer, got {args.batch!r}")
-
-def _bench_main(parser: argparse.ArgumentParser, args) -> int:
-    from pathlib import Path
-
-    _names_and_counts(parser, args)
-    for name in ("rounds", "warmup"):
-        value = getattr(args, name)
-        if not isinstance(value, int) or value < (1 if name == "rounds" else 0):
-            parser.error(f"--{name} must be an integer >= {1 if name == 'rounds' else 0}, got {value!r}")
-    if args.amp not in AMP_MODES:
-        parser.error(f"--amp must be one of {', '.join(AMP_MODES)}, got {args.amp!r}")
-    from mgpu.spec import load_spec, validate_spec
-    from mgpu_perf.bench import BenchOptions, format_table, run_bench, write_outputs
-    from mgpu_perf.harness.ranks import RankPoolError
-
-    try:
-        validate_spec(load_spec(args.model, input_shape=args.input_shape, classes=args.classes), batch_size=2)
-        options = BenchOptions(args.strategies, args.devices, args.batch, args.rounds, args.warmup, args.input_shape,
-                               args.classes, amp=args.amp, compile=args.compile)
-        result = run_bench(args.model, options, log=lambda line: print(f"mgpu bench: {line}", file=sys.stderr, flush=True))
-    except (MgpuError, ValueError) as e:
-        print(f"mgpu: error: {_one_line(e)}", file=sys.stderr)
-        return EXIT_USAGE
-    except (RankPoolError, FloatingPointError, AssertionError) as e:
-        print(f"mgpu: error: {_one_line(e)}", file=sys.stderr)
-        return EXIT_FAILED
-    print("\n".join(format_table(result)))
-    for path in write_outputs(result, Path(args.out)):
-        print(f"wrote {path}")
-    return 0
-
-def _gate_main(parser: argparse.ArgumentParser, args) -> int:
-    _names_and_counts(parser, args)
-    if not args.baseline and not args.baseline_python:
-        parser.error("gate needs --baseline REF (a revision of this repository, or another checkout) or --baseline-python")
-    from mgpu_perf.gate.command import run_gate_command
-
-    return run_gate_command(args, parser.error)
 
 def _add_check_parser(commands) -> None:
     d = CheckOptions()
@@ -249,22 +165,22 @@ def _add_check_parser(commands) -> None:
                    help="a function (in a module, or a .py file) returning an nn.Module or an mgpu.ModelSpec; "
                         "or resnet18 / lenet")
     c.add_argument("--input-shape", default=None, metavar="C,H,W", help="one input image, for a function returning an nn.Module")
-    c.add_argument("--classes", type=_int, default=None, help="class count (default: read off the model's output)")
+    c.add_argument("--classes", type=int_or_text, default=None, help="class count (default: read off the model's output)")
     c.add_argument("--strategies", default=",".join(d.strategies), metavar="S[,S...]",
                    help=f"strategies to check, from {','.join(CHECK_STRATEGIES)}")
     c.add_argument("--devices", default=",".join(map(str, d.devices)), metavar="N[,N...]",
                    help="device counts (emulated on the CPU when GPUs are short)")
-    c.add_argument("--device", metavar=_one_of(DEVICE_KINDS), default=d.device,
+    c.add_argument("--device", metavar=one_of(DEVICE_KINDS), default=d.device,
                    help="auto: GPUs when there are enough for a device count, else the CPU; cpu: every run on the CPU; "
                         "cuda: GPUs or an error")
-    c.add_argument("--batch-size", type=_int, default=d.batch_size, help="global batch size of each step")
-    c.add_argument("--steps", type=_int, default=d.steps, help="optimizer steps per run")
-    c.add_argument("--seed", type=_int, default=d.seed)
-    c.add_argument("--accumulate", type=_int, default=d.accumulate, metavar="K",
+    c.add_argument("--batch-size", type=int_or_text, default=d.batch_size, help="global batch size of each step")
+    c.add_argument("--steps", type=int_or_text, default=d.steps, help="optimizer steps per run")
+    c.add_argument("--seed", type=int_or_text, default=d.seed)
+    c.add_argument("--accumulate", type=int_or_text, default=d.accumulate, metavar="K",
                    help="micro-steps of the gradient accumulation check")
-    c.add_argument("--step-timeout", type=_float, default=d.step_timeout, metavar="S",
+    c.add_argument("--step-timeout", type=float_or_text, default=d.step_timeout, metavar="S",
                    help="seconds a step may take before the model counts as hanging")
-    c.add_argument("--amp", metavar=_one_of(AMP_MODES), default=d.amp,
+    c.add_argument("--amp", metavar=one_of(AMP_MODES), default=d.amp,
                    help="bf16: every run's forward and loss under bfloat16 autocast, as train --amp bf16 runs them; "
                         "the allowance comes from the single-device bf16 step (docs/check.md)")
     c.add_argument("--compile", action="store_true",
@@ -291,7 +207,7 @@ def _check_main(parser: argparse.ArgumentParser, args) -> int:
                                step_timeout=args.step_timeout, device=args.device, amp=args.amp,
                                compile=args.compile).validate()
     except ConfigError as e:
-        parser.error(_one_line(e))
+        parser.error(one_line(e))
     if args.json is not None:
         folder = os.path.dirname(os.path.abspath(args.json))
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
@@ -307,7 +223,7 @@ def _check_main(parser: argparse.ArgumentParser, args) -> int:
             spec = load_spec(args.model, input_shape=args.input_shape, classes=args.classes)
         report = run_check(spec, options, progress=lambda line: print(line, file=sys.stderr, flush=True))
     except MgpuError as e:
-        print(f"mgpu: error: {_one_line(e)}", file=sys.stderr)
+        print(f"mgpu: error: {one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
     print(table(report))
     if args.json is not None:
@@ -317,13 +233,10 @@ def _check_main(parser: argparse.ArgumentParser, args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "check":
-        return _check_main(parser, args)
-    if args.command == "bench":
-        return _bench_main(parser, args)
-    if args.command == "gate":
-        return _gate_main(parser, args)
-    cfg = config_or_exit(parser, **{k: v for k, v in vars(args).items() if k != "command"})
+    command_main = args.command_mains.get(args.command)
+    if command_main is not None:
+        return command_main(parser, args)
+    cfg = config_or_exit(parser, **{k: v for k, v in vars(args).items() if k not in ("command", "command_mains")})
     from mgpu.run import train  # after checking: `--help`, typos and bad values answer without importing torch
 
     try:
@@ -333,16 +246,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mgpu: error: {e}", file=sys.stderr)
         return EXIT_FAILED
     except NonFiniteLossError as e:
-        print(f"mgpu: error: {_one_line(e)}", file=sys.stderr)
+        print(f"mgpu: error: {one_line(e)}", file=sys.stderr)
         return EXIT_FAILED
     except MgpuError as e:
-        print(f"mgpu: error: {_one_line(e)}", file=sys.stderr)
+        print(f"mgpu: error: {one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM to the launcher (mgpu.launch.Terminated)
         signum = getattr(e, "signum", 2)
         print(f"mgpu: {'interrupted' if signum == 2 else 'terminated'}: every rank stopped", file=sys.stderr)
         return 128 + signum
     return 0
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split("\n"))

@@ -1,9 +1,26 @@
 """Exceptions mgpu raises for bad input.
 
 Every error a user can cause derives from `MgpuError`, so the CLI turns each into one line
-(`mgpu: error: ...`, exit code 2) while a genuine bug still shows its traceback. Each class
+(`mgpu: error: ...`, exit code 2) while a genuine bug still shows its traceback. The exit codes
+and the one-line parser live here too, so that any command can use them without importing another. Each class
 also derives from the builtin a Python caller would expect (ValueError, FileNotFoundError, ...).
 """
+
+
+import argparse
+
+# The exit codes of every mgpu command (mgpu/cli.py's docstring says when each is used).
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but an error is one line (no usage dump) and exit code 2: the parser of every mgpu
+    and mgpu_perf command."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"mgpu: error: {message}\n")
 
 
 def one_line(e: BaseException, with_type: bool = False) -> str:

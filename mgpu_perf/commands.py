@@ -19,7 +19,7 @@ import sys
 from contextlib import ExitStack
 from typing import Callable
 
-from mgpu.cli import OneLineParser
+from mgpu.errors import OneLineParser
 from mgpu.devices import torch_threads
 from mgpu.errors import one_line
 from mgpu_perf.harness.interleave import interleaved_ratio, interleaved_ratios, interleaved_step_times, scaling_rows

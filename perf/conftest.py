@@ -67,6 +67,10 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    if not any(ep.value == "mgpu_perf.cli" for ep in importlib.metadata.entry_points(group="mgpu.commands")):
+        # Not installed (`PYTHONPATH=. pytest perf`, as make gpu-check runs): `mgpu bench` and `mgpu gate`
+        # are added by name, in this process and in those it starts (mgpu/cli.py, COMMANDS_ENV).
+        os.environ.setdefault("MGPU_COMMANDS", "mgpu_perf.cli")
     try:
         config.stash[SWEEP_KEY] = make_sweep(config.getoption("--devices"))
     except ValueError as e:

@@ -67,7 +67,7 @@ def describe(row: dict, threshold: float) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mgpu.cli import OneLineParser
+    from mgpu.errors import OneLineParser
 
     p = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, metavar="MODULE:FUNCTION",

@@ -1,0 +1,117 @@
+"""The house rules a newcomer relies on: imports run one way (mgpu never imports mgpu_perf, and no
+module imports one that imports it back, at any depth, lazily or not), and the commands mgpu_perf
+adds reach mgpu's command line through the hook (mgpu/cli.py, COMMANDS_GROUP / COMMANDS_ENV)."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("mgpu", "mgpu_perf")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    """Every module of both packages and the modules of both packages it imports, anywhere in it."""
+    modules = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                targets = [f"{base}.{a.name}" for a in node.names] + [base]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:  # `from pkg import name`: the module that holds it
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    found.add(target)
+        graph[name] = found
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def _is_package(name: str) -> bool:
+    return (ROOT / name.replace(".", "/") / "__init__.py").exists()
+
+
+def _without_package_inits(graph):
+    """A package's __init__ re-exporting its modules is not an arrow back from them to it."""
+    return {m: {t for t in ts if not (_is_package(t) and m.startswith(t + "."))} for m, ts in graph.items()}
+
+
+def test_mgpu_never_imports_mgpu_perf():
+    offenders = {m: sorted(t for t in ts if t.split(".")[0] == "mgpu_perf")
+                 for m, ts in _imports().items() if m.split(".")[0] == "mgpu"}
+    offenders = {m: ts for m, ts in offenders.items() if ts}
+    assert not offenders, f"mgpu imports mgpu_perf (mgpu_perf adds its commands through mgpu.cli's hook): {offenders}"
+
+
+def test_no_import_circles():
+    cycle = _cycle(_without_package_inits(_imports()))
+    assert cycle is None, f"an import circle: {' -> '.join(cycle)}"
+
+
+def test_a_command_provider_named_in_the_environment_joins_the_command_line(tmp_path, monkeypatch, capsys):
+    """The hook as a checkout without install uses it: a module named in MGPU_COMMANDS adds a command."""
+    from mgpu import cli
+
+    (tmp_path / "hello_commands.py").write_text(
+        "def add_commands(commands):\n"
+        "    p = commands.add_parser('hello')\n"
+        "    p.add_argument('--name', default='world')\n"
+        "    return {'hello': lambda parser, args: print(f'hello {args.name}') or 3}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(cli.COMMANDS_ENV, "hello_commands, no_such_module_anywhere")
+    assert cli.main(["hello", "--name", "mgpu"]) == 3
+    assert capsys.readouterr().out == "hello mgpu\n"
+    monkeypatch.delenv(cli.COMMANDS_ENV)
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["hello"])
+    assert raised.value.code == 2, "without the provider, the command is unknown: one line, exit 2"
+    assert "invalid choice: 'hello'" in capsys.readouterr().err
+    sys.modules.pop("hello_commands", None)
+
+
+def test_bench_and_gate_come_from_mgpu_perf_through_the_hook(monkeypatch):
+    from mgpu import cli
+
+    monkeypatch.setenv(cli.COMMANDS_ENV, "mgpu_perf.cli")  # installed or not, the same provider
+    mains = cli.build_parser().get_default("command_mains")
+    assert set(mains) == {"check", "bench", "gate"}, mains
+    assert {mains[c].__module__ for c in ("bench", "gate")} == {"mgpu_perf.cli"}
