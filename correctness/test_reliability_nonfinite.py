@@ -52,3 +52,30 @@ def test_cli_nonfinite_loss_is_one_line_and_exit_code_1(monkeypatch, capsys):
     err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith(f"mgpu: {FAULT_ENV}")]
     assert code == 1, err
     assert len(err) == 1 and re.match(r"mgpu: error: loss is nan at epoch 1, step 2", err[0]), err
+
+
+@pytest.mark.multiprocess
+def test_ddp_evaluates_with_rank_0s_buffers_after_a_skipped_last_step(monkeypatch):
+    """A NaN input on rank 1 at the epoch's last step: the step is skipped everywhere, but rank 1's
+    BatchNorm statistics took the NaN in its forward. DDP copies rank 0's buffers only at the next
+    forward or optimizer step, neither of which comes before evaluation; evaluation must still use
+    rank 0's, as model.pt holds them, so the run's test accuracy is model.pt's on one device."""
+    from correctness.helpers import evaluate
+    from mgpu.data import make_loaders
+    from mgpu.devices import devices
+    from mgpu.models import build_model
+    from mgpu.strategies import SingleDevice
+
+    cfg = TrainConfig(strategy="ddp", devices=2, model="resnet18", width=4, epochs=1, batch_size=32, train_size=128,
+                      test_size=64, out=None, progress=False, on_nonfinite="skip", lr=0.05)
+    monkeypatch.setenv(FAULT_ENV, "kind=nan,rank=1,epoch=1,step=4")  # 128 / 32: the last step
+    result = train(cfg)
+    assert result.epochs[0].skipped_steps == 1, result.epochs
+    assert all(torch.isfinite(t).all() for t in result.state_dict.values()), "model.pt holds rank 0's finite state"
+    model = build_model("resnet18", width=4)
+    model.load_state_dict(result.state_dict)
+    _, test_loader = make_loaders(cfg)
+    expected = evaluate(SingleDevice(devices(1)), model, test_loader)
+    assert result.epochs[0].test_acc == expected, (
+        f"ddp on 2 ranks reported test accuracy {result.epochs[0].test_acc} after a skipped last step, but model.pt "
+        f"gives {expected} on one device: a rank evaluated with buffers other than rank 0's")
