@@ -1,7 +1,7 @@
 """How far a data-parallel float32 step is from the float64 reference step, in units of the
 single-device float32 step's own distance: the ratio that mgpu.parity.compare.ERROR_FACTOR bounds.
 
-    python docs/measure/error_ratios.py        # a few minutes on 2 cores; figures go to docs/check.md
+    python docs/notes/measure/error_ratios.py        # a few minutes on 2 cores; figures: docs/notes/check-runs.md
 
 For each model, seed, device count and batch size (even and uneven shards): the manual strategy's
 run (in process), and for every step the float64 and float32 reference steps from the run's own

@@ -1,13 +1,13 @@
 """Where an fsdp step's time goes on this CPU, against the no-communication limit.
 
-    python docs/measure/fsdp_step.py [--rounds 12] [--width 64] [--batch 32]
+    python docs/notes/measure/fsdp_step.py [--rounds 12] [--width 64] [--batch 32]
 
 Full-width ResNet-18, 2 ranks of one thread each, 32 images a rank (as `python -m perf hot-path`).
 Part 1: fsdp's three layouts (--shard block / model, --reshard-after-forward on / off) and ddp,
 each against 2 independent processes doing the same per-rank steps with no communication, all
 interleaved round by round (order reversed every round). Part 2: one rank-0 step of each fsdp
 layout under torch.profiler, its time summed by kind: all-gather, reduce-scatter, other
-collectives, and the rest (compute). The figures are in docs/perf.md ("FSDP on a CPU").
+collectives, and the rest (compute). The figures are in docs/notes/perf.md ("FSDP on a CPU").
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 import sys
 from contextlib import ExitStack
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 from mgpu_perf.harness.interleave import interleaved_ratios  # noqa: E402
 from mgpu_perf.harness.ranks import IndependentPool, RankPool, StrategyRankPool, _Factory  # noqa: E402

@@ -1,7 +1,7 @@
 """The gate's statistic against a 20 % trimmed mean, on the same recorded rounds.
 
-    python docs/measure/gate_statistic.py analyse                       # docs/measure/gate-rounds-t5.json
-    python docs/measure/gate_statistic.py record --decisions 10 --out rounds.json   # ~50 s a decision here
+    python docs/notes/measure/gate_statistic.py analyse                       # docs/notes/measure/gate-rounds-t5.json
+    python docs/notes/measure/gate_statistic.py record --decisions 10 --out rounds.json   # ~50 s a decision here
 
 `record` times the single training step as validate-gate does (fresh workers per decision, both
 arms the same tree, or the candidate's Trainer.step planted 5 % slower), 80 rounds each with no
@@ -11,7 +11,7 @@ with the rounds' plain mean of log ratios and Student's t (the gate's statistic 
 session), and with their 20 % trimmed mean and Yuen's interval (the gate's statistic since:
 gate/stats.py's `estimate`, with `trim=0` for the mean). Same rounds, same rules, only the statistic
 differs, so the counts compare the statistics and not two moments of this VM. The figures are in
-docs/perf.md ("Tried again on a noisy day" and after it).
+docs/notes/perf.md ("Tried again on a noisy day" and after it).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from mgpu_perf.gate import stats as gate_stats  # noqa: E402
 
-ROUNDS = ROOT / "docs" / "measure" / "gate-rounds-t5.json"
+ROUNDS = ROOT / "docs" / "notes" / "measure" / "gate-rounds-t5.json"
 TRIM = gate_stats.TRIM
 
 

@@ -1,9 +1,9 @@
 """Two identical trainings on one GPU, with PyTorch's defaults and under mgpu.devices.exact_gpu_math:
 do they agree to the bit? And does --data-on-device change anything?
 
-    PYTHONPATH=. python3 docs/measure/gpu_determinism.py      # needs a CUDA device
+    PYTHONPATH=. python3 docs/notes/measure/gpu_determinism.py      # needs a CUDA device
 
-docs/gpu.md has what it printed on an H200.
+docs/notes/gpu-runs.md has what it printed on an H200.
 """
 
 import contextlib

@@ -2,12 +2,12 @@
 PyTorch's default CPU path (oneDNN on): the bound `ONEDNN_TOL` of
 correctness/test_gradients.py::test_resnet18_allreduced_gradient_on_the_default_cpu_path.
 
-    python docs/measure/onednn_bound.py [CASES]     # default 3000 random cases, a few minutes on 2 cores
+    python docs/notes/measure/onednn_bound.py [CASES]     # default 3000 random cases, a few minutes on 2 cores
 
 Shards of another batch size than the whole batch take other oneDNN kernels, so the two differ by
 more than float32 rounding of the same arithmetic. Per case (seed, batch 1..12, 1..4 devices,
 mean or sum loss, as the test draws them): max over replicas and parameters of
-|manual - single| / max|single|. Prints the largest ratios and quantiles; figures in docs/perf.md.
+|manual - single| / max|single|. Prints the largest ratios and quantiles; figures in docs/notes/perf.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Many draws of test_weights' step-by-step property, outside pytest, to see whether a correct run
-ever fails it (docs/kernels.md has the counts):
+ever fails it (docs/notes/kernel-timings.md has the counts):
 
-    python docs/measure/stepwise_draws.py SEED COUNT
-    ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 python docs/measure/stepwise_draws.py 2 150
+    python docs/notes/measure/stepwise_draws.py SEED COUNT
+    ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 python docs/notes/measure/stepwise_draws.py 2 150
 
 Each draw is what the hypothesis property draws: manual over 2 or 3 devices, 3 to 5 steps of
 LeNet with momentum and weight decay, a batch of n to 32, a random seed. It prints every failure
@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from correctness.helpers import assert_stepwise_close, reference_trajectory, run_config, stepwise_configs  # noqa: E402
 from mgpu.devices import torch_threads  # noqa: E402

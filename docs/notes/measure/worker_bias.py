@@ -1,13 +1,13 @@
 """How much two identical gate workers differ, and whether placement or the hash seed is why.
 
-    python docs/measure/worker_bias.py 10 worker-bias.json     # ~10 minutes here (10 decisions a condition)
+    python docs/notes/measure/worker_bias.py 10 worker-bias.json     # ~10 minutes here (10 decisions a condition)
 
 Both arms the same tree (two copies of this checkout), fresh workers per decision, 16 rounds each
 (no early stop), the single training step as validate-gate times it. Four conditions, interleaved
 decision by decision: free placement; both workers pinned to CPU 0; both pinned to CPU 1; and
 PYTHONHASHSEED=0 in both. For each it prints the sd of the measured ratio across decisions (the
 bias of one pair of processes against another) beside the mean standard error within a decision
-(what more rounds would shrink). The figures are in docs/perf.md ("What misses is the pair of
+(what more rounds would shrink). The figures are in docs/notes/perf.md ("What misses is the pair of
 worker processes").
 """
 
@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from mgpu_perf.gate import stats as gate_stats  # noqa: E402
