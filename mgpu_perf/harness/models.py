@@ -1,4 +1,4 @@
-"""A user's model as a training session: mgpu's model contract (`MODULE:FUNCTION`, mgpu/spec.py)
+"""A user's model as a training session: mgpu's model contract (`MODULE:FUNCTION`, mgpu/spec/)
 under one strategy and device count, stepping on demand.
 
     session = ModelBench("examples/tiny_lm.py:spec", "manual", 2, per_device_batch=16).open()
