@@ -1,0 +1,236 @@
+"""What a training step does, counted: exact figures with no noise, beside the timed ones.
+
+    counts = count_step(session.step)              # one extra step, outside the timing, after warm-up
+    changes = compare_counts(baseline, candidate)  # what changed, and whether it is `slower (counted)`
+
+A step's counts (`StepCounts`) come from one run of it under a `TorchDispatchMode`, which sees
+every aten op the step dispatches, the collectives (`c10d.allreduce_`, DDP's C++ reducer
+included) and the host reads (`aten._local_scalar_dense`: `.item()`, `float(t)`, `print(loss)`;
+and copies from a GPU to the host), with torch's `FlopCounterMode` for the FLOPs of matmuls and
+convolutions. What is counted:
+
+* `ops`: aten ops by name and count (views and metadata ops included: a changed op count alone
+  is reported, never failed);
+* `flops`: FLOPs, as FlopCounterMode counts them;
+* `allocated_bytes`: bytes of the new tensors the step's ops return (views and in-place ops
+  return none); an extra copy (`.contiguous()`, a dtype cast) or a float64 layer raises it;
+* `collectives`: by kind, with count and bytes (the tensors handed to the collective);
+* `host_reads`: reads of a tensor's value by the host, each a device sync on a GPU;
+* `compile`: under torch.compile, the graphs compiled and the graph breaks (by reason) since
+  the workload began, and graphs compiled during the counted step (a recompile at steady state).
+
+Every count is a property of the code and the shapes, so two runs of the same tree give the same
+counts. Where a figure is not (the caching allocator's peak, which depends on what the process
+allocated before), it is not counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["StepCounts", "CountChange", "CompileWatch", "count_step", "compare_counts", "GUARDED"]
+
+# Increases of these fail the gate as `slower (counted)`; the rest are reported.
+GUARDED = ("host_reads", "collective_calls", "collective_bytes", "flops", "allocated_bytes", "graph_breaks",
+           "recompiles")
+
+_HOST_READ_OPS = {"aten._local_scalar_dense", "aten.item", "aten.is_nonzero"}
+
+
+@dataclasses.dataclass
+class StepCounts:
+    ops: dict[str, int]
+    flops: int
+    allocated_bytes: int
+    collectives: dict[str, dict[str, int]]  # kind -> {"count": n, "bytes": b}
+    host_reads: int
+    compile: dict[str, Any] | None = None   # {"graphs": n, "graph_breaks": {reason: n}, "recompiles": n}
+
+    @property
+    def collective_calls(self) -> int:
+        return sum(c["count"] for c in self.collectives.values())
+
+    @property
+    def collective_bytes(self) -> int:
+        return sum(c["bytes"] for c in self.collectives.values())
+
+    @property
+    def graph_breaks(self) -> int:
+        return sum((self.compile or {}).get("graph_breaks", {}).values())
+
+    @property
+    def recompiles(self) -> int:
+        return (self.compile or {}).get("recompiles", 0)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StepCounts":
+        return cls(**d)
+
+    def summary(self) -> str:
+        """One line: what bench prints per strategy."""
+        return (f"{self.flops / 1e9:.3g} GFLOP, {_size(self.allocated_bytes)} allocated, "
+                f"{self.collective_calls} collective(s) ({_size(self.collective_bytes)}), {self.host_reads} host read(s)")
+
+
+class _StepCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops, self.allocated, self.host_reads = Counter(), 0, 0
+        self.collectives: dict[str, dict[str, int]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = str(func.overloadpacket)
+        self.ops[name] += 1
+        out = func(*args, **kwargs)
+        if name.startswith("c10d."):
+            entry = self.collectives.setdefault(name.removeprefix("c10d."), {"count": 0, "bytes": 0})
+            entry["count"] += 1
+            entry["bytes"] += sum(t.numel() * t.element_size() for t in _tensors((args, kwargs)))
+        elif name in _HOST_READ_OPS or _is_copy_to_host(name, args, kwargs, out):
+            self.host_reads += 1
+        if not name.startswith("c10d.") and not _is_view_or_inplace(func):
+            self.allocated += sum(t.numel() * t.element_size() for t in _tensors(out))
+        return out
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    flat, _ = torch.utils._pytree.tree_flatten(tree)
+    seen, out = set(), []
+    for t in flat:
+        if isinstance(t, torch.Tensor) and id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out
+
+
+def _is_view_or_inplace(func) -> bool:
+    schema = func._schema
+    return any(a.alias_info is not None for a in schema.returns) or schema.is_mutable
+
+
+def _is_copy_to_host(name: str, args, kwargs, out) -> bool:
+    """A device -> host copy (`.cpu()`, `.to("cpu")`, `.tolist()` by way of it): a sync on a GPU."""
+    if name not in ("aten._to_copy", "aten.copy_") or not args or not isinstance(args[0], torch.Tensor):
+        return False
+    src = args[1] if name == "aten.copy_" and len(args) > 1 else args[0]
+    dst = out if isinstance(out, torch.Tensor) else args[0]
+    return isinstance(src, torch.Tensor) and src.device.type != "cpu" and dst.device.type == "cpu"
+
+
+class CompileWatch:
+    """torch._dynamo's counters from a workload's start: graphs compiled and graph breaks by reason."""
+
+    def __init__(self):
+        self.start = self._snapshot()
+
+    @staticmethod
+    def _snapshot() -> dict:
+        try:
+            from torch._dynamo.utils import counters
+        except ImportError:  # a torch without dynamo
+            return {"graphs": 0, "breaks": Counter()}
+        breaks = Counter()
+        for reason, n in counters["graph_break"].items():
+            breaks[_short_reason(reason)] += n
+        return {"graphs": counters["stats"]["unique_graphs"], "breaks": breaks}
+
+    def since_start(self, before_step: dict | None = None) -> dict:
+        now = self._snapshot()
+        breaks = now["breaks"] - self.start["breaks"]
+        return {"graphs": now["graphs"] - self.start["graphs"], "graph_breaks": dict(sorted(breaks.items())),
+                "recompiles": now["graphs"] - before_step["graphs"] if before_step else 0}
+
+
+def _short_reason(reason: str) -> str:
+    """A graph break's reason in one line: its title and explanation, without dynamo's hints."""
+    lines = [ln.strip() for ln in reason.strip().splitlines() if ln.strip()][:2]
+    return ": ".join(ln.removeprefix("Explanation: ") for ln in lines)[:200] or "?"
+
+
+def count_step(step: Callable[[], Any], compile_watch: CompileWatch | None = None) -> StepCounts:
+    """Run `step()` once under the counters (outside any timing) and return what it did.
+    `compile_watch`: the workload's CompileWatch when its model is compiled."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    before = compile_watch._snapshot() if compile_watch else None
+    counter = _StepCounter()
+    flops = FlopCounterMode(display=False)
+    with flops, counter:
+        step()
+    return StepCounts(ops=dict(sorted(counter.ops.items())), flops=int(flops.get_total_flops()),
+                      allocated_bytes=int(counter.allocated), collectives=dict(sorted(counter.collectives.items())),
+                      host_reads=counter.host_reads,
+                      compile=compile_watch.since_start(before) if compile_watch else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class CountChange:
+    what: str        # "host_reads", "collective:allreduce_", "op:aten.copy_", "flops", ...
+    baseline: Any
+    candidate: Any
+    guarded: bool    # an increase here is `slower (counted)`
+    text: str
+
+    @property
+    def slower(self) -> bool:
+        return self.guarded and _more(self.candidate, self.baseline)
+
+
+def _more(a, b) -> bool:
+    return (a or 0) > (b or 0)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"
+
+
+def _pct(a: float, b: float) -> str:
+    return f"{(b - a) / a * 100:+.1f} %" if a else "new"
+
+
+def compare_counts(base: StepCounts, cand: StepCounts) -> list[CountChange]:
+    """Every difference between two steps' counts, guarded ones first; empty when they agree."""
+    changes = []
+    if base.host_reads != cand.host_reads:
+        changes.append(CountChange("host_reads", base.host_reads, cand.host_reads, True,
+                                   f"host reads {base.host_reads} → {cand.host_reads} a step"))
+    for kind in sorted(set(base.collectives) | set(cand.collectives)):
+        b = base.collectives.get(kind, {"count": 0, "bytes": 0})
+        c = cand.collectives.get(kind, {"count": 0, "bytes": 0})
+        if b != c:
+            delta = c["count"] - b["count"]
+            changes.append(CountChange(f"collective:{kind}", (b["count"], b["bytes"]), (c["count"], c["bytes"]), True,
+                                       f"{delta:+d} {kind.rstrip('_')} a step ({'+' if c['bytes'] >= b['bytes'] else '-'}"
+                                       f"{_size(abs(c['bytes'] - b['bytes']))})" if delta else
+                                       f"{kind.rstrip('_')} bytes {_size(b['bytes'])} → {_size(c['bytes'])} a step"))
+    if base.flops != cand.flops:
+        changes.append(CountChange("flops", base.flops, cand.flops, True, f"FLOPs {_pct(base.flops, cand.flops)}"))
+    if base.allocated_bytes != cand.allocated_bytes:
+        changes.append(CountChange("allocated_bytes", base.allocated_bytes, cand.allocated_bytes, True,
+                                   f"bytes allocated by the step's ops {_size(base.allocated_bytes)} → "
+                                   f"{_size(cand.allocated_bytes)} ({_pct(base.allocated_bytes, cand.allocated_bytes)})"))
+    if base.graph_breaks != cand.graph_breaks:
+        reasons = sorted(set((cand.compile or {}).get("graph_breaks", {})) - set((base.compile or {}).get("graph_breaks", {})))
+        changes.append(CountChange("graph_breaks", base.graph_breaks, cand.graph_breaks, True,
+                                   f"graph breaks {base.graph_breaks} → {cand.graph_breaks}"
+                                   + (f" ({reasons[0]})" if reasons else "")))
+    if base.recompiles != cand.recompiles:
+        changes.append(CountChange("recompiles", base.recompiles, cand.recompiles, True,
+                                   f"graphs compiled during a warm step {base.recompiles} → {cand.recompiles}"))
+    for op in sorted(set(base.ops) | set(cand.ops)):
+        b, c = base.ops.get(op, 0), cand.ops.get(op, 0)
+        if b != c:
+            changes.append(CountChange(f"op:{op}", b, c, False, f"{op.replace('aten.', 'aten::')} {b} → {c}"))
+    return changes

@@ -1,0 +1,105 @@
+"""The counted step (mgpu_perf/counting.py): the same step counts the same every time, and each kind of
+structural regression shows as a guarded increase (`slower (counted)`), named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mgpu_perf.counting import CompileWatch, StepCounts, compare_counts, count_step
+
+
+def _step(change: str | None = None, ddp: bool = False, compiled: bool = False):
+    """A small training step (an MLP, SGD), with one structural change planted."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    net = nn.parallel.DistributedDataParallel(model) if ddp else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+
+    def forward(x):
+        h = net[0](x) if not ddp else None
+        if ddp:
+            return net(x)
+        if change == "copy":
+            h = h.t().contiguous().t()  # a copy that was not there
+        if change == "float64":
+            h = h.double().float()      # a layer in float64
+        if change == "graph-break":
+            print(end="")                # a graph break under torch.compile
+        return net[2](net[1](h))
+
+    run = torch.compile(forward, backend="eager") if compiled else forward
+
+    def step():
+        loss = nn.functional.cross_entropy(run(x), y)
+        loss.backward()
+        if change == "all-reduce":
+            dist.all_reduce(model[0].weight.grad)  # an extra collective
+        opt.step()
+        opt.zero_grad()
+        if change == "host-read":
+            float(loss.detach())  # a host read each step
+    return step
+
+
+def _counts(step, watch=None) -> StepCounts:
+    step()  # warm-up: compilation, optimizer state
+    return count_step(step, watch)
+
+
+def test_the_same_step_counts_the_same_every_time():
+    first, second = _counts(_step()), _counts(_step())
+    assert compare_counts(first, second) == [], compare_counts(first, second)
+    assert first.flops > 0 and first.allocated_bytes > 0 and first.host_reads == 0 and first.collectives == {}
+    assert first.ops["aten.mm"] >= 2, first.ops
+
+
+@pytest.mark.parametrize("change, expected", [
+    ("copy", "bytes allocated by the step's ops"),
+    ("float64", "bytes allocated by the step's ops"),
+    ("host-read", "host reads 0 → 1 a step"),
+])
+def test_a_structural_change_is_a_guarded_increase(change, expected):
+    changes = compare_counts(_counts(_step()), _counts(_step(change)))
+    slower = [c.text for c in changes if c.slower]
+    assert any(expected in text for text in slower), f"{change}: {[c.text for c in changes]}"
+
+
+@pytest.fixture
+def world_of_one(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_collectives_are_counted_by_kind_and_bytes_ddps_reducer_included(world_of_one):
+    base = _counts(_step(ddp=True))
+    params = sum(p.numel() for p in nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 4)).parameters())
+    assert base.collectives["allreduce_"] == {"count": 1, "bytes": 4 * params}, base.collectives  # one bucket
+    changes = compare_counts(base, _counts(_step("all-reduce", ddp=True)))
+    slower = [c.text for c in changes if c.slower]
+    assert any(text.startswith("+1 allreduce a step (+2.05 kB)") for text in slower), [c.text for c in changes]
+
+
+def test_a_graph_break_under_compile_is_named():
+    torch._dynamo.reset()
+    watch = CompileWatch()
+    base = _counts(_step(compiled=True), watch)
+    torch._dynamo.reset()
+    watch = CompileWatch()
+    broken = _counts(_step("graph-break", compiled=True), watch)
+    assert base.graph_breaks == 0 and broken.graph_breaks >= 1, (base.compile, broken.compile)
+    text = next(c.text for c in compare_counts(base, broken) if c.what == "graph_breaks")
+    assert text.startswith(f"graph breaks 0 → {broken.graph_breaks}") and "print" in text, text
+    assert broken.recompiles == 0, "a warm step compiles nothing"
+
+
+def test_op_count_changes_alone_are_reported_not_failed():
+    base = _counts(_step())
+    cand = StepCounts(**{**base.to_dict(), "ops": {**base.ops, "aten.view": base.ops.get("aten.view", 0) + 3}})
+    changes = compare_counts(base, cand)
+    assert [c.what for c in changes] == ["op:aten.view"] and not changes[0].slower, changes
+    assert StepCounts.from_dict(base.to_dict()) == base
