@@ -12,11 +12,22 @@ Much model code never calls its dropout modules: transformers' attention passes
 mode leaves those on. `DropoutOff` is a `TorchFunctionMode`: it sees each call of torch's dropout
 functions, whoever makes it, and runs it with probability 0. What is left that draws random
 numbers (noise, sampling, a home-made mask) is other randomness, which no switch can remove.
+
+Stochastic depth is a sibling of dropout: timm's `drop_path` (its `DropPath` module, which timm's
+ViT, ConvNeXt, EfficientNet, ... put in every block for `drop_path_rate`) and torchvision's
+`stochastic_depth` (`StochasticDepth`, in its ConvNeXt, EfficientNet, Swin) draw one keep mask per
+example and zero whole residual branches. They are Python functions, not torch's, so the mode
+knows them by the frame that draws the mask: a `Tensor.bernoulli_` called from one of
+STOCHASTIC_DEPTH_FUNCTIONS fills the mask with ones instead, and the `div_` by the keep
+probability that follows on that mask is skipped, so the branch passes through unchanged
+(`x * 1.0`, bitwise `x`). The calls are counted with dropout's (`calls`), under the names in
+STOCHASTIC_DEPTH_FUNCTIONS; `stochastic_depth_modules(model)` names the modules.
 """
 
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 
 import torch
@@ -24,7 +35,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["DropoutOff", "hold_dropout_off", "DROPOUT_FUNCTIONS"]
+__all__ = ["DropoutOff", "hold_dropout_off", "DROPOUT_FUNCTIONS", "STOCHASTIC_DEPTH_FUNCTIONS",
+           "STOCHASTIC_DEPTH_MODULES", "stochastic_depth_modules", "random_layer_modules"]
 
 # torch's functions that drop at random: where their probability is (keyword, position) and where
 # their "training" flag is (None: they have none and always drop). F.multi_head_attention_forward
@@ -38,6 +50,50 @@ DROPOUT_FUNCTIONS = {
     F.scaled_dot_product_attention: (("dropout_p", 4), None),
     F.multi_head_attention_forward: (("dropout_p", 10), ("training", 13)),
 }
+
+
+# Stochastic depth, by the module that defines the function and the function's name -> the name its
+# calls are counted under (`DropoutOff.calls`).
+STOCHASTIC_DEPTH_FUNCTIONS = {
+    ("timm.layers.drop", "drop_path"): "timm drop_path (stochastic depth)",
+    ("timm.models.layers.drop", "drop_path"): "timm drop_path (stochastic depth)",  # timm < 0.9
+    ("torchvision.ops.stochastic_depth", "stochastic_depth"): "torchvision stochastic_depth",
+}
+# The modules that apply them: class names, as timm and torchvision spell them.
+STOCHASTIC_DEPTH_MODULES = ("DropPath", "StochasticDepth")
+
+
+def _drops(m: nn.Module) -> bool:
+    return bool(getattr(m, "drop_prob", None) or getattr(m, "p", None))
+
+
+def stochastic_depth_modules(model: nn.Module) -> list[str]:
+    """Names of the model's stochastic-depth modules (timm's DropPath, torchvision's StochasticDepth)
+    whose probability is above 0."""
+    return [name or type(m).__name__ for name, m in model.named_modules()
+            if type(m).__name__ in STOCHASTIC_DEPTH_MODULES and _drops(m)]
+
+
+def random_layer_modules(model: nn.Module) -> list[str]:
+    """Every module of `model` that DropoutOff switches off, as a `random-layers` finding lists them,
+    each with its kind: `drop (Dropout)`, `attn (MultiheadAttention)`, `blocks.3.drop_path1 (DropPath)`."""
+    found = []
+    for name, m in model.named_modules():
+        kind = type(m).__name__
+        if (isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0) or (
+                isinstance(m, nn.MultiheadAttention) and m.dropout > 0) or (
+                kind in STOCHASTIC_DEPTH_MODULES and _drops(m)):
+            found.append(f"{name or kind} ({kind})")
+    return found
+
+
+def _stochastic_depth_caller() -> str | None:
+    """The name (STOCHASTIC_DEPTH_FUNCTIONS) of the stochastic-depth function that called the tensor
+    method being handled, or None. Frame 0 is this function, 1 __torch_function__, 2 the caller."""
+    code = sys._getframe(2).f_code
+    if code.co_name not in ("drop_path", "stochastic_depth"):
+        return None
+    return STOCHASTIC_DEPTH_FUNCTIONS.get((sys._getframe(2).f_globals.get("__name__"), code.co_name))
 
 
 def _argument(args: tuple, kwargs: dict, where, default):
@@ -55,9 +111,25 @@ class DropoutOff(TorchFunctionMode):
         super().__init__()
         self.calls: collections.Counter = collections.Counter()
         self._lock = threading.Lock()
+        self._masks: set[int] = set()  # ids of stochastic-depth masks filled with ones, whose div_ is skipped
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        if func is torch.Tensor.bernoulli_ or (func is torch.Tensor.div_ and self._masks):
+            name = _stochastic_depth_caller()
+            if name is not None:  # stochastic depth: the mask is all ones, not divided by the keep probability
+                mask = args[0]
+                if func is torch.Tensor.div_:
+                    if id(mask) in self._masks:
+                        self._masks.discard(id(mask))
+                        return mask
+                else:
+                    with self._lock:
+                        self.calls[name] += 1
+                    with torch.no_grad():
+                        mask.fill_(1.0)
+                    self._masks = {id(mask)}  # the one mask its caller divides next (if it scales by keep)
+                    return mask
         found = DROPOUT_FUNCTIONS.get(func)
         if found is not None:
             (name, position), training = found
