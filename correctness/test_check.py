@@ -408,11 +408,19 @@ def test_a_correct_model_passes_on_one_gpu_against_a_float32_reference_on_that_g
 
 
 def test_the_float32_reference_runs_on_the_checked_runs_first_device(monkeypatch):
-    from mgpu.parity import check as check_module
+    """The float32 step that sizes the allowance runs on the checked run's first device: cuda:0 when
+    there is a GPU for every device of the run, else the CPU (emulated devices); the CPU under
+    --device cpu. On this machine as it is, and on one with 2 GPUs."""
+    from mgpu import devices as devmod
+    from mgpu.parity.plans import run_device
 
-    assert check_module.run_device(2) == torch.device("cpu")  # no GPUs here: emulated on the CPU
-    monkeypatch.setattr(check_module, "devices", lambda n, kind="auto": [torch.device(f"cuda:{i}") for i in range(n)])
-    assert check_module.run_device(2) == torch.device("cuda:0")
+    for n in (2, 3):
+        first = "cuda:0" if devmod.comparison_kind(n, devmod.gpu_count()) == "cuda" else "cpu"
+        assert run_device(n) == torch.device(first), (n, devmod.gpu_count())
+        assert run_device(n, "cpu") == torch.device("cpu")
+    monkeypatch.setattr(devmod, "gpu_count", lambda: 2)
+    assert run_device(2) == torch.device("cuda:0") and run_device(2, "cpu") == torch.device("cpu")
+    assert run_device(3) == torch.device("cpu"), "3 devices on 2 GPUs: emulated on the CPU"
 
 
 def test_a_dict_output_without_logits_or_a_named_field_is_one_line_naming_its_fields(capsys):
@@ -480,7 +488,7 @@ def test_a_crash_of_one_rank_strategy_fails_that_strategy_alone():
 def test_the_json_report_writes_an_infinite_relative_error_as_null(tmp_path):
     """A weight whose float64 reference is zero (timm zero-initialises some BatchNorm weights) has an
     infinite relative error; JSON has no infinity, and the report must still be written."""
-    from mgpu.parity.records import CheckResult, Report
+    from mgpu.parity.report import CheckResult, Report
     from mgpu.parity.report import write_json
 
     report = Report("zeros", MANUAL_2, [CheckResult("weights", "manual", 2, "pass",

@@ -68,7 +68,24 @@ class CheckpointError(MgpuError, RuntimeError):
 
 
 class LaunchError(MgpuError, RuntimeError):
-    """A multi-process run could not start, or one of its ranks failed."""
+    """A multi-process run could not start, or one of its ranks failed.
+
+    str(): one line, "rank 1 failed: RuntimeError: ...", "rank 1 failed: killed by SIGKILL", "port
+    ... is already in use"; after it, the rank's traceback when the rank raised something other
+    than an mgpu error. The same in fields (mgpu.launch fills them), for callers that act on them:
+
+    rank: the rank that failed first; None when no rank did (the run could not start, or outlived
+        its deadline).
+    kind: the class name of the exception the rank raised ("CheckTimeout", "RuntimeError"), or
+        "signal" (killed by one), "exit" (an exit code), "deadline", "port"; None where not told.
+    message: the rank's exception message (its first line, without the class name), or what the
+        one line says for the other kinds.
+    """
+
+    def __init__(self, text: str, rank: int | None = None, kind: str | None = None, message: str | None = None):
+        super().__init__(text)
+        self.rank, self.kind = rank, kind
+        self.message = text.split("\n", 1)[0] if message is None else message
 
 
 class SpecError(MgpuError, ValueError):

@@ -12,8 +12,9 @@ ranks, stops them all when one fails, and raises ChildFailedError; the rank entr
 `@record`, so a rank's exception reaches the launcher, which turns the first failure into a
 `LaunchError` whose one line names the rank and its error ("rank 1 failed: RuntimeError: ...",
 "rank 1 failed: killed by SIGKILL"), followed by the rank's traceback unless it raised an mgpu
-error. The agent's own log lines are kept off the terminal while it runs. (docs/failures.md,
-chapter 3.)
+error; its fields `rank`, `kind` (the exception's class name, or "signal", "exit", "deadline",
+"port") and `message` say the same to callers. The agent's own log lines are kept off the
+terminal while it runs. (docs/failures.md, chapter 3.)
 
 What the agent lacks, added here in a few lines each:
 
@@ -112,7 +113,7 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
             s.bind((host, port))
         except OSError:
             raise LaunchError(f"port {port} on {host} is already in use: choose another with --port, "
-                              "or leave it out to pick a free one") from None
+                              "or leave it out to pick a free one", kind="port") from None
 
 
 # -- inside a rank ---------------------------------------------------------------------------------
@@ -257,20 +258,26 @@ def _mgpu_error_names(cls=errors.MgpuError) -> set[str]:
 
 
 def _launch_error(e: ChildFailedError, deadline_s: float | None) -> LaunchError:
-    """'rank R failed: Type: message' (and the rank's traceback unless it raised an mgpu error)."""
+    """'rank R failed: Type: message' (and the rank's traceback unless it raised an mgpu error), with
+    the rank, the kind (Type, where the rank raised) and the message in LaunchError's fields."""
     rank, failure = e.get_first_failure()
     if isinstance(failure.message, dict):  # the rank raised: @record wrote its error file
-        message = failure.message.get("message", "").strip()
+        message = failure.message.get("message", "").strip()  # "Type: message" (torch's ErrorHandler)
         lines = [line for line in message.splitlines() if line.strip()] or ["<no message>"]
         text = f"rank {rank} failed: {lines[0].strip()}"
         if message.split(":")[0] not in _mgpu_error_names():
             text += "\n" + _rank_traceback(failure.message.get("extraInfo", {}).get("py_callstack", ""))
-        return LaunchError(text)
+        kind, colon, said = lines[0].strip().partition(":")
+        if not (colon and kind.isidentifier()):
+            kind, said = None, lines[0]
+        return LaunchError(text, rank=rank, kind=kind, message=said.strip())
     if failure.exitcode == DEADLINE_EXIT and deadline_s is not None:
-        return LaunchError(f"run exceeded its deadline of {deadline_s:g} s: every rank stopped")
+        return LaunchError(f"run exceeded its deadline of {deadline_s:g} s: every rank stopped", kind="deadline")
     if failure.exitcode < 0:
-        return LaunchError(f"rank {rank} failed: killed by {failure.signal_name()}")
-    return LaunchError(f"rank {rank} failed: exited with code {failure.exitcode}")
+        return LaunchError(f"rank {rank} failed: killed by {failure.signal_name()}", rank=rank, kind="signal",
+                           message=f"killed by {failure.signal_name()}")
+    return LaunchError(f"rank {rank} failed: exited with code {failure.exitcode}", rank=rank, kind="exit",
+                       message=f"exited with code {failure.exitcode}")
 
 
 def _rank_traceback(callstack: str) -> str:

@@ -23,7 +23,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-__all__ = ["ERROR_FACTOR", "FLOOR_ULPS", "Divergence", "error", "allowed_error", "compare_to_reference",
+from mgpu.jsonsafe import finite_or_none
+
+__all__ = ["ERROR_FACTOR", "FLOOR_ULPS", "Divergence", "error", "worst", "allowed_error", "compare_to_reference",
            "compare_bitwise", "assert_tensors_close", "max_abs_diff"]
 
 # A data-parallel float32 run may be this many times further from the float64 reference than the
@@ -58,7 +60,7 @@ class Divergence:
                 f"{self.max_abs:.3e}, relative {self.max_rel:.3e}{allowed}")
 
     def to_json(self) -> dict:
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+        return finite_or_none(asdict(self))
 
 
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -76,6 +78,15 @@ def error(actual: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
         return math.inf, math.inf
     scale = float(reference.double().abs().max())
     return diff, (diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf))
+
+
+def worst(pairs) -> dict:
+    """The largest of (absolute, relative) error pairs, each on its own: {"max_abs", "max_rel"} (0.0 for none)."""
+    out = {"max_abs": 0.0, "max_rel": 0.0}
+    for abs_err, rel_err in pairs:
+        out["max_abs"] = max(out["max_abs"], abs_err)
+        out["max_rel"] = max(out["max_rel"], rel_err)
+    return out
 
 
 def allowed_error(single_error: float, reference: torch.Tensor) -> float:

@@ -14,22 +14,28 @@ Each probe runs copies of the model on the CPU in training mode; none changes th
   those it *reassigns* (`self.buf = ...`).
 * `loss_is_a_sum`: loss(all) = loss(part) + loss(rest); a mean makes each shard's examples weigh
   differently from the whole batch's.
+
+`probe_model` runs them all on the model a check copies into every run, leaves its dropout off,
+and returns the `Traits` the check judges with.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from mgpu.comm import shard_bounds
+from mgpu.parity.compare import error
 from mgpu.parity.dropout import DropoutOff, hold_dropout_off
+from mgpu.parity.record import Plan, check_ties
 from mgpu.spec import ModelSpec, select_output, slice_inputs
 
 __all__ = ["flatten_output", "switch_off_dropout", "find_random_layers", "find_mixing_layers",
-           "find_buffer_updates", "loss_is_a_sum", "MIXING_REL_TOL"]
+           "find_buffer_updates", "loss_is_a_sum", "MIXING_REL_TOL", "Traits", "probe_model"]
 
 # Float64 outputs of the whole batch and of its shards differing by more than this (relative to the
 # output's magnitude) mean the examples interact; float64 rounding of the same arithmetic is ~1e-15.
@@ -117,16 +123,6 @@ def find_random_layers(spec: ModelSpec, model: nn.Module, inputs: tuple) -> tupl
     return modules, dict(counted.calls), not _same(first, second)
 
 
-def _rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    if a.shape != b.shape:
-        return math.inf
-    if a.numel() == 0:
-        return 0.0
-    scale = float(b.abs().max())
-    diff = float((a - b).abs().max())
-    return diff / scale if scale > 0 else diff
-
-
 def _cut(value, batch: int, start: int, stop: int):
     return value[start:stop] if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == batch else value
 
@@ -154,7 +150,7 @@ def _mixes(module: nn.Module, args: tuple, kwargs: dict, output, batch: int, n: 
         return None
     if any(len(p) != len(outs) for p in parts):
         return None
-    return any(_rel_diff(torch.cat([p[j] for p in parts]), outs[j]) > MIXING_REL_TOL for j in range(len(outs)))
+    return any(error(torch.cat([p[j] for p in parts]), outs[j])[1] > MIXING_REL_TOL for j in range(len(outs)))
 
 
 def find_mixing_layers(model: nn.Module, inputs: tuple, n: int = 2) -> tuple[bool, list[str]]:
@@ -252,3 +248,31 @@ def loss_is_a_sum(spec: ModelSpec, model: nn.Module, inputs: tuple, target: torc
                 "tokens, padding left out, needs labels_loss='num_items_in_batch' (transformers' models take it)"
                 if objective.labels is not None else
                 "return the sum (reduction='sum'); mgpu divides by the global batch size"))
+
+
+@dataclass
+class Traits:
+    """What the probes found in a model; the check adds `unused` from the reference steps."""
+
+    dropout: list[str]             # nn.Dropout-family modules
+    dropout_calls: dict            # dropout the forward applies through torch's functions: {call: count per forward}
+    other_randomness: bool
+    mixing: bool
+    mixing_layers: list[str]
+    changed_buffers: list[str]
+    reassigned_buffers: list[str]
+    mean_loss: str | None
+    ties: list[list[str]]
+    unused: list[str] = field(default_factory=list)
+
+
+def probe_model(spec: ModelSpec, model: nn.Module, plan: Plan, n: int) -> Traits:
+    """Every probe on step 1's batch of `plan` (mixing: over n shards); `model`'s dropout is left off."""
+    inputs, target = plan.batch(spec, 1)
+    dropout, calls, other = find_random_layers(spec, model, inputs)
+    switch_off_dropout(model, calls=bool(calls))  # the model every run copies: held off in all of them
+    with DropoutOff():  # the probes below also run the model's modules on their own, outside its forward
+        mixing, layers = (False, []) if other else find_mixing_layers(model, inputs, n=n)
+        changed, reassigned = find_buffer_updates(model, inputs)
+        mean_loss = loss_is_a_sum(spec, model, inputs, target)
+    return Traits(dropout, calls, other, mixing, layers, changed, reassigned, mean_loss, check_ties(model))

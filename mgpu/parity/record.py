@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import signal
 import threading
 import weakref
@@ -41,8 +42,9 @@ from mgpu.comm import shard_bounds
 from mgpu.errors import CheckTimeout
 from mgpu.spec import ModelSpec, slice_inputs
 
-__all__ = ["Plan", "Recording", "ReferenceStep", "LocalShard", "assemble_shards", "has_shards", "snapshot", "load_snapshot", "record_strategy", "reference_step",
-           "reference_run", "step_timeout", "check_ties", "device_pieces"]
+__all__ = ["Plan", "Recording", "ReferenceStep", "LocalShard", "assemble_shards", "has_shards", "snapshot", "state_digest",
+           "load_snapshot", "record_strategy", "reference_step", "reference_run", "step_timeout", "check_ties",
+           "device_pieces"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,16 @@ def snapshot(model: nn.Module, keep_shards: bool = False) -> dict[str, torch.Ten
     state = {f"weight {n}": _cpu(p, keep_shards) for n, p in model.named_parameters()}
     state.update({f"buffer {n}": _cpu(b, keep_shards) for n, b in model.named_buffers()})
     return state
+
+
+def state_digest(state: dict) -> str:
+    """A digest of a snapshot's names, dtypes, shapes and bytes: equal digests, bitwise equal states."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(state):
+        t = state[name].detach().contiguous()
+        h.update(f"{name} {t.dtype} {tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
 
 
 def _grads(model: nn.Module, keep_shards: bool = False) -> dict:
@@ -272,14 +284,12 @@ class ReferenceStep:
 
 def reference_step(spec: ModelSpec, template: nn.Module, state: dict, optimizer_state: dict, plan: Plan, step: int,
                    devices: int, dtype: torch.dtype, make_optimizer, timeout_s: float | None = None,
-                   label: str = "reference", scale_after: bool = False, device="cpu",
+                   label: str = "reference", device="cpu",
                    autocast: torch.dtype | None = None) -> ReferenceStep:
     """One step of single-device plain PyTorch in `dtype`, computing what `devices` devices
     compute (see the module docstring), from `state` (a snapshot) and `optimizer_state` (an
     optimizer's state_dict). `template` gives the model's structure and is not changed.
 
-    scale_after: backpropagate the summed loss and divide the summed gradients by the batch size
-    afterwards (as the manual strategy's allreduce does), instead of scaling the loss first.
     device: where it runs (its results come back on the CPU); a float32 step on the GPU the
     checked run used has that GPU's rounding, which a CPU's float32 does not.
     autocast: the forward and loss under autocast to this dtype (check --amp bf16), as the strategies run them.
@@ -310,8 +320,7 @@ def reference_step(spec: ModelSpec, template: nn.Module, state: dict, optimizer_
                       else contextlib.nullcontext()):
                     output = objective.forward(model, slice_inputs(inputs, start, stop), y)
                     loss = objective.loss(output, y)
-                scaled = loss if scale_after else loss * (1.0 / plan.batch_size)
-                grads = torch.autograd.grad(scaled, params, allow_unused=True)
+                grads = torch.autograd.grad(loss * (1.0 / plan.batch_size), params, allow_unused=True)
                 for name, p, g in zip(named, params, grads):
                     if g is None:
                         unused.add(name)
@@ -319,11 +328,6 @@ def reference_step(spec: ModelSpec, template: nn.Module, state: dict, optimizer_
                     p.grad = g.detach().clone() if p.grad is None else p.grad + g.detach()
                 loss_sum += float(loss.detach())
                 correct += float(objective.correct(output, y))
-    if scale_after:
-        with torch.no_grad():
-            for p in params:
-                if p.grad is not None:
-                    p.grad.div_(plan.batch_size)
     grads = _grads(model)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -1,22 +1,117 @@
-"""A check's report for people (a table, the failure message) and for CI (JSON).
+"""What a check produces and how it is shown: a `CheckResult` per check and strategy, gathered in a
+`Report`; a table and the failure message for people, JSON for CI.
+
+check.py, judge.py and findings.py make the results; this module holds, prints and writes them.
+
+A report is *verified* when at most SKIPPED_SHARE_LIMIT of its comparisons with single-device
+training were skipped. A model that draws random numbers in forward (beyond dropout, which the
+check switches off) cannot be compared at all: every such check is skipped, and a check that
+compared nothing must not look like one that passed (docs/check.md, "What passed means").
 
 The JSON (`--json PATH`, docs/check.md has the schema) holds one record per check: name,
 strategy, devices, status (pass / fail / finding / skipped), reason, errors, first_divergence
-and reproduce.
+and reproduce; a non-finite float in it is null.
 """
 
 from __future__ import annotations
 
 import json
-import math
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from mgpu.parity.records import CheckResult, Report
+from mgpu.config import CheckOptions
+from mgpu.jsonsafe import finite_or_none
+from mgpu.parity.compare import Divergence
 from mgpu.strategies import RANK_STRATEGIES
 
-__all__ = ["table", "failure_message", "write_json"]
+__all__ = ["CheckResult", "Report", "COMPARISONS", "NO_BUFFERS", "SKIPPED_SHARE_LIMIT", "table", "failure_message",
+           "write_json"]
 
-_STATUS_ORDER = ("fail", "finding", "skipped", "pass")
+# The checks that compare a run with single-device training (or its replicas with each other), as
+# opposed to findings about the model.
+COMPARISONS = ("start", "replicas", "ties", "gradients", "weights", "buffers", "optimizer", "statistics", "uneven",
+               "accumulate", "all")
+# The one skip that is not a comparison left out: there is nothing to compare.
+NO_BUFFERS = "the model has no buffers"
+# More than this share of the comparisons skipped, and the check is not verified: the summary says so
+# first, --strict fails it, and the JSON's "verified" is false.
+SKIPPED_SHARE_LIMIT = 0.10
+
+
+@dataclass
+class CheckResult:
+    name: str                      # start, gradients, weights, buffers, optimizer, replicas, ties, statistics, uneven, accumulate; or a finding's name
+    strategy: str | None
+    devices: int | None
+    status: str                    # pass | fail | finding | skipped
+    reason: str = ""               # why skipped, what a finding means and what to do, a failure's cause
+    errors: dict = field(default_factory=dict)   # worst error seen: max_abs, max_rel, ratio to the allowed
+    first_divergence: Divergence | None = None
+    reproduce: str | None = None
+
+    @property
+    def is_comparison(self) -> bool:
+        return self.strategy is not None and self.name in COMPARISONS and self.reason != NO_BUFFERS
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "strategy": self.strategy, "devices": self.devices, "status": self.status,
+                "reason": self.reason, "errors": self.errors,
+                "first_divergence": self.first_divergence.to_json() if self.first_divergence else None,
+                "reproduce": self.reproduce}
+
+
+@dataclass
+class Report:
+    model: str
+    options: CheckOptions
+    results: list[CheckResult]
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[CheckResult]:
+        return [r for r in self.results if r.status == "fail"]
+
+    @property
+    def findings(self) -> list[CheckResult]:
+        return [r for r in self.results if r.status == "finding"]
+
+    @property
+    def comparisons(self) -> list[CheckResult]:
+        return [r for r in self.results if r.is_comparison]
+
+    @property
+    def skipped_comparisons(self) -> list[CheckResult]:
+        return [r for r in self.comparisons if r.status == "skipped"]
+
+    @property
+    def verified(self) -> bool:
+        """At most SKIPPED_SHARE_LIMIT of the comparisons skipped (and at least one made)."""
+        made = self.comparisons
+        return bool(made) and len(self.skipped_comparisons) <= SKIPPED_SHARE_LIMIT * len(made)
+
+    def unverified_summary(self) -> str | None:
+        """The line that heads a report whose comparisons were mostly skipped; None when verified."""
+        if self.verified:
+            return None
+        skipped, made = self.skipped_comparisons, self.comparisons
+        reasons = sorted({r.reason for r in skipped})
+        return (f"NOT VERIFIED: {len(skipped)} of {len(made)} comparisons with single-device training were skipped"
+                + (f" ({'; '.join(reasons)})" if reasons else "")
+                + ": passing means only that nothing compared differed (--strict fails it)")
+
+    def exit_code(self, strict: bool = False) -> int:
+        """0 when every check passes (findings and skipped comparisons too, unless strict), 1 otherwise."""
+        return 1 if self.failures or (strict and (self.findings or not self.verified)) else 0
+
+    def to_json(self) -> dict:
+        made, skipped = self.comparisons, self.skipped_comparisons
+        return {"model": self.model, "options": asdict(self.options), "seconds": round(self.seconds, 3),
+                "notes": self.notes, "exit_code": self.exit_code(), "verified": self.verified,
+                "comparisons": {"made": len(made) - len(skipped), "skipped": len(skipped),
+                                "skipped_share": round(len(skipped) / len(made), 4) if made else None,
+                                "limit": SKIPPED_SHARE_LIMIT},
+                "checks": [r.to_json() for r in self.results]}
 
 
 def _who(result: CheckResult) -> str:
@@ -24,13 +119,6 @@ def _who(result: CheckResult) -> str:
         return "model"
     unit = "rank" if result.strategy in RANK_STRATEGIES else "device"
     return f"{result.strategy} x{result.devices} {unit}{'s' if result.devices != 1 else ''}"
-
-
-def _err(result: CheckResult) -> str:
-    rel = result.errors.get("max_rel") if result.errors else None
-    if rel is None or (isinstance(rel, float) and not math.isfinite(rel)):
-        return ""
-    return f"{rel:.1e}"
 
 
 def table(report: Report) -> str:
@@ -107,20 +195,10 @@ def failure_message(report: Report, result: CheckResult) -> str:
 
 
 def write_json(report: Report, path: str | Path) -> None:
-    text = json.dumps(_finite(report.to_json()), indent=2, allow_nan=False, default=_jsonable)
+    """The report as strict JSON: infinite and NaN floats as null (a relative error over a reference
+    that is zero is infinite: timm's EfficientNet zero-initialises BatchNorm weights)."""
+    text = json.dumps(finite_or_none(report.to_json()), indent=2, allow_nan=False, default=_jsonable)
     Path(path).write_text(text + "\n")
-
-
-def _finite(value):
-    """Infinite and NaN floats as null (JSON has neither): a relative error over a reference that is
-    zero is infinite (timm's EfficientNet zero-initialises BatchNorm weights), and wrote no file."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _jsonable(value):

@@ -1,0 +1,67 @@
+"""What each run of a check is: its plans, its optimizer, the strategy it drives, its name and first device.
+
+    plans = make_plans(options)          # {"plain": Plan, "uneven": Plan, "accumulate": Plan}
+    strategy = strategy_for("manual", 2, options)
+    label("ddp", 2)                      # "ddp on 2 ranks", as timeouts and progress lines name a run
+
+The in-process runs (check.py), the rank runs (ranks.py) and the references (judge.py) all take
+their optimizer from `make_optimizer`, so that every run and its reference step alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mgpu.config import CheckOptions, TrainConfig
+from mgpu.devices import devices
+from mgpu.parity.record import Plan
+from mgpu.spec import ModelSpec
+from mgpu.strategies import RANK_STRATEGIES, get_strategy  # RANK_STRATEGIES: each run is a spawn of its ranks
+
+__all__ = ["make_plans", "make_optimizer", "SGDFactory", "strategy_for", "label", "run_device"]
+
+
+def make_plans(options: CheckOptions) -> dict[str, Plan]:
+    """The runs of each strategy: plain steps, a batch the device counts do not divide, and accumulation
+    over micro-steps of different sizes (CheckOptions.accumulation_batch)."""
+    return {"plain": Plan(options.batch_size, options.steps, options.seed),
+            "uneven": Plan(options.uneven_batch(), options.steps, options.seed),
+            "accumulate": Plan(options.accumulation_batch(), options.steps, options.seed, micro_steps=options.accumulate)}
+
+
+def make_optimizer(options: CheckOptions, spec: ModelSpec):
+    """The spec's optimizer, or the check's SGD with momentum and weight decay (so that optimizer
+    state and decay are exercised)."""
+    return spec.optimizer or SGDFactory(options.lr, options.momentum, options.weight_decay)
+
+
+@dataclass(frozen=True)
+class SGDFactory:
+    lr: float
+    momentum: float
+    weight_decay: float
+
+    def __call__(self, params):
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+
+
+def strategy_for(name: str, n: int, options: CheckOptions):
+    """Strategy `name` on n devices (or ranks), created as the check runs it: its step timeout, its
+    device kind, and the speed options (--amp bf16: the forward and loss under bfloat16 autocast;
+    --compile: the (wrapped) model under torch.compile)."""
+    strategy = get_strategy(name).create(TrainConfig(strategy=name, devices=n, out=None, progress=False,
+                                                     timeout=options.step_timeout or 60.0, device=options.device))
+    strategy.use_speed_options(amp=options.amp, compile=options.compile)
+    return strategy
+
+
+def label(name: str, n: int) -> str:
+    """How a run is named in progress lines and timeouts: "manual on 2 devices", "ddp on 2 ranks"."""
+    return f"{name} on {n} {'ranks' if name in RANK_STRATEGIES else 'devices' if n > 1 else 'device'}"
+
+
+def run_device(n: int, kind: str = "auto") -> torch.device:
+    """The first device of a run on n devices: cuda:0 when n GPUs exist (and kind allows), else the CPU (emulated)."""
+    return devices(n, kind=kind)[0]
