@@ -14,7 +14,7 @@ ranks, stops them all when one fails, and raises ChildFailedError; the rank entr
 "rank 1 failed: killed by SIGKILL"), followed by the rank's traceback unless it raised an mgpu
 error; its fields `rank`, `kind` (the exception's class name, or "signal", "exit", "deadline",
 "port") and `message` say the same to callers. The agent's own log lines are kept off the
-terminal while it runs. (docs/failures.md, chapter 3.)
+terminal while it runs. (docs/guide/failures.md, chapter 3.)
 
 What the agent lacks, added here in a few lines each:
 

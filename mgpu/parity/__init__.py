@@ -1,6 +1,6 @@
 """Data-parallel parity for any model: does training on N devices compute what one device computes?
 
-    python -m mgpu check MODULE:FUNCTION                  # the command (docs/check.md)
+    python -m mgpu check MODULE:FUNCTION                  # the command (docs/guide/check.md)
     >>> from mgpu.parity import check_data_parallel
     >>> check_data_parallel("examples/tiny_lm.py:spec")    # in a pytest test: AssertionError on a divergence
 

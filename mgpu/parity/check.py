@@ -4,7 +4,8 @@
     >>> report = run_check(load_spec("examples/tiny_lm.py:spec"))
     >>> check_data_parallel(spec)          # in a pytest test: AssertionError with the first divergence
 
-What it does, in order (docs/check.md says what each check means), each step in a file of its own:
+What it does, in order (docs/guide/check.md says what each check means), each step in a file of
+its own:
 
 1. validates the spec (bad input: SpecError) and probes the model (probe.py): random layers,
    layers that mix the examples of a batch, buffers its forward writes or reassigns, parameters
@@ -64,7 +65,7 @@ def run_check(spec: ModelSpec, options: CheckOptions | None = None,
     """
     # One thread: emulated devices run one after the other, and spinning threads only slow a busy
     # machine. Exact GPU math: TF32 would move a GPU's float32 far past the tolerances, and cuDNN's
-    # default algorithms differ from run to run (docs/gpu.md).
+    # default algorithms differ from run to run (docs/design/check-tolerance.md).
     with torch_threads(1), exact_gpu_math():
         return _run_check(spec, options, progress)
 

@@ -6,8 +6,8 @@ float64 is the reference; the single-device float32 run's distance from it, tens
 step by step, is the size of an honest float32 error; a data-parallel run passes when its own
 distance from the float64 reference is at most `ERROR_FACTOR` times that (or, for a tensor the
 single-device run happens to get almost exactly, `ERROR_FACTOR` times a floor of `FLOOR_ULPS`
-float32 units in the last place of the tensor's largest element). docs/check.md says how the
-factor was measured.
+float32 units in the last place of the tensor's largest element).
+docs/design/check-tolerance.md says how the factor was measured.
 
 Between replicas (or DDP ranks) of one run there is no rounding to allow for: they apply the same
 gradients with the same arithmetic, so they must agree bitwise.
@@ -29,8 +29,8 @@ __all__ = ["ERROR_FACTOR", "FLOOR_ULPS", "Divergence", "error", "worst", "allowe
            "compare_bitwise", "assert_tensors_close", "max_abs_diff"]
 
 # A data-parallel float32 run may be this many times further from the float64 reference than the
-# single-device float32 run is (docs/check.md: the worst ratio seen over the models measured was
-# well under it; a real bug is off by orders of magnitude more).
+# single-device float32 run is (docs/design/check-tolerance.md: the worst ratio seen over the models
+# measured was well under it; a real bug is off by orders of magnitude more).
 ERROR_FACTOR = 16.0
 # A tensor the single-device float32 run gets (almost) exactly still allows this many float32 ulps
 # of its largest element, times ERROR_FACTOR.

@@ -51,7 +51,7 @@ class References:
     model: torch.nn.Module
     options: CheckOptions
     cache: dict = field(default_factory=dict)
-    comparisons: dict = field(default_factory=dict)  # (kind, plan, shards, the recording's digest) -> compare_run's result
+    comparisons: dict = field(default_factory=dict)  # (kind, plan, shards, recording's digest) -> compare_run's
 
     def compared(self, kind: str, rec: Recording, plan: Plan, shards: int) -> list:
         """compare_run(kind, rec, ...), computed once for bitwise equal recordings: on the CPU,
@@ -256,7 +256,8 @@ def _reference_steps(rec: Recording, refs: References, plan: Plan, n: int) -> li
     """[(float64 step, float32 step)] for each step s, each from the run's state entering step s."""
     # The float32 step that sizes the error runs where the checked run did (the first GPU when n
     # GPUs exist): a GPU's kernels round differently from a CPU's; sized by the CPU's float32,
-    # LeNet's first-step gradients on one H200 were 3.4 times past what is allowed (docs/gpu.md).
+    # LeNet's first-step gradients on one H200 were 3.4 times past what is allowed
+    # (docs/design/check-tolerance.md, "Why on the run's device").
     where = run_device(n, refs.options.device)
     steps = []
     for s in range(1, plan.steps + 1):

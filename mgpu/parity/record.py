@@ -42,9 +42,9 @@ from mgpu.comm import shard_bounds
 from mgpu.errors import CheckTimeout
 from mgpu.spec import ModelSpec, slice_inputs
 
-__all__ = ["Plan", "Recording", "ReferenceStep", "LocalShard", "assemble_shards", "has_shards", "snapshot", "state_digest",
-           "load_snapshot", "record_strategy", "reference_step", "reference_run", "step_timeout", "check_ties",
-           "device_pieces"]
+__all__ = ["Plan", "Recording", "ReferenceStep", "LocalShard", "assemble_shards", "has_shards", "snapshot",
+           "state_digest", "load_snapshot", "record_strategy", "reference_step", "reference_run", "step_timeout",
+           "check_ties", "device_pieces"]
 
 
 @dataclass(frozen=True)
@@ -259,7 +259,8 @@ def device_pieces(batch_size: int, devices: int, micro_steps: int) -> list[list[
 
 # template -> {(device, dtype): its copy}: a reference step loads its state into the same copy each
 # time, rather than deep-copying a model of many small modules (torchvision's, timm's) for every
-# step, which was a large share of a check's time (docs/kernels.md, "Where the time went").
+# step, which was a large share of a check's time (docs/notes/kernel-timings.md, "Where the time
+# went").
 _WORKING_COPIES: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 

@@ -6,9 +6,9 @@ check.py, judge.py and findings.py make the results; this module holds, prints a
 A report is *verified* when at most SKIPPED_SHARE_LIMIT of its comparisons with single-device
 training were skipped. A model that draws random numbers in forward (beyond dropout, which the
 check switches off) cannot be compared at all: every such check is skipped, and a check that
-compared nothing must not look like one that passed (docs/check.md, "What passed means").
+compared nothing must not look like one that passed (docs/guide/check.md, 'What "passed" means').
 
-The JSON (`--json PATH`, docs/check.md has the schema) holds one record per check: name,
+The JSON (`--json PATH`, docs/guide/check.md has the schema) holds one record per check: name,
 strategy, devices, status (pass / fail / finding / skipped), reason, errors, first_divergence
 and reproduce; a non-finite float in it is null.
 """
