@@ -106,8 +106,3 @@ class ParityError(AssertionError):
     def __init__(self, message: str, report=None):
         super().__init__(message)
         self.report = report
-
-
-class GateError(MgpuError, ValueError):
-    """The A/B gate cannot run as asked: a bad option, a REF that is no revision of the repository,
-    a baseline whose code or Python cannot start a worker. Nothing was timed."""

@@ -10,9 +10,13 @@ copies this package whole into each worker's folder and puts it first on the wor
 
 Layout, one job a module:
     plugin.py            pytest options, markers, the `mgpu_workload` fixture (imports nothing heavy)
-    gate/                the A/B gate: worker (protocol), arm (its process), compare (the loop),
-                         stats, baseline (REF to a tree), report (table, ab.json), session (pytest
-                         hooks), command (`python -m mgpu gate`), validate (the measured rates)
+    gate/                the A/B gate: options (the option table), settings (Settings, parsed),
+                         worker (protocol), arm (its process), rounds (a round in both arms),
+                         compare (the loop), stats (the estimate, verdicts, Holm), sizing (rounds
+                         needed, the floor, the plan), baseline (REF to a tree), report (table,
+                         ab.json), run (one gate run), session (pytest hooks), command (`python -m
+                         mgpu gate`), calibrate, validate (the measured rates)
+    errors.py            GateError (an mgpu.errors.MgpuError: one line on the command line)
     harness/             what is timed: sessions (training steps), models (a user's model), ranks
                          (rank pools), peers (collective peers), interleave (interleaving, speed-ups),
                          workloads (the gated workload of a spec)

@@ -6,7 +6,7 @@ the arms, worker failures, bad input, and a smoke run of the whole gate against 
 The smoke run of the whole gate (every gated workload set up in both arms, three rounds, the
 reports written) is perf/test_workflow.py's pull request: the GPU workflow's gate step against the
 previous commit, in a fresh clone, so a broken gate or workflow fails CI.
-The gate's rates on real timings are measured by `python -m mgpu_perf validate-gate` (docs/perf.md).
+The gate's rates on real timings are measured by `python -m mgpu_perf validate-gate` (docs/notes/perf.md).
 """
 
 from __future__ import annotations
@@ -21,13 +21,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mgpu.errors import GateError
+from mgpu_perf.errors import GateError
 from mgpu_perf.gate import stats as abstats
 from mgpu_perf.gate.arm import Arm, ArmError
 from mgpu_perf.gate.baseline import check_baseline
-from mgpu_perf.gate.compare import Comparison, Settings, compare, judge, round_order, round_pair
+from mgpu_perf.gate.compare import Comparison, compare, judge
 from mgpu_perf.gate.report import gate_exit_status
-from mgpu_perf.gate.run import GateRun, parse_settings
+from mgpu_perf.gate.rounds import round_order, round_pair
+from mgpu_perf.gate.run import GateRun
+from mgpu_perf.gate.settings import Settings, parse_settings
 from mgpu_perf.gated import gated_set
 from mgpu_perf.sweep import make_sweep
 
@@ -173,7 +175,7 @@ def test_a_runs_verdicts_use_holms_corrected_levels_not_the_plain_level():
 @pytest.mark.parametrize("tails", ["normal", "heavy"])
 def test_whole_run_false_alarm_rate_and_power_under_the_measured_noise(tails):
     """Simulated whole runs of the gated set, per-round log-ratio noise 7.5 % (the probe of this
-    machine, docs/perf.md) and a bias of +2.6 % that identical workers showed: at most 5 % of
+    machine, docs/notes/perf.md) and a bias of +2.6 % that identical workers showed: at most 5 % of
     unchanged runs may flag anything `slower`; a 10 % slowdown is caught in 95 % of benchmarks.
     `heavy`: the noise has the tails recorded on a noisy day (Student's t with 3 degrees of
     freedom, excess kurtosis unbounded), where a mean's interval is at its worst."""

@@ -1,4 +1,4 @@
-"""The A/B gate's noise floor and sizing (gate/stats.py: plan; gate/compare.py), its clocks (CUDA
+"""The A/B gate's noise floor and sizing (gate/sizing.py: plan; gate/compare.py), its clocks (CUDA
 events beside host time) and CUDA-graph steps (harness/graphs.py), on simulated samples, stand-in
 workers and one real tiny workload with injected jitter; `python -m mgpu_perf calibrate`.
 
@@ -19,10 +19,13 @@ import torch
 
 from conftest import requires_gpus
 from mgpu_perf.gate import compare as compare_module
+from mgpu_perf.gate import sizing
 from mgpu_perf.gate import stats as abstats
-from mgpu_perf.gate.compare import Comparison, Settings, choose_clock, compare, judge
+from mgpu_perf.gate.compare import Comparison, compare, judge
 from mgpu_perf.gate.report import describe_timing, format_table, gate_exit_status, write_reports
+from mgpu_perf.gate.rounds import choose_clock, round_pair
 from mgpu_perf.gate.run import share_of_run
+from mgpu_perf.gate.settings import Settings
 from mgpu_perf.gate.worker import time_ops
 from mgpu_perf.harness.graphs import graph_state, why_not_captured
 
@@ -37,7 +40,7 @@ def test_rounds_needed_give_the_power_asked_on_simulated_rounds(noise, threshold
     90 % of simulated runs (the power asked), and at half those rounds clearly less often: the rule
     neither wastes rounds nor promises what it cannot do."""
     rng = np.random.default_rng(int(noise * 1e4 + threshold * 1e3))
-    n = abstats.rounds_needed(noise, threshold, LEVEL)
+    n = sizing.rounds_needed(noise, threshold, LEVEL)
 
     def caught(rounds, runs=400):
         hits = 0
@@ -55,17 +58,17 @@ def test_rounds_needed_give_the_power_asked_on_simulated_rounds(noise, threshold
 
 def test_the_smallest_detectable_change_and_the_rounds_needed_agree():
     for noise in (0.01, 0.03, 0.09):
-        smallest = abstats.smallest_detectable(noise, 40, LEVEL)
-        assert abstats.rounds_needed(noise, smallest * 1.02, LEVEL) <= 40 < \
-            abstats.rounds_needed(noise, smallest * 0.95, LEVEL), f"noise {noise}: smallest {smallest:.4f}"
-    assert abstats.smallest_detectable(2.0, 40, LEVEL) == math.inf, "noise no rounds can beat"
+        smallest = sizing.smallest_detectable(noise, 40, LEVEL)
+        assert sizing.rounds_needed(noise, smallest * 1.02, LEVEL) <= 40 < \
+            sizing.rounds_needed(noise, smallest * 0.95, LEVEL), f"noise {noise}: smallest {smallest:.4f}"
+    assert sizing.smallest_detectable(2.0, 40, LEVEL) == math.inf, "noise no rounds can beat"
 
 
 def test_the_floor_of_worker_pairs_falls_with_more_workers_and_refuses_what_lies_under_it():
-    assert abstats.threshold_floor(0.015, 1) == pytest.approx(0.0618, abs=1e-3)
-    assert abstats.threshold_floor(0.015, 2) == pytest.approx(0.0429, abs=1e-3)
-    assert abstats.threshold_floor(0.015, 4) < abstats.threshold_floor(0.015, 2)
-    plan = abstats.plan(0.003, 0.01, LEVEL, 200, 0.25, 0.1, 120, pair_bias=0.015, workers=2)
+    assert sizing.threshold_floor(0.015, 1) == pytest.approx(0.0618, abs=1e-3)
+    assert sizing.threshold_floor(0.015, 2) == pytest.approx(0.0429, abs=1e-3)
+    assert sizing.threshold_floor(0.015, 4) < sizing.threshold_floor(0.015, 2)
+    plan = sizing.plan(0.003, 0.01, LEVEL, 200, 0.25, 0.1, 120, pair_bias=0.015, workers=2)
     assert plan.action == "refuse", plan
     for figure in ("threshold 1 %", "floor of 4.3 %", "noise 0.3 % a round"):
         assert figure in plan.message, f"{figure!r} missing from: {plan.message}"
@@ -78,15 +81,15 @@ def test_rounds_needed_with_worker_pairs_give_the_power_asked(noise, threshold, 
     exactly the threshold is still called `slower` in about 90 % of simulated runs, and the same
     rounds sized without the bias would fall short (at 5 %: 16/20 measured with two workers)."""
     rng = np.random.default_rng(int(noise * 1e4 + threshold * 1e3 + workers))
-    bias = abstats.averaged_bias(abstats.PAIR_BIAS, workers)
-    n = abstats.rounds_needed(noise, threshold, LEVEL, bias=bias)
+    bias = sizing.averaged_bias(sizing.PAIR_BIAS, workers)
+    n = sizing.rounds_needed(noise, threshold, LEVEL, bias=bias)
     assert n < 10_000, f"the rule found no rounds for noise {noise}, T {threshold}, {workers} workers"
 
     def caught(rounds, runs=400):
         hits = 0
-        pairs = [compare_module.round_pair(i, workers) for i in range(rounds)]
+        pairs = [round_pair(i, workers) for i in range(rounds)]
         for _ in range(runs):
-            biases = rng.normal(0, abstats.PAIR_BIAS, workers)
+            biases = rng.normal(0, sizing.PAIR_BIAS, workers)
             logs = np.array([math.log1p(threshold) + biases[p] for p in pairs]) + rng.normal(0, noise, rounds)
             est = abstats.estimate([0.1] * rounds, (0.1 * np.exp(logs)).tolist(), threshold)
             hits += abstats.verdict(est, threshold, LEVEL) == "slower"
@@ -94,26 +97,26 @@ def test_rounds_needed_with_worker_pairs_give_the_power_asked(noise, threshold, 
 
     with_bias = caught(n)
     assert 0.82 <= with_bias <= 0.99, f"{workers} workers, noise {noise}, T {threshold}: {n} rounds caught {with_bias:.2f}"
-    unsized = abstats.rounds_needed(noise, threshold, LEVEL)
+    unsized = sizing.rounds_needed(noise, threshold, LEVEL)
     if unsized < n * 0.8:
         assert caught(unsized) < 0.85, f"sized without the pairs' bias ({unsized} rounds) it should fall short"
 
 
 def test_the_auto_worker_count_grows_as_the_threshold_nears_the_pairs_bias():
-    assert [abstats.workers_for(t) for t in (0.20, 0.10, 0.07, 0.05, 0.03)] == [1, 1, 2, 3, 7]
-    assert abstats.workers_for(0.01) == abstats.MAX_WORKERS, "capped: the floor then refuses what it cannot judge"
-    assert abstats.workers_for(0.05, pair_bias=0.005) == 1, "a quieter machine (calibrate's pair bias) needs fewer"
+    assert [sizing.workers_for(t) for t in (0.20, 0.10, 0.07, 0.05, 0.03)] == [1, 1, 2, 3, 7]
+    assert sizing.workers_for(0.01) == sizing.MAX_WORKERS, "capped: the floor then refuses what it cannot judge"
+    assert sizing.workers_for(0.05, pair_bias=0.005) == 1, "a quieter machine (calibrate's pair bias) needs fewer"
     for t in (0.10, 0.07, 0.05, 0.03):
-        assert t >= abstats.threshold_floor(abstats.PAIR_BIAS, abstats.workers_for(t)), f"auto count at {t} under its floor"
+        assert t >= sizing.threshold_floor(sizing.PAIR_BIAS, sizing.workers_for(t)), f"auto count at {t} under its floor"
 
 
 @pytest.mark.parametrize("noise", [0.016, 0.025, 0.03, 0.04])
 def test_this_machines_ordinary_noise_is_gated_at_10_percent_as_asked(noise):
-    """docs/gate.md: on the 2-core VM the single step's rounds differ by 1.6-5 % between identical
+    """docs/guide/gate.md: on the 2-core VM the single step's rounds differ by 1.6-5 % between identical
     arms; the gate's rates at 10 % (one worker an arm) were measured on 40 rounds of 0.25-s samples.
     The rule leaves those runs as they were: no refusal, no stretch, 40 rounds."""
-    plan = abstats.plan(noise, 0.10, LEVEL, Settings.max_rounds, round_s=0.6, sample_s=0.25,
-                        budget_left_s=120 - 6, workers=abstats.workers_for(0.10))
+    plan = sizing.plan(noise, 0.10, LEVEL, Settings.max_rounds, round_s=0.6, sample_s=0.25,
+                        budget_left_s=120 - 6, workers=sizing.workers_for(0.10))
     assert plan.action == "go" and plan.rounds == 40, plan
 
 
@@ -122,8 +125,8 @@ def test_this_machines_ordinary_noise_at_5_percent_gets_the_rounds_it_needs_with
     """At 5 % the margin over T/2 is 2.4 points, and the pairs' bias takes up to half of it: noisier
     rounds run more of them (1.5 times the rounds needed, at least 40), within the 120-s budget,
     before any sample is made longer."""
-    plan = abstats.plan(noise, 0.05, LEVEL, Settings.max_rounds, round_s=0.6, sample_s=0.25,
-                        budget_left_s=120 - 6, workers=abstats.workers_for(0.05))
+    plan = sizing.plan(noise, 0.05, LEVEL, Settings.max_rounds, round_s=0.6, sample_s=0.25,
+                        budget_left_s=120 - 6, workers=sizing.workers_for(0.05))
     assert plan.action == "go", plan
     assert plan.rounds == min(190, max(40, math.ceil(1.5 * plan.rounds_needed))), plan
     assert plan.rounds * 0.6 <= 114, "the rounds fit the budget"
@@ -131,16 +134,16 @@ def test_this_machines_ordinary_noise_at_5_percent_gets_the_rounds_it_needs_with
 
 def test_a_benchmark_runs_the_rounds_its_noise_needs_not_the_cap():
     """--ab-max-rounds is a cap (200); a quiet benchmark runs 40 rounds, as the rates at 10 % were measured."""
-    quiet = abstats.plan(0.02, 0.10, LEVEL, 200, round_s=0.6, sample_s=0.25, budget_left_s=300)
-    noisy = abstats.plan(0.06, 0.10, LEVEL, 200, round_s=0.6, sample_s=0.25, budget_left_s=300)
+    quiet = sizing.plan(0.02, 0.10, LEVEL, 200, round_s=0.6, sample_s=0.25, budget_left_s=300)
+    noisy = sizing.plan(0.06, 0.10, LEVEL, 200, round_s=0.6, sample_s=0.25, budget_left_s=300)
     assert (quiet.action, quiet.rounds) == ("go", 40), quiet
     assert noisy.action == "go" and noisy.rounds == math.ceil(1.5 * noisy.rounds_needed) and 40 < noisy.rounds < 200, \
         noisy
 
 
 def test_noise_the_budget_cannot_decide_is_said_at_once_with_figures():
-    """The H200 of docs/gpu.md: 9 % a round at 1-s samples, a 5 % threshold, 2.5 s a round."""
-    plan = abstats.plan(0.09, 0.05, LEVEL, 40, round_s=2.5, sample_s=1.0, budget_left_s=95, workers=2)
+    """The H200 of docs/notes/gpu-runs.md: 9 % a round at 1-s samples, a 5 % threshold, 2.5 s a round."""
+    plan = sizing.plan(0.09, 0.05, LEVEL, 40, round_s=2.5, sample_s=1.0, budget_left_s=95, workers=2)
     assert plan.action == "refuse", plan
     assert plan.rounds_needed > 150 and plan.rounds_allowed == 38, plan
     for figure in ("noise 9.4 % a round", f"5 % needs about {plan.rounds_needed} rounds of 1 s",
@@ -149,11 +152,11 @@ def test_noise_the_budget_cannot_decide_is_said_at_once_with_figures():
 
 
 def test_noise_a_longer_sample_can_beat_within_the_budget_stretches_it():
-    plan = abstats.plan(0.06, 0.05, LEVEL, 40, round_s=0.6, sample_s=0.25, budget_left_s=300, workers=3)
+    plan = sizing.plan(0.06, 0.05, LEVEL, 40, round_s=0.6, sample_s=0.25, budget_left_s=300, workers=3)
     assert plan.action == "stretch" and 3 < plan.stretch < 6, plan
-    bias = abstats.averaged_bias(abstats.PAIR_BIAS, 3)
-    assert abstats.rounds_needed(0.06 / math.sqrt(plan.stretch), 0.05, LEVEL, bias=bias) <= plan.rounds, plan
-    assert abstats.rounds_needed(0.06 / math.sqrt(plan.stretch / 1.2), 0.05, LEVEL, bias=bias) > plan.rounds, \
+    bias = sizing.averaged_bias(sizing.PAIR_BIAS, 3)
+    assert sizing.rounds_needed(0.06 / math.sqrt(plan.stretch), 0.05, LEVEL, bias=bias) <= plan.rounds, plan
+    assert sizing.rounds_needed(0.06 / math.sqrt(plan.stretch / 1.2), 0.05, LEVEL, bias=bias) > plan.rounds, \
         "the shortest stretch that fits"
     assert plan.rounds * plan.stretch * 0.6 <= 300, "the stretched rounds fit the budget"
 
@@ -165,9 +168,9 @@ def test_the_spread_between_worker_pairs_is_measured_from_the_rounds():
         biases = rng.normal(0, 0.015, 4)  # 4 pairs of processes, 1.5 % sd
         pairs = [p for p in range(4) for _ in range(10)]
         logs = [biases[p] + rng.normal(0, 0.02) for p in pairs]
-        estimates.append(abstats.pair_spread(logs, pairs))
+        estimates.append(sizing.pair_spread(logs, pairs))
     assert 0.011 < float(np.median(estimates)) < 0.019, f"median estimate {np.median(estimates):.4f} of 0.015"
-    assert abstats.pair_spread([0.1, 0.2, 0.3], [0, 0, 0]) is None, "one pair has no spread"
+    assert sizing.pair_spread([0.1, 0.2, 0.3], [0, 0, 0]) is None, "one pair has no spread"
 
 
 # -- the loop, with stand-in workers and simulated time --------------------------------------------
@@ -270,6 +273,27 @@ def test_a_refusal_looks_again_only_where_the_budget_holds_another_look(clock):
     assert len(result.samples["baseline"]) == 10 and len(result.plans) == 1, result.plans
 
 
+@pytest.mark.parametrize("noise, status, verdict", [(0.02 * 5, "compared", "unchanged"),
+                                                    (0.4 * 5, "undecidable", "undecidable")])
+def test_a_share_spent_by_the_first_look_keeps_a_verdict_only_where_its_first_rounds_settled_it(
+        clock, noise, status, verdict):
+    """A benchmark whose share of the run's budget (3 s) is gone by its first look (10 rounds of
+    0.5 s) takes no more rounds. Rounds that settled it (2 % a sample) are judged: `unchanged`.
+    Rounds that did not (40 % a sample) give no verdict: `undecidable`, saying no change can be
+    called in the time left (gate/run.py adds the run budget's name: test_plugin.py)."""
+    pools = _pools(clock, noise=noise)
+    settings = Settings(threshold=0.10, sample_s=0.25, budget_s=3)
+    result = compare("share", {"kind": "x"}, pools, settings, family_size=2)
+    assert len(result.samples["baseline"]) == 10 and result.pilot is None, (len(result.samples["baseline"]), result.pilot)
+    assert [p["action"] for p in result.plans] == ["refuse"] and result.plans[0]["rounds_allowed"] == 0, result.plans
+    judge([result], settings)
+    assert (result.status, result.verdict) == (status, verdict), (result.status, result.verdict, result.estimate)
+    assert describe_timing(result)[0] == (f"undecidable: {result.reason}" if status == "undecidable" else
+                                          f"decided by its first rounds, which settled it (more could not be sized: "
+                                          f"{result.plans[0]['message']})"), describe_timing(result)
+    assert "no change can be called in the time left" in result.plans[0]["message"], result.plans[0]["message"]
+
+
 def test_a_run_budget_is_shared_by_the_benchmarks_left():
     """Each benchmark gets --ab-budget-s or its even share of what the run has left, if less: what
     an early benchmark leaves goes to the later ones; none gets a negative budget; 0 (and a smoke
@@ -313,7 +337,7 @@ def test_a_spent_budget_and_first_rounds_that_settled_it_are_said_plainly():
     """Seen on examples/tiny_lm.py with a small run budget: a refusal with no time left said "the
     smallest change it can call in the budget is about inf %", and a benchmark whose first rounds
     settled it though no more could be sized was reported as "set aside, measured again"."""
-    spent = abstats.plan(0.4, 0.10, 0.05 / 7, 200, round_s=0.5, sample_s=0.25, budget_left_s=0.0)
+    spent = sizing.plan(0.4, 0.10, 0.05 / 7, 200, round_s=0.5, sample_s=0.25, budget_left_s=0.0)
     assert spent.action == "refuse" and "inf" not in spent.message, spent.message
     assert "no change can be called in the time left" in spent.message, spent.message
     settled = Comparison("manual-1", {}, status="compared", plans=[spent.to_dict()])
@@ -359,7 +383,7 @@ def test_noisy_first_rounds_of_fresh_workers_are_looked_at_again_before_a_refusa
 def test_noise_that_grows_after_the_first_look_gets_more_rounds(clock):
     """Sized at the first look on quiet rounds (2 % a round), a 10 % slowdown whose later rounds are
     four times noisier: the later looks add rounds (within the cap and the budget), never take any
-    away, and it is caught where 40 rounds ended `inconclusive` (two decisions in 15, docs/gate.md)."""
+    away, and it is caught where 40 rounds ended `inconclusive` (two decisions in 15, docs/guide/gate.md)."""
     rng = np.random.default_rng(11)
     pools = {label: [SettlingArm(label, clock, rng, noise=0.08 * 5 / math.sqrt(2), first_noise=0.02 * 5 / math.sqrt(2),
                                  loud=10, bias=1.10 if label == "candidate" else 1.0)] for label in ("baseline", "candidate")}

@@ -291,28 +291,31 @@ def test_the_gate_command_end_to_end(user_repo, tmp_path, capsys, monkeypatch):
 
 def test_a_gate_run_keeps_to_its_run_budget(user_repo, tmp_path, capsys, monkeypatch):
     """--run-budget-s shared among the benchmarks, run as a user would: with 3 s for two, each gets
-    at most its share of what is left (ab.json's budget_s) and takes no rounds past its first look;
-    one its share cannot decide (unless its first rounds settle it) is `undecidable`, naming it."""
+    at most its share of what is left (ab.json's budget_s), the second no more than the first left
+    it, and neither takes a round past its first look (10 rounds: its share is spent by then).
+    Both arms are one commit at --threshold 90, which no `slower` can reach: the run exits 0.
+
+    Whether a benchmark's first rounds settle it depends on this machine's noise (a fresh worker's
+    first rounds measured 414 % a round here under load), so the status is not asserted here; both
+    outcomes are, on simulated rounds: test_gate_sizing.py's share spent by the first look
+    (`compared` when settled, else `undecidable`), and the next test (its reason names the budget)."""
     from mgpu.cli import main
 
     monkeypatch.chdir(user_repo)
     out_dir = tmp_path / "out"
     try:
         code = main(["gate", "model.py:spec", "--baseline", "HEAD", "--strategies", "single,manual", "--devices", "1",
-                     "--sample-s", "0.05", "--run-budget-s", "3", "--out", str(out_dir)])
+                     "--sample-s", "0.05", "--run-budget-s", "3", "--threshold", "90", "--out", str(out_dir)])
     except SystemExit as e:
         code = e.code
     out = capsys.readouterr()
     report = json.loads((out_dir / "ab.json").read_text())
-    budgets = [b["budget_s"] for b in report["benchmarks"]]
-    assert report["settings"]["run_budget_s"] == 3 and budgets[0] <= 1.5 and budgets[1] <= 3 - budgets[0], budgets
-    assert all(b["rounds"] <= 10 for b in report["benchmarks"]), [(b["status"], b["rounds"]) for b in report["benchmarks"]]
-    for b in report["benchmarks"]:
-        assert b["status"] == "compared" or "its share of --ab-run-budget-s 3" in b["reason"], b["reason"]
-    # Both arms one commit: a false `slower` is allowed in 5 % of runs (alpha), so the exit status is
-    # checked against the verdicts rather than taken to be 0.
-    slower = any(b["verdict"] == "slower" for b in report["benchmarks"])
-    assert "--ab-" not in out.out + out.err and code == int(slower), (code, out.out + out.err[-2000:])
+    benchmarks = report["benchmarks"]
+    budgets, seconds = [b["budget_s"] for b in benchmarks], [b["seconds"] for b in benchmarks]
+    assert report["settings"]["run_budget_s"] == 3, report["settings"]
+    assert budgets[0] <= 1.5 and budgets[1] <= max(0.0, 3 - seconds[0]), (budgets, seconds)
+    assert [b["rounds"] for b in benchmarks] == [10, 10], [(b["status"], b["rounds"], b["reason"]) for b in benchmarks]
+    assert code == 0 and "--ab-" not in out.out + out.err, (code, out.out + out.err[-2000:])
 
 
 def test_a_benchmark_its_share_cannot_decide_names_the_run_budget(user_repo, monkeypatch):
@@ -320,6 +323,7 @@ def test_a_benchmark_its_share_cannot_decide_names_the_run_budget(user_repo, mon
     `undecidable` names --ab-run-budget-s (not only --ab-budget-s, which the user did not lower)."""
     from mgpu_perf.gate import run as run_module
     from mgpu_perf.gate.compare import Comparison
+    from mgpu_perf.gate.settings import parse_settings
 
     given = []
 
@@ -328,7 +332,7 @@ def test_a_benchmark_its_share_cannot_decide_names_the_run_budget(user_repo, mon
         return Comparison(name, spec, status="undecidable", reason="noise 9 % a round: the budget allows 0")
 
     monkeypatch.setattr(run_module, "compare", undecided)
-    gate = run_module.GateRun(run_module.parse_settings(run_budget_s="50"), user_repo, "HEAD")
+    gate = run_module.GateRun(parse_settings(run_budget_s="50"), user_repo, "HEAD")
     gate.started = True  # no workers: compare is replaced
     gate.began = run_module.time.perf_counter() - 60  # the first benchmark took the whole budget and more
     gate.results.append(Comparison("first", {}))
@@ -376,7 +380,8 @@ def test_the_gates_workloads_take_amp_and_compile(tmp_path, monkeypatch):
     worker builds, and a spec without them asks an older mgpu for nothing new."""
     import torch
 
-    from mgpu_perf.gate.run import parse_settings, with_speed_options
+    from mgpu_perf.gate.run import with_speed_options
+    from mgpu_perf.gate.settings import parse_settings
     from mgpu_perf.harness.workloads import make_gated
 
     settings = parse_settings(amp="bf16", compile=True)

@@ -2,7 +2,7 @@
 tell apart on this machine. No baseline: both arms are this tree, as the gate would start them
 (fresh workers, the same warm-up and sample sizing), timed for a number of interleaved rounds.
 
-    python -m mgpu_perf calibrate                                  # mgpu's gated set (docs/perf.md)
+    python -m mgpu_perf calibrate                                  # mgpu's gated set (docs/notes/perf.md)
     python -m mgpu_perf calibrate --model model.py:spec --strategies single,ddp --devices 1,2
     python -m mgpu_perf calibrate --model model.py:spec --threshold 5 --budget-s 300 --workers 4
 
@@ -35,24 +35,25 @@ PROG = "python -m mgpu_perf calibrate"
 
 def calibrate_one(result, settings, family_size: int) -> dict:
     """The figures of one benchmark from its rounds (a gate Comparison of this tree against itself)."""
-    from mgpu_perf.gate import stats as abstats
+    from mgpu.jsonsafe import finite_or_none
+    from mgpu_perf.gate.sizing import plan as sizing_plan
 
     noise = result.noise()
     step_s = (result.median("baseline") + result.median("candidate")) / 2
     sample_s = step_s * result.ops_per_sample
-    plan = abstats.plan(noise, settings.threshold, settings.alpha / family_size, settings.max_rounds, result.round_s,
-                        sample_s, settings.budget_s, settings.pair_bias, settings.workers)
+    plan = sizing_plan(noise, settings.threshold, settings.alpha / family_size, settings.max_rounds, result.round_s,
+                       sample_s, settings.budget_s, settings.pair_bias, settings.workers)
     spread = result.pair_spread()
     return {"name": result.name, "spec": result.spec, "rounds": len(result.samples["baseline"]),
             "step_s": step_s, "ops_per_sample": result.ops_per_sample, "sample_s": sample_s,
-            "round_s": result.round_s, "noise": noise if math.isfinite(noise) else None,
+            "round_s": result.round_s, "noise": finite_or_none(noise),
             "ratio": result.estimate.ratio if result.estimate else None, "pair_spread": spread,
             "clock": result.clock, "graphs": result.graphs, "plan": plan.to_dict()}
 
 
 def describe(row: dict, threshold: float) -> str:
     """One benchmark's figures in a line."""
-    from mgpu_perf.gate.stats import percent
+    from mgpu_perf.gate.sizing import percent
 
     plan = row["plan"]
     noise = percent(math.expm1(row["noise"])) if row["noise"] is not None else "unmeasured"
@@ -119,14 +120,15 @@ def _cases(args, parser, root: Path) -> tuple[list[tuple[str, dict]], bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mgpu.errors import GateError, one_line
+    from mgpu.errors import one_line
 
+    from mgpu_perf.errors import GateError
     from mgpu_perf.gate.arm import ArmError, start_workers
     from mgpu_perf.gate.baseline import repository_root
     from mgpu_perf.gate.compare import compare
-    from mgpu_perf.gate.options import settings_from
     from mgpu_perf.gate.run import with_speed_options
-    from mgpu_perf.gate.stats import percent
+    from mgpu_perf.gate.settings import settings_from
+    from mgpu_perf.gate.sizing import percent
 
     parser = build_parser()
     args = parser.parse_args(argv)

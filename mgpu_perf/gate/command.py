@@ -6,7 +6,7 @@ tree, the baseline is REF (a revision of that repository, or another checkout of
     python -m mgpu gate mymodel.py:spec --baseline HEAD~1 --strategies single,ddp --devices 1,2 --threshold 5
 
 Each (strategy, devices) is one gated benchmark, exactly as an `mgpu_gate` marker with those fields
-(docs/gate.md): the same workers, rounds, statistics, verdicts and reports (ab.json in --out).
+(docs/guide/gate.md): the same workers, rounds, statistics, verdicts and reports (ab.json in --out).
 Exit codes: 0 no benchmark `slower` (nor `inconclusive` with --strict), 1 one is, or a workload
 failed in an arm (named); 2 bad input (one line: a bad option, a REF that is not a revision of this
 repository, a model the working tree cannot load).
@@ -59,12 +59,13 @@ def gate_cases(model: str, strategies, devices, batch: int, input_shape=None, cl
 
 def run_gate_command(args, error: Callable[[str], None]) -> int:
     """The command, from parsed options; `error` is the parser's (one line, exit 2)."""
-    from mgpu.errors import GateError, MgpuError, one_line
+    from mgpu.errors import MgpuError, one_line
     from mgpu_perf.clocks import gpu_clocks
+    from mgpu_perf.errors import GateError
     from mgpu_perf.gate.arm import ArmError
     from mgpu_perf.gate.baseline import repository_root
-    from mgpu_perf.gate.options import settings_from
     from mgpu_perf.gate.run import GateRun
+    from mgpu_perf.gate.settings import settings_from
 
     root = repository_root(Path.cwd())
     try:

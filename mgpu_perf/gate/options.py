@@ -1,9 +1,12 @@
 """The gate's options, one table for its three front ends: the pytest plugin (`--ab-NAME`),
 `python -m mgpu gate` and `python -m mgpu_perf calibrate` (`--NAME`). Each reads its values back
-into Settings through settings_from, so a default, a help line or a check lives here once.
+into Settings through gate/settings.py's settings_from, so a default or a help line lives here
+once (the checks live beside Settings).
 
     add_gate_options(group.addoption, prefix="ab-")                  # plugin.py
-    settings = settings_from(lambda dest: config.getoption("ab_" + dest))
+    settings = settings_from(lambda dest: config.getoption("ab_" + dest))   # gate/settings.py
+
+A leaf: it imports nothing of mgpu or mgpu_perf (the plugin loads it in every pytest run).
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["GateOption", "GATE_OPTIONS", "DEFAULTS", "add_gate_options", "settings_from"]
+__all__ = ["GateOption", "GATE_OPTIONS", "DEFAULTS", "GRAPH_MODES", "add_gate_options"]
+
+GRAPH_MODES = ("auto", "on", "off")  # --ab-graphs (harness/graphs.py takes them from here)
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,7 @@ GATE_OPTIONS = (
     GateOption("pair-bias", "1.5", "PERCENT",
                "sd of the bias between two worker processes of one tree (`python -m mgpu_perf calibrate` measures "
                "it): a threshold under the floor it sets is `undecidable`"),
-    GateOption("graphs", "auto", "{auto,on,off}",
+    GateOption("graphs", "auto", "{" + ",".join(GRAPH_MODES) + "}",
                "time CUDA-graph replays of steps that can be captured (single, manual on one GPU); on: also say why "
                "not on a CPU; off: never"),
     GateOption("amp", "off", "{off,bf16}", "the gated training steps under bfloat16 autocast"),
@@ -53,7 +58,8 @@ GATE_OPTIONS = (
     GateOption("strict", None, "", "an inconclusive or undecidable benchmark fails the run too"),
 )
 
-# Each valued option's default text by its dest ("max_rounds": "200"): run.parse_settings's defaults.
+# Each valued option's default text by its dest ("max_rounds": "200"): the defaults of Settings and
+# parse_settings (gate/settings.py) and of the sizing's pair bias (gate/sizing.py).
 DEFAULTS = {option.dest: option.default for option in GATE_OPTIONS if option.default is not None}
 
 
@@ -74,11 +80,3 @@ def add_gate_options(add: Callable, prefix: str = "", defaults: dict | None = No
         add(f"--{prefix}{option.name}", default=default, metavar=option.metavar,
             help=f"{text} (default {default})" if show_defaults else text)
 
-
-def settings_from(get: Callable[[str], object], smoke: bool = False, leave_out=()):
-    """Settings from a front end's option values: get(dest) gives one ("max_rounds"). GateError
-    (one line, naming the option as the plugin spells it) on a bad one."""
-    from mgpu_perf.gate.run import parse_settings
-
-    values = {o.dest: get(o.dest) for o in GATE_OPTIONS if o.name not in leave_out}
-    return parse_settings(**values, smoke=smoke)

@@ -15,8 +15,10 @@ import json
 import math
 from pathlib import Path
 
-from mgpu_perf.gate import stats as abstats
-from mgpu_perf.gate.compare import Comparison, Settings
+from mgpu_perf.gate.compare import Comparison
+from mgpu_perf.gate.settings import Settings
+from mgpu_perf.gate.sizing import threshold_floor
+from mgpu_perf.gate.stats import TRIM
 
 __all__ = ["gate_exit_status", "format_table", "write_reports"]
 
@@ -41,7 +43,7 @@ def format_table(results: list[Comparison], settings: Settings) -> list[str]:
         lines.append(f"{name:<44}{r.median('baseline') * 1e3:>8.1f}ms{r.median('candidate') * 1e3:>9.1f}ms"
                      f"{r.estimate.ratio:>8.3f}  {interval:<15}{len(r.samples['baseline']):>7}  {r.verdict}")
         lines += [f"  {line}" for line in describe_timing(r)]
-    lines.append(f"ratio: the rounds' {abstats.TRIM:.0%} trimmed mean (Yuen's interval); "
+    lines.append(f"ratio: the rounds' {TRIM:.0%} trimmed mean (Yuen's interval); "
                  f"threshold {settings.threshold:.0%}: slower = interval above {1 + settings.threshold / 2:.3f}; "
                  f"whole-run false-alarm level {settings.alpha} (Holm)"
                  + (f"; {settings.workers} worker processes an arm" if settings.workers > 1 else "")
@@ -114,7 +116,7 @@ def write_reports(results: list[Comparison], settings: Settings, out: Path, base
                            "max_rounds": s.max_rounds, "look_every": s.look_every, "sample_s": s.sample_s,
                            "workers": s.workers, "budget_s": s.budget_s, "run_budget_s": s.run_budget_s,
                            "pair_bias": s.pair_bias,
-                           "floor": abstats.threshold_floor(s.pair_bias, s.workers), "graphs": s.graphs,
+                           "floor": threshold_floor(s.pair_bias, s.workers), "graphs": s.graphs,
                            "amp": s.amp, "compile": s.compile,
                            "strict": s.strict, "smoke": s.smoke, "correction": "holm"},
               "benchmarks": [r.to_dict() for r in results]}

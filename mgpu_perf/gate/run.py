@@ -1,20 +1,19 @@
-"""One gate run, whoever starts it (the pytest plugin or `python -m mgpu gate`): the options read
-into Settings, the two trees, the two arms (started when the first gated benchmark runs), the
-comparisons, the verdicts and the reports.
+"""One gate run, whoever starts it (the pytest plugin or `python -m mgpu gate`): its Settings (read
+from the options by gate/settings.py), the two trees, the two arms (started when the first gated
+benchmark runs), the comparisons, the verdicts and the reports.
 
     run = GateRun(parse_settings(threshold="10", max_rounds="200"), root, baseline_ref="origin/main")
     run.compare("my_step[ddp-2]", spec, family_size=3)     # starts the arms the first time
     status = run.finish()                                   # verdicts (Holm), reports; 0 or 1
     run.close()
 
-Bad input raises mgpu.errors.GateError (one line) when the run is made, before anything starts;
+Bad input raises mgpu_perf.errors.GateError (one line) when the run is made, before anything starts;
 a baseline whose code or Python cannot start a worker raises it from the first compare.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import shutil
 import sys
@@ -22,81 +21,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from mgpu.errors import GateError
-from mgpu_perf.gate import stats as abstats
+from mgpu_perf.errors import GateError
 from mgpu_perf.gate.arm import Arm, ArmError, start_workers
 from mgpu_perf.gate.baseline import (Baseline, check_baseline, describe_candidate, is_mgpu_checkout,
                                      uncommitted_changes)
-from mgpu_perf.gate.compare import Comparison, Settings, compare, judge, workers_for
-from mgpu_perf.gate.options import DEFAULTS
+from mgpu_perf.gate.compare import Comparison, compare, judge
 from mgpu_perf.gate.report import gate_exit_status, write_reports
+from mgpu_perf.gate.settings import Settings
 
-__all__ = ["GateRun", "parse_settings", "share_of_run", "GateError", "GRAPH_MODES", "AMP_MODES", "with_speed_options"]
-
-
-MAX_WORKERS = abstats.MAX_WORKERS  # per arm: each holds the workload (a model, a pool of ranks) for the whole benchmark
-
-
-GRAPH_MODES = ("auto", "on", "off")
-AMP_MODES = ("off", "bf16")
-
-
-def parse_settings(threshold=DEFAULTS["threshold"], max_rounds=DEFAULTS["max_rounds"], strict: bool = False,
-                   smoke: bool = False, sample_s=DEFAULTS["sample_s"], workers=DEFAULTS["workers"],
-                   budget_s=DEFAULTS["budget_s"], pair_bias=DEFAULTS["pair_bias"], graphs=DEFAULTS["graphs"],
-                   amp=DEFAULTS["amp"], compile: bool = False, run_budget_s=DEFAULTS["run_budget_s"]) -> Settings:
-    """The gate's settings from option text (`--ab-threshold 5%`, `--ab-max-rounds 60`, `--ab-sample-s 1`,
-    `--ab-workers 2`; `auto`: compare.workers_for the threshold; `--ab-budget-s 300`, `--ab-pair-bias 1`,
-    `--ab-graphs off`, `--ab-amp bf16`, `--ab-compile`, `--ab-run-budget-s 600`); GateError naming a bad one.
-    The options and their defaults are listed once, in gate/options.py (DEFAULTS)."""
-    text = str(threshold).strip().rstrip("%")
-    try:
-        percent = float(text)
-    except ValueError:
-        raise GateError(f"--ab-threshold must be a percentage in (0, 100), got {text!r}") from None
-    if not (math.isfinite(percent) and 0 < percent < 100):
-        raise GateError(f"--ab-threshold must be a percentage in (0, 100), got {text!r}")
-    try:
-        rounds = int(str(max_rounds))
-    except ValueError:
-        raise GateError(f"--ab-max-rounds must be an integer >= 3, got {max_rounds!r}") from None
-    if rounds < 3:
-        raise GateError(f"--ab-max-rounds must be an integer >= 3, got {rounds}")
-    try:
-        seconds = float(str(sample_s))
-    except ValueError:
-        raise GateError(f"--ab-sample-s must be a number of seconds in (0, 60], got {sample_s!r}") from None
-    if not (math.isfinite(seconds) and 0 < seconds <= 60):
-        raise GateError(f"--ab-sample-s must be a number of seconds in (0, 60], got {sample_s!r}")
-    bias = _number(str(pair_bias).strip().rstrip("%"), "--ab-pair-bias", "a percentage in [0, 50)",
-                   lambda v: 0 <= v < 50)
-    try:
-        count = workers_for(percent / 100, bias / 100) if str(workers).strip() == "auto" else int(str(workers))
-    except ValueError:
-        raise GateError(f"--ab-workers must be an integer from 1 to {MAX_WORKERS} or auto, got {workers!r}") from None
-    if not 1 <= count <= MAX_WORKERS:
-        raise GateError(f"--ab-workers must be an integer from 1 to {MAX_WORKERS} or auto, got {count}")
-    budget = _number(budget_s, "--ab-budget-s", "a number of seconds > 0", lambda v: v > 0)
-    run_budget = _number(run_budget_s, "--ab-run-budget-s", "a number of seconds >= 0 (0: no limit)", lambda v: v >= 0)
-    if graphs not in GRAPH_MODES:
-        raise GateError(f"--ab-graphs must be one of {', '.join(GRAPH_MODES)}, got {graphs!r}")
-    if amp not in AMP_MODES:
-        raise GateError(f"--ab-amp must be one of {', '.join(AMP_MODES)}, got {amp!r}")
-    return Settings(threshold=percent / 100, max_rounds=3 if smoke else rounds,
-                    min_rounds=min(Settings.min_rounds, rounds), strict=bool(strict), smoke=bool(smoke),
-                    sample_s=seconds, workers=count, budget_s=budget, pair_bias=bias / 100, graphs=graphs, amp=amp,
-                    compile=bool(compile), run_budget_s=run_budget)
-
-
-def _number(text, option: str, what: str, ok) -> float:
-    """A finite number from option text that `ok` accepts, else GateError naming the option."""
-    try:
-        value = float(str(text))
-    except ValueError:
-        raise GateError(f"{option} must be {what}, got {text!r}") from None
-    if not (math.isfinite(value) and ok(value)):
-        raise GateError(f"{option} must be {what}, got {text!r}")
-    return value
+__all__ = ["GateRun", "share_of_run", "with_speed_options"]
 
 
 def with_speed_options(spec: dict, settings: Settings) -> dict:
@@ -104,11 +37,11 @@ def with_speed_options(spec: dict, settings: Settings) -> dict:
     it is not the default: a spec without them is what an older harness or mgpu knew, and a
     baseline whose mgpu lacks an option it does name is `not comparable` (its TypeError)."""
     spec = dict(spec)
-    if settings.amp != "off":
+    if settings.amp != Settings.amp:
         spec.setdefault("amp", settings.amp)
     if settings.compile:
         spec.setdefault("compile", True)
-    if settings.graphs != "auto":
+    if settings.graphs != Settings.graphs:
         spec.setdefault("graphs", settings.graphs)
     return spec
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from mgpu.errors import GateError
 from mgpu_perf.clocks import gpu_clocks
-from mgpu_perf.gate import options
+from mgpu_perf.errors import GateError
+from mgpu_perf.gate import settings
 from mgpu_perf.gate.baseline import repository_root
 from mgpu_perf.gate.run import GateRun
 from mgpu_perf.markers import MARKER, marker_spec
@@ -26,8 +26,8 @@ __all__ = ["ABGate"]
 
 
 def settings_from(config):
-    return options.settings_from(lambda dest: config.getoption("ab_" + dest),
-                                 smoke=bool(config.getoption("benchmark_disable", False)))
+    return settings.settings_from(lambda dest: config.getoption("ab_" + dest),
+                                  smoke=bool(config.getoption("benchmark_disable", False)))
 
 
 class ABGate:

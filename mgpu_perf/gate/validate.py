@@ -40,9 +40,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from mgpu_perf.gate import stats as abstats
+from mgpu_perf.errors import GateError
 from mgpu_perf.gate.arm import start_workers
-from mgpu_perf.gate.compare import Settings, compare, workers_for
+from mgpu_perf.gate.compare import compare
+from mgpu_perf.gate.options import DEFAULTS
+from mgpu_perf.gate.settings import Settings, parse_settings
+from mgpu_perf.gate.stats import verdict
 
 
 # Appended to the slowed copies' mgpu/trainer.py.
@@ -122,7 +125,7 @@ def one_decision(baseline: Path, candidate: Path, name: str, spec: dict, family:
     result.level = level
 
     result.verdict = result.status if result.status == "undecidable" else \
-        abstats.verdict(result.estimate, settings.threshold, level)
+        verdict(result.estimate, settings.threshold, level)
     low, high = result.interval()
     return {"verdict": result.verdict, "ratio": result.estimate.ratio, "interval": [low, high],
             "rounds": len(result.samples["baseline"]), "seconds": time.perf_counter() - start,
@@ -154,38 +157,128 @@ def rate(decisions: list[dict], verdict: str) -> str:
     return f"{hits}/{len(decisions)}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mgpu_perf validate-gate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="5 runs per kind and 1 whole-set run each (~5 min)")
     parser.add_argument("--runs", type=int, default=None, help="single-benchmark runs per kind (default 20)")
     parser.add_argument("--set-runs", type=int, default=None, help="whole gated set runs per kind (default 3)")
     parser.add_argument("--out", default="perf-results", help="folder for gate-validation.json")
-    parser.add_argument("--threshold", type=float, default=10.0,
-                        help="the gate's --ab-threshold in percent, and the slowdown it must catch (default 10)")
-    parser.add_argument("--max-rounds", type=int, default=Settings.max_rounds, help="the gate's --ab-max-rounds")
-    parser.add_argument("--sample-s", type=float, default=Settings.sample_s, help="seconds a sample (default 0.25)")
-    parser.add_argument("--workers", type=int, default=None,
+    parser.add_argument("--threshold", type=float, default=DEFAULTS["threshold"],
+                        help="the gate's --ab-threshold in percent, and the slowdown it must catch "
+                             f"(default {DEFAULTS['threshold']})")
+    parser.add_argument("--max-rounds", type=int, default=DEFAULTS["max_rounds"], help="the gate's --ab-max-rounds")
+    parser.add_argument("--sample-s", type=float, default=DEFAULTS["sample_s"],
+                        help=f"seconds a sample (default {DEFAULTS['sample_s']})")
+    parser.add_argument("--workers", default=DEFAULTS["workers"],
                         help="the gate's --ab-workers (default: as the gate's auto, 1 at --threshold 10, 3 at 5)")
     parser.add_argument("--without-half", action="store_true",
                         help="leave out the T/2 candidate (it is reported, not judged): a third less time")
     parser.add_argument("--tree", default=".", help="the checkout of mgpu to validate (default: this folder)")
+    return parser
+
+
+def _settings(args, parser) -> Settings:
+    """The gate's settings for these options, checked as the gate checks them (gate/settings.py)."""
+    try:
+        return parse_settings(threshold=args.threshold, max_rounds=args.max_rounds, sample_s=args.sample_s,
+                              workers=args.workers)
+    except GateError as e:
+        parser.error(str(e).replace("--ab-", "--"))
+
+
+def single_decisions(root_copies: dict, runs: int, name: str, spec: dict, family: int, tmp: Path,
+                     settings: Settings, partial: Path) -> dict[str, list[dict]]:
+    """`runs` decisions of each kind (candidate tree), interleaved; every one written to `partial` as it ends."""
+    same, kinds = root_copies["same"], root_copies["kinds"]
+    decisions: dict[str, list[dict]] = {k: [] for k in kinds}
+    print(f"1. {name} ({spec}), {runs} runs per kind, threshold {settings.threshold * 100:g} %, "
+          f"{settings.workers} worker(s) an arm, judged at alpha {settings.alpha}/{family}", flush=True)
+    for i in range(runs):
+        for kind, candidate in kinds.items():
+            d = one_decision(same, candidate, name, spec, family, tmp, settings)
+            decisions[kind].append(d)
+            partial.write_text(json.dumps({"settings": asdict(settings), "decisions": decisions}) + "\n")
+            print(f"   run {i + 1:>2} {kind:<11} {d['verdict']:<13} ratio {d['ratio']:.3f} "
+                  f"[{d['interval'][0]:.3f}, {d['interval'][1]:.3f}] {d['rounds']:>2} rounds {d['seconds']:.0f} s",
+                  flush=True)
+    return decisions
+
+
+def whole_sets(same: Path, unchanged: Path, slowed: Path, big: str, set_runs: int, tmp: Path,
+               settings: Settings) -> dict[str, list[dict]]:
+    """`set_runs` runs of the whole gated set from the unchanged tree and from the T % candidate."""
+    sets: dict[str, list[dict]] = {"same tree": [], big: []}
+    print(f"2. the whole gated set, {set_runs} runs per kind", flush=True)
+    for i in range(set_runs):
+        for kind, candidate in (("same tree", unchanged), (big, slowed)):
+            r = whole_set(candidate, same, tmp / f"set-{kind.split()[0]}-{i}", settings)
+            sets[kind].append(r)
+            verdicts = ", ".join(f"{k}: {v}" for k, v in r["verdicts"].items())
+            print(f"   run {i + 1} {kind:<11} exit {r['exit']} in {r['seconds']:.0f} s: {verdicts}", flush=True)
+    return sets
+
+
+def as_required(r: dict, slowed: bool) -> bool:
+    """Unchanged tree: exit 0, no `slower`. Slowed: exit 1, every training benchmark `slower`, the kernel `unchanged`."""
+    if not slowed:
+        return r["exit"] == 0 and "slower" not in r["verdicts"].values()
+    return r["exit"] == 1 and all(v == ("unchanged" if "matmul" in k else "slower") for k, v in r["verdicts"].items())
+
+
+def summarise(name: str, spec: dict, runs: int, set_runs: int, settings: Settings, decisions: dict, sets: dict,
+              big: str, total: float) -> dict:
+    """gate-validation.json: the rates, the targets and whether they were met."""
+    false_alarms = sum(d["verdict"] == "slower" for d in decisions["same tree"])
+    caught = sum(d["verdict"] == "slower" for d in decisions[big])
+    allowed_false, needed = math.floor(runs / 20), math.ceil(runs * 19 / 20)
+    decisions = {k: v for k, v in decisions.items() if v}  # --runs 0: the whole set only
+    set_ok = all(as_required(r, False) for r in sets["same tree"]) and all(as_required(r, True) for r in sets[big])
+    return {
+        "benchmark": name, "spec": spec, "runs_per_kind": runs, "set_runs_per_kind": set_runs,
+        "settings": {"threshold": settings.threshold, "max_rounds": settings.max_rounds, "sample_s": settings.sample_s,
+                     "workers": settings.workers},
+        "rates": {kind: {v: rate(ds, v) for v in ("slower", "unchanged", "inconclusive", "faster", "undecidable")}
+                  for kind, ds in decisions.items()},
+        "seconds_per_decision": {kind: sum(d["seconds"] for d in ds) / len(ds) for kind, ds in decisions.items()},
+        "rounds_per_decision": {kind: sum(d["rounds"] for d in ds) / len(ds) for kind, ds in decisions.items()},
+        "whole_set": sets, "total_seconds": total, "decisions": decisions,
+        "targets": {"false_slower_at_most": allowed_false, "caught_at_least": needed},
+        "met": {"false_alarms": false_alarms <= allowed_false, "detections": caught >= needed, "whole_set": set_ok},
+    }
+
+
+def print_summary(summary: dict, runs: int, set_runs: int, big: str, path: Path) -> None:
+    decisions, sets, targets = summary["decisions"], summary["whole_set"], summary["targets"]
+    false_alarms = sum(d["verdict"] == "slower" for d in decisions.get("same tree", []))
+    caught = sum(d["verdict"] == "slower" for d in decisions.get(big, []))
+    print(f"\nsingle step, {runs} runs each (fresh workers per run):")
+    for kind, ds in decisions.items():
+        print(f"   {kind:<11} slower {rate(ds, 'slower')}, unchanged {rate(ds, 'unchanged')}, "
+              f"inconclusive {rate(ds, 'inconclusive')}, faster {rate(ds, 'faster')}, "
+              f"undecidable {rate(ds, 'undecidable')}; "
+              f"{summary['rounds_per_decision'][kind]:.1f} rounds, {summary['seconds_per_decision'][kind]:.0f} s a run")
+    if set_runs:
+        per_run = [r["seconds"] for rs in sets.values() for r in rs]
+        print(f"whole gated set: {'as required' if summary['met']['whole_set'] else 'NOT as required'}; "
+              f"{min(per_run):.0f}-{max(per_run):.0f} s a run")
+    print(f"false slower {false_alarms}/{runs} (target <= {targets['false_slower_at_most']}), "
+          f"caught {caught}/{runs} (target >= {targets['caught_at_least']}); "
+          f"total {summary['total_seconds'] / 60:.1f} min; wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     runs = args.runs if args.runs is not None else (5 if args.quick else 20)
     set_runs = args.set_runs if args.set_runs is not None else (1 if args.quick else 3)
     if runs < 0 or set_runs < 0 or runs + set_runs == 0:
         parser.error("--runs and --set-runs must be at least 0, and one of them positive")
-    if args.workers is None:
-        args.workers = workers_for(args.threshold / 100)
-    if not (0 < args.threshold < 100) or args.max_rounds < 3 or args.sample_s <= 0 or not 1 <= args.workers <= abstats.MAX_WORKERS:
-        parser.error("--threshold must be in (0, 100), --max-rounds at least 3, --sample-s positive, "
-                     f"--workers 1 to {abstats.MAX_WORKERS}")
+    settings = _settings(args, parser)
     from mgpu_perf.gate.baseline import is_mgpu_checkout
 
     root = Path(args.tree).resolve()
     if not is_mgpu_checkout(root):
         parser.error(f"--tree {root} is not a checkout of mgpu (validate-gate plants slowdowns in its mgpu/trainer.py)")
-    settings = Settings(threshold=args.threshold / 100, max_rounds=args.max_rounds, sample_s=args.sample_s,
-                        workers=args.workers)
     full, half = args.threshold / 100, args.threshold / 200
     big, small = f"{args.threshold:g}% slower", f"{args.threshold / 2:g}% slower"
     out = Path(args.out)
@@ -201,65 +294,13 @@ def main(argv: list[str] | None = None) -> int:
         if not args.without_half:
             slowed[half] = copy_tree(root, tmp / "slowed-half", half)
         kinds = {"same tree": unchanged, big: slowed[full], **({} if args.without_half else {small: slowed[half]})}
-        decisions: dict[str, list[dict]] = {k: [] for k in kinds}
-        print(f"1. {name} ({spec}), {runs} runs per kind, threshold {args.threshold:g} %, "
-              f"{settings.workers} worker(s) an arm, judged at alpha {settings.alpha}/{family}", flush=True)
-        for i in range(runs):
-            for kind, candidate in kinds.items():
-                d = one_decision(same, candidate, name, spec, family, tmp, settings)
-                decisions[kind].append(d)
-                partial.write_text(json.dumps({"settings": asdict(settings), "decisions": decisions}) + "\n")
-                print(f"   run {i + 1:>2} {kind:<11} {d['verdict']:<13} ratio {d['ratio']:.3f} "
-                      f"[{d['interval'][0]:.3f}, {d['interval'][1]:.3f}] {d['rounds']:>2} rounds {d['seconds']:.0f} s",
-                      flush=True)
-        sets: dict[str, list[dict]] = {"same tree": [], big: []}
-        print(f"2. the whole gated set, {set_runs} runs per kind", flush=True)
-        for i in range(set_runs):
-            for kind, candidate in (("same tree", unchanged), (big, slowed[full])):
-                r = whole_set(candidate, same, tmp / f"set-{kind.split()[0]}-{i}", settings)
-                sets[kind].append(r)
-                verdicts = ", ".join(f"{k}: {v}" for k, v in r["verdicts"].items())
-                print(f"   run {i + 1} {kind:<11} exit {r['exit']} in {r['seconds']:.0f} s: {verdicts}", flush=True)
-    total = time.perf_counter() - began
-
-    false_alarms = sum(d["verdict"] == "slower" for d in decisions["same tree"])
-    caught = sum(d["verdict"] == "slower" for d in decisions[big])
-    allowed_false, needed = math.floor(runs / 20), math.ceil(runs * 19 / 20)
-    decisions = {k: v for k, v in decisions.items() if v}  # --runs 0: the whole set only
-    def as_required(r: dict, slowed: bool) -> bool:
-        """Unchanged tree: exit 0, no `slower`. Slowed: exit 1, every training benchmark `slower`, the kernel `unchanged`."""
-        if not slowed:
-            return r["exit"] == 0 and "slower" not in r["verdicts"].values()
-        return r["exit"] == 1 and all(v == ("unchanged" if "matmul" in k else "slower") for k, v in r["verdicts"].items())
-
-    set_ok = all(as_required(r, False) for r in sets["same tree"]) and all(as_required(r, True) for r in sets[big])
-    summary = {
-        "benchmark": name, "spec": spec, "runs_per_kind": runs, "set_runs_per_kind": set_runs,
-        "settings": {"threshold": settings.threshold, "max_rounds": settings.max_rounds, "sample_s": settings.sample_s,
-                     "workers": settings.workers},
-        "rates": {kind: {v: rate(ds, v) for v in ("slower", "unchanged", "inconclusive", "faster", "undecidable")}
-                  for kind, ds in decisions.items()},
-        "seconds_per_decision": {kind: sum(d["seconds"] for d in ds) / len(ds) for kind, ds in decisions.items()},
-        "rounds_per_decision": {kind: sum(d["rounds"] for d in ds) / len(ds) for kind, ds in decisions.items()},
-        "whole_set": sets, "total_seconds": total, "decisions": decisions,
-        "targets": {"false_slower_at_most": allowed_false, "caught_at_least": needed},
-        "met": {"false_alarms": false_alarms <= allowed_false, "detections": caught >= needed, "whole_set": set_ok},
-    }
+        decisions = single_decisions({"same": same, "kinds": kinds}, runs, name, spec, family, tmp, settings, partial)
+        sets = whole_sets(same, unchanged, slowed[full], big, set_runs, tmp, settings)
+    summary = summarise(name, spec, runs, set_runs, settings, decisions, sets, big, time.perf_counter() - began)
     path = out / f"gate-validation-t{args.threshold:g}.json"
     path.write_text(json.dumps(summary, indent=2) + "\n")
     partial.unlink(missing_ok=True)
-    print(f"\nsingle step, {runs} runs each (fresh workers per run):")
-    for kind, ds in decisions.items():
-        print(f"   {kind:<11} slower {rate(ds, 'slower')}, unchanged {rate(ds, 'unchanged')}, "
-              f"inconclusive {rate(ds, 'inconclusive')}, faster {rate(ds, 'faster')}, "
-              f"undecidable {rate(ds, 'undecidable')}; "
-              f"{summary['rounds_per_decision'][kind]:.1f} rounds, {summary['seconds_per_decision'][kind]:.0f} s a run")
-    if set_runs:
-        per_run = [r["seconds"] for rs in sets.values() for r in rs]
-        print(f"whole gated set: {'as required' if set_ok else 'NOT as required'}; "
-              f"{min(per_run):.0f}-{max(per_run):.0f} s a run")
-    print(f"false slower {false_alarms}/{runs} (target <= {allowed_false}), caught {caught}/{runs} (target >= {needed}); "
-          f"total {total / 60:.1f} min; wrote {path}")
+    print_summary(summary, runs, set_runs, big, path)
     return 0 if all(summary["met"].values()) else 1
 
 

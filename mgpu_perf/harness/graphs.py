@@ -1,6 +1,6 @@
 """CUDA-graph training steps: one step captured once (`torch.cuda.CUDAGraph`) and replayed, so that
 a timed step is the GPU's work and not the host's kernel launches (a 10-ms step on the H200 of
-docs/gpu.md was launch-bound, and its samples 3 times as noisy as the CPU's).
+docs/notes/gpu-runs.md was launch-bound, and its samples 3 times as noisy as the CPU's).
 
     why = why_not_captured(strategy, mode="auto", compiled=False)   # None: it may be captured
     graph = GraphStep(strategy, batches, global_batch, on_step=losses.append)
@@ -27,9 +27,10 @@ from typing import Callable
 
 import torch
 
+from mgpu_perf.gate.options import GRAPH_MODES  # --ab-graphs: the option table holds them once
+
 __all__ = ["GRAPH_MODES", "WARMUP", "why_not_captured", "GraphStep", "graph_state"]
 
-GRAPH_MODES = ("auto", "on", "off")
 WARMUP = 3  # plain steps on a side stream before the capture (torch's example takes 3)
 
 
