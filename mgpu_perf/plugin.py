@@ -27,7 +27,7 @@ GATE_PLUGIN = "mgpu-ab-gate"
 
 
 def pytest_addoption(parser):
-    group = parser.getgroup("mgpu", "mgpu: A/B regression gate (docs/gate.md)")
+    group = parser.getgroup("mgpu", "mgpu: A/B regression gate (docs/guide/gate.md)")
     group.addoption("--ab-baseline", default=None, metavar="REF",
                     help="A/B gate: time the mgpu_gate tests against REF, a git revision of this repository or "
                          "another checkout of it")

@@ -12,9 +12,6 @@ from pathlib import Path
 
 from mgpu_perf.harness.interleave import speedups
 
-COLUMNS = ("strategy", "measure", "devices", "label", "images_per_s", "speedup", "efficiency")
-
-
 def add_speedups(rows: list[dict]) -> list[dict]:
     """Fill speedup and efficiency in each row from the 1-device row of its strategy and measure."""
     base = {(r["strategy"], r["measure"]): r["images_per_s"] for r in rows if r["devices"] == 1}

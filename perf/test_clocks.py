@@ -1,5 +1,5 @@
 """mgpu_perf/clocks.py: the GPUs' clocks in the machine record and the warning when they are not locked,
-with a stand-in nvidia-smi (this machine has none; the H200 run is in docs/gpu.md)."""
+with a stand-in nvidia-smi (this machine has none; the H200 run is in docs/notes/gpu-runs.md)."""
 
 from __future__ import annotations
 

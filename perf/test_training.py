@@ -56,7 +56,7 @@ GPU = Settings(per_device_batch=128, steps_per_epoch=20, step_rounds=30, step_wa
 
 def _cases(sweep, kind: str, model: str | None) -> list:
     def param(case: Case, marks=()):
-        # Gated: mgpu's own network only (a --model run times a user's model, whose gate is docs/gate.md's).
+        # Gated: mgpu's own network only (a --model run times a user's model, whose gate is docs/guide/gate.md's).
         gated = [pytest.mark.mgpu_gate(train_spec(kind, case, sweep))] if is_gated(kind, case, sweep) and not model else []
         return pytest.param(case, id=case_id(case, sweep), marks=[*marks, *gated])
 
@@ -204,7 +204,7 @@ def test_rank_scaling_interleaved(strategy, sessions, sweep, settings, scaling_r
 @pytest.mark.parametrize("option", ["amp-bf16", "channels-last"])
 def test_train_step_option(benchmark, option, sweep, settings, cpu_threads):
     """The single-device step with a speed option GPU users turn on (--amp bf16, --channels-last);
-    compare with test_train_step[single-...] (figures: docs/perf.md)."""
+    compare with test_train_step[single-...] (figures: docs/notes/perf.md)."""
     bench = TrainBench("single", 1, per_device_batch=settings.per_device_batch, width=settings.width,
                        steps_per_epoch=settings.steps_per_epoch, threads_per_device=sweep.threads_per_device,
                        amp="bf16" if option == "amp-bf16" else "off", channels_last=option == "channels-last")

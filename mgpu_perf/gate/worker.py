@@ -82,6 +82,22 @@ def _inside(path: str, tree: str) -> bool:
     return os.path.abspath(path).startswith(os.path.join(tree, ""))
 
 
+def _setup(workloads, spec: dict, tree: str, not_comparable: tuple):
+    """(the workload of `spec`, the answer): None and `not_comparable` when this tree cannot set it
+    up; RuntimeError when the model's code does not come from this arm's tree."""
+    try:
+        workload = workloads.make_gated(spec)
+    except not_comparable as e:
+        return None, {"not_comparable": f"{type(e).__name__}: {e}"}
+    origin = getattr(workload, "origin", None)
+    if origin and not _inside(origin, tree):
+        workload.close()
+        raise RuntimeError(f"the model's code was imported from {origin}, not from this arm's tree "
+                           f"{tree}: both arms would time the same code (is the project installed "
+                           "without being on the path from its own folder?)")
+    return workload, {"ok": True, "graphs": getattr(workload, "graphs", {"captured": False, "why": ""})}
+
+
 def main(argv: list[str]) -> int:
     tree = os.path.abspath(argv[0])
     out = _protocol_out()
@@ -106,19 +122,7 @@ def main(argv: list[str]) -> int:
                 if workload is not None:
                     workload.close()
                     workload = None
-                try:
-                    workload = workloads.make_gated(request["spec"])
-                except NOT_COMPARABLE as e:
-                    answer = {"not_comparable": f"{type(e).__name__}: {e}"}
-                else:
-                    origin = getattr(workload, "origin", None)
-                    if origin and not _inside(origin, tree):
-                        workload.close()
-                        workload = None
-                        raise RuntimeError(f"the model's code was imported from {origin}, not from this arm's tree "
-                                           f"{tree}: both arms would time the same code (is the project installed "
-                                           "without being on the path from its own folder?)")
-                    answer = {"ok": True, "graphs": getattr(workload, "graphs", {"captured": False, "why": ""})}
+                workload, answer = _setup(workloads, request["spec"], tree, NOT_COMPARABLE)
             elif command == "sample":
                 answer = time_ops(workload.op, request["ops"], getattr(workload, "cuda_device", None))
                 if "device_times" not in answer:

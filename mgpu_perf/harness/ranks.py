@@ -35,7 +35,7 @@ SERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.paral
 def rank_context():
     """Where rank processes come from: multiprocessing's fork server, which has imported torch and
     this harness once, so that a rank starts without importing them again (a pool of 2 DDP ranks:
-    about 1 s instead of 3 s on a 2-core VM, docs/perf.md). Not plain fork: that would copy this
+    about 1 s instead of 3 s on a 2-core VM, docs/notes/perf.md). Not plain fork: that would copy this
     process's CUDA and thread-pool state into the ranks; the server is a fresh process that never
     touches either. Spawn where there is no fork server."""
     if "forkserver" not in mp.get_all_start_methods():
