@@ -17,7 +17,7 @@ train: $(VENV)/.installed
 		--train-size 8192 --test-size 2000 --out runs/quick
 
 # Other CPUs round differently: these switch this CPU's kernels to paths another CPU would take
-# (PyTorch's ATen kernels by ATEN_CPU_CAPABILITY, oneDNN's by ONEDNN_MAX_CPU_ISA; docs/kernels.md).
+# (PyTorch's ATen kernels by ATEN_CPU_CAPABILITY, oneDNN's by ONEDNN_MAX_CPU_ISA; docs/guide/kernels.md).
 ROUNDING_PATH := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 KERNEL_PATHS ?= default:SSE41 avx2:AVX2 $(if $(shell grep -m1 -o avx512f /proc/cpuinfo 2>/dev/null),avx512:AVX512_CORE)
 
@@ -38,7 +38,7 @@ test-kernels: $(VENV)/.installed
 test-correctness: $(VENV)/.installed
 	$(PY) -m pytest correctness -q
 
-# The chapter's 2-GPU experiment in small (docs/convergence.md): 1 device at 256 / 0.1 against 2 DDP ranks
+# The chapter's 2-GPU experiment in small (docs/notes/convergence.md): 1 device at 256 / 0.1 against 2 DDP ranks
 # at 512 / 0.2, 8 epochs each, seeds 0 to 2; the per-epoch accuracies are in runs/convergence/*/results.json.
 CONVERGENCE_RUN := --model resnet18 --width 4 --resize 14 --epochs 8 --train-size 8192 --test-size 500 --no-progress
 convergence: $(VENV)/.installed
@@ -53,7 +53,7 @@ convergence: $(VENV)/.installed
 perf: $(VENV)/.installed
 	$(PY) -m pytest perf
 
-# GPU acceptance (docs/gpu.md), on a machine with >= 1 CUDA device and torch, pytest, pytest-benchmark,
+# GPU acceptance (docs/guide/gpu.md), on a machine with >= 1 CUDA device and torch, pytest, pytest-benchmark,
 # hypothesis (and scipy, for the A/B gate's tests) already installed: no .venv, no install.
 GPU_PY ?= python3
 GPU_OUT ?= perf-results/gpu

@@ -28,7 +28,7 @@ def pytest_addoption(parser):
         return
     group.addoption("--model", metavar="MODULE:FUNCTION", default=None,
                     help="run the parity properties (correctness/test_parity.py) on this model instead of mgpu's "
-                         "LeNet and ResNet-18, every other correctness test deselected (the contract: docs/check.md)")
+                         "LeNet and ResNet-18, every other correctness test deselected (the contract: docs/guide/check.md)")
     group.addoption("--input-shape", metavar="C,H,W", default=None,
                     help="with --model returning an nn.Module of images: the shape of one input")
     group.addoption("--classes", metavar="N", type=int, default=None,

@@ -104,7 +104,7 @@ def weights_config(strategy: str, devices: int = 1) -> TrainConfig:
 # is judged as `mgpu check` judges a step (mgpu.parity.compare): against the same step in float64
 # from the same state, allowing ERROR_FACTOR times the float32 reference's own distance from it.
 # A fixed float32 tolerance is not enough for one step either: a ReLU that rounding flips inside the
-# step moves a correct run past torch's atol (docs/kernels.md has the case).
+# step moves a correct run past torch's atol (docs/notes/kernel-timings.md has the case).
 # weights_config takes one step an epoch, so epoch e is step e.
 
 @dataclass
@@ -201,7 +201,7 @@ def assert_stepwise_close(results: list, reference: Trajectory, what: str) -> No
         exact = float64_step(reference, step, train_loader)
         # The float64 step must be the reference's step (the same batch and settings), or every allowance
         # would be a whole update wide. Its float32 run is then near it: within rounding, or a little off
-        # where a ReLU flips within the step (docs/kernels.md), not a whole update away.
+        # where a ReLU flips within the step (docs/notes/kernel-timings.md), not a whole update away.
         before = reference.weights[step - 2] if step > 1 else build_model(cfg.model, width=cfg.width, seed=cfg.seed).state_dict()
         floats = [k for k, v in exact.items() if v.is_floating_point()]
         off = max(error(single32[k], exact[k])[0] for k in floats)

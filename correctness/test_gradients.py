@@ -43,7 +43,7 @@ def test_resnet18_allreduced_gradient_equals_single_device_gradient(reduction, c
 # so the allreduced gradient and the single-device one differ by rounding that float32 defaults
 # are not meant for; the tolerance is instead a multiple of each gradient tensor's own size:
 #   |manual - single| <= ONEDNN_TOL * max|single|, elementwise, per tensor.
-# The ratio has a heavy tail: `python docs/measure/onednn_bound.py` (docs/perf.md, "The oneDNN
+# The ratio has a heavy tail: `python docs/notes/measure/onednn_bound.py` (docs/notes/perf.md, "The oneDNN
 # bound") draws cases as this test does; the bound sits a few times above its largest ratio and
 # well below what the test must catch: a wrong divisor (B - 1 or B + 1 instead of B, a shard's
 # size, the device count) is off by at least 1/13 for the batch sizes drawn here (up to 12).

@@ -4,7 +4,7 @@ CLI: one line on stderr, `mgpu: error: ...`, exit code 2, no traceback. API: a s
 MgpuError subclass (which also derives from the builtin a caller expects, e.g. ValueError).
 A mistake both can make gets the same message from both: the CLI only turns text into numbers,
 and every rule (and its message) is TrainConfig.validate's.
-docs/failures.md lists every case of `CASES` and `API_CASES` by id; a test checks it does.
+docs/guide/failures.md lists every case of `CASES` and `API_CASES` by id; a test checks it does.
 
 Every case fails before training starts; the base arguments make a run tiny should one slip through.
 """
@@ -39,7 +39,7 @@ from mgpu.run import train
 pytestmark = pytest.mark.reliability
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "failures.md"
+DOC = ROOT / "docs" / "guide" / "failures.md"
 BASE_ARGS = ["--model", "lenet", "--epochs", "1", "--batch-size", "64", "--train-size", "128", "--test-size", "64",
              "--no-progress"]
 BASE_API = dict(model="lenet", epochs=1, batch_size=64, train_size=128, test_size=64, progress=False)

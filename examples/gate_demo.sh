@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The gate on a repository that is not mgpu (docs/gate.md): a small model at two commits, the second
+# The gate on a repository that is not mgpu (docs/guide/gate.md): a small model at two commits, the second
 # with a slower forward, in REPO (default /tmp/mgpu-gate-demo). Then, with mgpu installed:
 #     cd REPO && pytest --ab-baseline HEAD~1          # slower, exit 1
 #     cd REPO && pytest --ab-baseline HEAD            # both arms the same commit: no `slower`, exit 0

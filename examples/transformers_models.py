@@ -7,7 +7,7 @@ data-parallel parity.
     python -m mgpu check examples/transformers_models.py:bert_labels
 
 Needs `pip install 'mgpu[models]'` (transformers). The models return `ModelOutput`s, not tensors:
-mgpu scores their `logits` (docs/check.md, "The contract"), so no wrapper is needed.
+mgpu scores their `logits` (docs/guide/check.md, "The contract"), so no wrapper is needed.
 
 Expected: every check passes and none is skipped, with one finding, random-layers: the dropout
 modules and the calls to `scaled_dot_product_attention(dropout_p=0.1)` that transformers' attention
@@ -17,7 +17,7 @@ embedding).
 
 The `_labels` variants train as transformers' Trainer does: the target goes in as `labels=` and the
 model computes its own loss (ModelSpec(labels="labels")). transformers' loss is a mean; mgpu needs a
-sum over the examples of a shard (docs/check.md, "The contract"). A sequence classifier's mean over
+sum over the examples of a shard (docs/guide/check.md, "The contract"). A sequence classifier's mean over
 its examples becomes one by multiplying with their number (labels_loss="mean"). A causal LM with
 padding averages over the tokens it counts, which differ from shard to shard: it is given
 num_items_in_batch=1 and returns their sum (labels_loss="num_items_in_batch"), the remedy

@@ -5,13 +5,13 @@
     python -m mgpu check examples/tiny_lm.py:spec --json check.json
     python -m mgpu check torchvision.models:resnet18 --input-shape 3,32,32 --classes 10
     python -m mgpu bench examples/tiny_lm.py:spec --devices 1,2          # your model's step, timed
-    python -m mgpu gate mymodel.py:spec --baseline origin/main           # the A/B gate (docs/gate.md)
+    python -m mgpu gate mymodel.py:spec --baseline origin/main           # the A/B gate (docs/guide/gate.md)
 
 Every mistake a user can make ends in one line on stderr, `mgpu: error: ...`, and exit code 2.
-Exit codes (docs/failures.md lists every case):
+Exit codes (docs/guide/failures.md lists every case):
 
     0    the run finished; check: every check passed (findings, and comparisons skipped, do not
-         count unless --strict: docs/check.md);
+         count unless --strict: docs/guide/check.md);
          gate: no benchmark `slower` (nor `inconclusive` with --strict)
     1    the run failed while training: a rank failed (its error is shown), or a NaN/Inf loss;
          check: a parity check failed (its first divergence is shown); bench: a case failed;
@@ -182,7 +182,7 @@ def _add_check_parser(commands) -> None:
                    help="seconds a step may take before the model counts as hanging")
     c.add_argument("--amp", metavar=one_of(AMP_MODES), default=d.amp,
                    help="bf16: every run's forward and loss under bfloat16 autocast, as train --amp bf16 runs them; "
-                        "the allowance comes from the single-device bf16 step (docs/check.md)")
+                        "the allowance comes from the single-device bf16 step (docs/design/check-tolerance.md)")
     c.add_argument("--compile", action="store_true",
                    help="every strategy's model under torch.compile (inductor), against the eager single-device "
                         "reference; a compiled run that diverges from eager fails with its first divergence")

@@ -196,7 +196,7 @@ _EXACT_FLAGS = ((torch.backends.cuda.matmul, "allow_tf32", False), (torch.backen
 def set_exact_gpu_math(settings: list | None = None) -> list:
     """GPU math that another run can be compared with, for the rest of the process: TF32 off (full
     fp32 matmuls and convolutions) and cuDNN's deterministic algorithms, no autotuning. cuDNN's
-    default weight gradients sum in an order that may change between runs (docs/gpu.md has what
+    default weight gradients sum in an order that may change between runs (docs/notes/gpu-runs.md has what
     that did on an H200). No effect on the CPU, whose kernels are deterministic already. Returns the
     settings it replaced; `set_exact_gpu_math(those)` puts them back."""
     saved = [getattr(owner, name) for owner, name, _ in _EXACT_FLAGS]

@@ -20,7 +20,7 @@ def keep_freed_memory() -> bool:
 
     A training step frees and allocates the same activation buffers (megabytes each) every step.
     By default glibc maps large blocks afresh or trims the heap, and the kernel must fault in and
-    zero those pages again, every step (what that costs: docs/perf.md, "DDP scaling on a CPU").
+    zero those pages again, every step (what that costs: docs/notes/perf.md, "DDP scaling on a CPU").
     Blocks up to 32 MiB now come from the heap, and up to 1 GiB of freed heap stays with the
     process. Called once per training process (the CLI and the perf sessions do). Returns False
     where the C library has no mallopt (not glibc): nothing changes.

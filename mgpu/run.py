@@ -153,7 +153,7 @@ def train(cfg: TrainConfig) -> RunResult:
     """Validate the settings, check data, output folders and checkpoint, and run the job with its strategy.
 
     Every bad input is found here, before any rank starts, as an MgpuError subclass (see
-    docs/failures.md); a failing rank then is a LaunchError, a NaN/Inf loss a NonFiniteLossError.
+    docs/guide/failures.md); a failing rank then is a LaunchError, a NaN/Inf loss a NonFiniteLossError.
     """
     if not isinstance(cfg, TrainConfig):
         raise ConfigError(f"train() needs a TrainConfig, got {type(cfg).__name__}")

@@ -5,7 +5,7 @@
         benchmark(mgpu_workload.op)          # a normal run: pytest-benchmark times it
 
 Under `pytest --ab-baseline REF` the test's body does not run: the gate times the marker's workload
-in both arms instead (docs/gate.md). mgpu's own suite passes a whole spec: `mgpu_gate({"kind": ...})`.
+in both arms instead (docs/guide/gate.md). mgpu's own suite passes a whole spec: `mgpu_gate({"kind": ...})`.
 Cheap on purpose (no torch): the plugin reads markers while collecting.
 """
 
@@ -15,7 +15,7 @@ __all__ = ["MARKER", "MARKER_HELP", "marker_spec", "model_step_spec"]
 
 MARKER = "mgpu_gate"
 MARKER_HELP = (f"{MARKER}(model='MODULE:FUNCTION', strategy='single', devices=1, batch=32): a gated workload; "
-               "under --ab-baseline the gate times it in both arms instead of running the test (docs/gate.md)")
+               "under --ab-baseline the gate times it in both arms instead of running the test (docs/guide/gate.md)")
 KINDS = ("train-step", "train-epoch", "matmul", "model-step")
 
 

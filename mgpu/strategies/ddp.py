@@ -140,7 +140,7 @@ class DistributedDataParallel(SingleDevice):
     def wrap(self, model: nn.Module) -> nn.Module:
         device = self.devices[0]
         # Gradients as views into DDP's buckets: no copy into and out of the buckets each step
-        # (the figure it bought on 2 CPU cores is in docs/perf.md).
+        # (the figure it bought on 2 CPU cores is in docs/notes/perf.md).
         return DDP(model, device_ids=[device] if device.type == "cuda" else None, gradient_as_bucket_view=True,
                    find_unused_parameters=getattr(self, "find_unused_parameters", False))
 
