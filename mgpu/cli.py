@@ -77,6 +77,15 @@ def config_or_exit(parser: argparse.ArgumentParser, **fields) -> TrainConfig:
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="mgpu", allow_abbrev=False, description="Data-parallel training, checked against one device.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    _add_train_parser(commands)
+    _add_check_parser(commands)
+    parser.set_defaults(command_mains={"check": _check_main})
+    for add_commands in _command_providers():
+        parser.get_default("command_mains").update(add_commands(commands))
+    return parser
+
+
+def _add_train_parser(commands) -> None:
     t = commands.add_parser("train", allow_abbrev=False, help="train a model and print the chapter's line",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = TrainConfig()
@@ -132,11 +141,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "memory), or keep them (less communication)")
     t.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in --checkpoint-dir (starts afresh, saying so, if there is none)")
-    _add_check_parser(commands)
-    parser.set_defaults(command_mains={"check": _check_main})
-    for add_commands in _command_providers():
-        parser.get_default("command_mains").update(add_commands(commands))
-    return parser
 
 
 def _command_providers() -> list:
