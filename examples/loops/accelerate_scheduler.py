@@ -1,0 +1,61 @@
+"""PLANTED DEFECT (a world-size-dependent schedule): accelerate_loop.py with accelerate's default
+step_scheduler_with_optimizer=True, which steps the prepared scheduler once per process at every
+optimizer step: at N processes the learning rate decays N times faster. The gradients agree; the
+updates differ from step 2 on.
+
+Otherwise: a correct HF accelerate loop: Accelerator.prepare shards the DataLoader and wraps the model in DDP;
+accelerator.backward, accelerator.clip_grad_norm_ (over the averaged gradients), a scheduler.
+
+    accelerate launch --num_processes 2 --cpu examples/loops/accelerate_scheduler.py --batch-size 8
+    python -m mgpu check-script examples/loops/accelerate_scheduler.py --batch-size "{16 // world_size}"
+
+The batch size is per device, as accelerate's DataLoader shards by whole batches (split_batches=False).
+"""
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, set_seed
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch-size", type=int, default=8, help="per device")
+    parser.add_argument("--lr", type=float, default=2e-3)
+    args = parser.parse_args()
+
+    # A sampler seeded by set_seed, the same at every world size (the default draws its order from a
+    # generator accelerate synchronises only when distributed: world 1 would shuffle otherwise).
+    # The defect: accelerate's default step_scheduler_with_optimizer=True with a prepared scheduler.
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+    set_seed(0)
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(320, 12, generator=g)
+    y = torch.randint(0, 3, (320,), generator=g)
+    loader = DataLoader(TensorDataset(x, y), batch_size=args.batch_size, shuffle=True)
+
+    model = nn.Sequential(nn.Linear(12, 48), nn.GELU(), nn.Dropout(0.1), nn.Linear(48, 3))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0, end_factor=0.1, total_iters=50)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+
+    model.train()
+    for step, (xb, yb) in enumerate(loader):
+        loss = F.cross_entropy(model(xb), yb)
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        if step % 10 == 0:
+            accelerator.print(f"step {step} loss {loss.item():.4f}")
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,7 @@
+"""`python -m mgpu.scriptcheck SCRIPT [ARGS...]`: the same as `python -m mgpu check-script`."""
+
+import sys
+
+from mgpu.scriptcheck import main
+
+sys.exit(main(prog="python -m mgpu.scriptcheck"))

@@ -1,0 +1,546 @@
+"""World N against world 1, optimizer step by optimizer step, and why they part.
+
+For each step, in this order, the first thing that differs is the divergence:
+
+1. before step 1: every rank's weights against rank 0's (bitwise: "replicas start apart"), then
+   world N's rank 0 against world 1;
+2. the data: the examples every root-model forward of the step consumed, over all ranks, against
+   world 1's (per-example digests; padding stripped, the batch dimension found from the shapes);
+3. the gradients the optimizer saw: every rank against rank 0 (bitwise: synchronised?), then rank 0
+   against world 1, within the tolerance;
+4. the weights after the step: the same two comparisons.
+
+**The tolerance** (documented in docs/check-script.md). World 1 runs twice: A, and B, whose every
+gradient the optimizer uses is moved by `PERTURB * (|g| + rms(g))` per element with random signs
+(launch.PERTURB = 2^-22, two float32 roundings): a difference of the size that another summation
+order makes, which is what averaging shards over ranks changes. B's distance from A, tensor by
+tensor and step by step, is how far this computation carries such a difference (through the
+optimizer, the next forwards, ReLU kinks...). World N passes a tensor when its distance from A is at
+most `FACTOR` times that, or `FACTOR` times `FLOOR_ULPS` units in the last place of the tensor's
+largest element, whichever is larger. The floor covers step 1's gradients, which B cannot perturb
+before they are computed. Bitwise between ranks of one world: they apply the same gradients.
+
+A world-1 rerun that differs where no perturbation reached (the data, the weights before step 1,
+step 1's gradients) means the script has randomness of its own: nothing can be compared, the
+report is NOT VERIFIED, and says where the two runs first differ.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from mgpu.scriptcheck.recorder import Digest, tensor_digest
+
+__all__ = ["FACTOR", "FLOOR_ULPS", "Divergence", "WorldComparison", "compare_world", "reproducibility",
+           "common_factor", "example_digests"]
+
+FACTOR = 16.0
+FLOOR_ULPS = 4.0
+# A common factor is named when every tensor's least-squares ratio is within this of it, and each
+# tensor is that multiple of world 1's to within RESIDUAL (relative).
+FACTOR_AGREE = 0.005
+RESIDUAL = 0.01
+
+
+@dataclass
+class Divergence:
+    step: int                  # 0: before step 1
+    kind: str                  # "start", "ranks", "data", "gradient", "weight"
+    tensor: str                # "fc1.weight", "inputs of Net"
+    rank: int | None
+    max_abs: float | None
+    allowed: float | None
+    max_rel: float | None
+    diagnosis: str
+    detail: str = ""           # "12 of 16 examples ..." for data
+
+    def where(self) -> str:
+        return "before step 1" if self.step == 0 else f"at step {self.step}"
+
+    def describe(self, world: int) -> str:
+        """'at step 1, gradient fc1.weight: error ... (allowed ...): diagnosis'."""
+        if self.kind == "data":
+            what = f"{self.where()}, {self.detail}"
+        elif self.kind == "ranks":
+            what = f"{self.where()}, {self.tensor} on rank {self.rank} differs from rank 0's"
+            if self.max_abs is not None:
+                what += f" (largest difference {self.max_abs:.3e}; bitwise equality required)"
+        else:
+            label = {"gradient": "gradient", "weight": "weight after the step", "start": "weight"}[self.kind]
+            what = (f"{self.where()}, {label} {self.tensor}: error {_num(self.max_abs)} against world 1 "
+                    f"(allowed {_num(self.allowed)}; relative {_num(self.max_rel)})")
+        return f"{what}: {self.diagnosis}"
+
+    def to_json(self) -> dict:
+        out = dict(self.__dict__)
+        for k in ("max_abs", "allowed", "max_rel"):
+            if isinstance(out[k], float) and not math.isfinite(out[k]):
+                out[k] = None
+        return out
+
+
+def _num(x) -> str:
+    return "n/a" if x is None else ("inf" if x == math.inf else f"{x:.3e}")
+
+
+@dataclass
+class WorldComparison:
+    world: int
+    status: str                # "pass", "fail", "finding", "not-compared"
+    steps: int                 # steps compared
+    first: Divergence | None = None
+    worst: dict = field(default_factory=dict)    # kind -> {"tensor", "step", "error", "allowed"}: largest error/allowed
+    notes: list = field(default_factory=list)
+    reason: str = ""
+
+    def to_json(self) -> dict:
+        return {"world": self.world, "status": self.status, "steps_compared": self.steps,
+                "first_divergence": self.first.to_json() if self.first else None, "worst": self.worst,
+                "notes": self.notes, "reason": self.reason}
+
+
+# -- tensors -------------------------------------------------------------------------------------------
+
+def _eps(t: torch.Tensor) -> float:
+    return torch.finfo(t.dtype).eps if t.is_floating_point() else 0.0
+
+
+def _err(a, b) -> tuple[float, float]:
+    """(largest absolute difference, relative to b's largest magnitude); inf when not comparable."""
+    if a is None or b is None:
+        return (0.0, 0.0) if a is None and b is None else (math.inf, math.inf)
+    if isinstance(a, Digest) or isinstance(b, Digest):
+        return math.inf, math.inf
+    if a.shape != b.shape:
+        return math.inf, math.inf
+    if a.numel() == 0:
+        return 0.0, 0.0
+    d = (a.double() - b.double()).abs()
+    both_nan = torch.isnan(a.double()) & torch.isnan(b.double())
+    d = torch.where(both_nan, torch.zeros_like(d), d)
+    diff = float(d.max())
+    if math.isnan(diff):
+        return math.inf, math.inf
+    scale = float(b.double().abs().nan_to_num(0.0).max())
+    return diff, (diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf))
+
+
+def _same(a, b) -> bool:
+    """Bitwise equality of two recorded values (a tensor, a Digest, or None)."""
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, Digest) or isinstance(b, Digest):
+        da = a.hex if isinstance(a, Digest) else tensor_digest(a)
+        db = b.hex if isinstance(b, Digest) else tensor_digest(b)
+        return da == db
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
+        torch.nan_to_num(a, nan=0.0) if a.is_floating_point() else a,
+        torch.nan_to_num(b, nan=0.0) if b.is_floating_point() else b)
+
+
+def _largest(t) -> float:
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
+        return 0.0
+    return float(t.double().abs().nan_to_num(0.0).max())
+
+
+def module_scales(tensors: dict) -> dict:
+    """name -> the largest magnitude among the tensors of its module ('fc1.weight' and 'fc1.bias'):
+    the floor's scale. A bias before a BatchNorm has an exact gradient of zero: what it holds is the
+    rounding of terms as large as its weight's gradient, so its own magnitude is no measure."""
+    by_module: dict = {}
+    for name, t in tensors.items():
+        key = name.rsplit(".", 1)[0] if "." in name else name
+        by_module[key] = max(by_module.get(key, 0.0), _largest(t))
+    return {name: by_module[name.rsplit(".", 1)[0] if "." in name else name] for name in tensors}
+
+
+def allowed_error(a: torch.Tensor, b_run, scale: float | None = None) -> float:
+    """FACTOR * max(world 1's spread between its runs A and B, FLOOR_ULPS ulps of `scale`: the largest
+    element of A's module, module_scales)."""
+    if a is None or isinstance(a, Digest) or not a.is_floating_point() or a.numel() == 0:
+        return 0.0
+    spread = 0.0
+    if b_run is not None and not isinstance(b_run, Digest):
+        spread, _ = _err(b_run, a)
+        if not math.isfinite(spread):
+            spread = 0.0
+    floor = FLOOR_ULPS * _eps(a) * max(_largest(a), scale or 0.0)
+    return FACTOR * max(spread, floor)
+
+
+def common_factor(actual: dict, reference: dict) -> float | None:
+    """The one factor c with actual ~= c * reference for every tensor (least squares per tensor, all
+    agreeing within FACTOR_AGREE, residuals within RESIDUAL); None when there is none."""
+    ratios = []
+    for name, ref in reference.items():
+        got = actual.get(name)
+        if ref is None or got is None or isinstance(got, Digest) or isinstance(ref, Digest) or got.shape != ref.shape:
+            continue
+        r, g = ref.double().flatten(), got.double().flatten()
+        rr = float(r @ r)
+        if rr == 0 or not math.isfinite(rr):
+            continue
+        c = float(g @ r) / rr
+        res = float((g - c * r).norm()) / max(float(g.norm()), 1e-300)
+        if not math.isfinite(c) or res > RESIDUAL:
+            return None
+        ratios.append(c)
+    if not ratios:
+        return None
+    mid = sorted(ratios)[len(ratios) // 2]
+    if mid == 0 or any(abs(c - mid) > FACTOR_AGREE * abs(mid) for c in ratios):
+        return None
+    return mid
+
+
+def _name_factor(c: float, n: int) -> str | None:
+    for value, name in ((1 / n, "1/N"), (1 / math.sqrt(n), "1/sqrt(N)"), (n, "N"), (math.sqrt(n), "sqrt(N)")):
+        if abs(c - value) <= FACTOR_AGREE * value:
+            return name
+    return None
+
+
+# -- data ----------------------------------------------------------------------------------------------
+
+def _batch_dims(forwards_1: list, forwards_n: list, n: int) -> dict:
+    """slot -> the dimension along which its examples lie: the one whose size at world 1 is N times
+    world N's (the global batch split over the ranks); dim 0 when none is (or cannot be told)."""
+    dims = {}
+    for f1 in forwards_1[:1]:
+        for fn in forwards_n[:1]:
+            for key, t1 in f1["tensors"].items():
+                tn = fn["tensors"].get(key)
+                if not isinstance(t1, torch.Tensor) or not isinstance(tn, torch.Tensor) or t1.dim() != tn.dim():
+                    continue
+                hits = [d for d in range(t1.dim()) if t1.shape[d] == n * tn.shape[d] and tn.shape[d] > 0]
+                if hits and 0 not in hits:
+                    dims[key] = hits[0]
+    return dims
+
+
+def _pads(forwards: list, dims: dict) -> dict:
+    """slot -> (value stripped from the end of each example, value stripped from its start), for 2-D
+    integer and bool tensors (token ids, masks, labels): the most common last and first element,
+    which is the padding where a batch is padded to its longest example, and harmless otherwise."""
+    ends, starts = collections.defaultdict(collections.Counter), collections.defaultdict(collections.Counter)
+    for f in forwards:
+        for key, t in f["tensors"].items():
+            if isinstance(t, torch.Tensor) and t.dim() == 2 and not t.is_floating_point() and not t.is_complex():
+                rows = t if dims.get(key, 0) == 0 else t.t()
+                if rows.shape[1]:
+                    ends[key].update(rows[:, -1].tolist())
+                    starts[key].update(rows[:, 0].tolist())
+    return {k: (ends[k].most_common(1)[0][0], starts[k].most_common(1)[0][0]) for k in ends}
+
+
+def _strip(row: torch.Tensor, pad: tuple) -> torch.Tensor:
+    end, start = pad
+    n = row.numel()
+    hi = n
+    vals = row.tolist()
+    while hi > 0 and vals[hi - 1] == end:
+        hi -= 1
+    lo = 0
+    while lo < hi and vals[lo] == start:
+        lo += 1
+    return row[lo:hi]
+
+
+def example_digests(forward: dict, dims: dict, pads: dict) -> list[str]:
+    """One digest per example of a forward: its rows of every batched data tensor, padding stripped."""
+    tensors = forward["tensors"]
+    sizes = collections.Counter()
+    for key, t in tensors.items():
+        if isinstance(t, torch.Tensor):
+            if t.dim():
+                sizes[t.shape[dims.get(key, 0)]] += 1
+        else:
+            sizes[len(t[1])] += 1
+    if not sizes:
+        return [tensor_digest(torch.stack([t for t in tensors.values() if isinstance(t, torch.Tensor)]))]
+    count = sizes.most_common(1)[0][0]
+    hashes = [hashlib.sha1() for _ in range(count)]
+    for key in sorted(tensors):
+        t = tensors[key]
+        if isinstance(t, torch.Tensor):
+            if not t.dim() or t.shape[dims.get(key, 0)] != count:
+                continue
+            rows = t.movedim(dims.get(key, 0), 0)
+            for i in range(count):
+                row = rows[i]
+                if key in pads and row.dim() == 1:
+                    row = _strip(row, pads[key])
+                hashes[i].update(key.encode() + tensor_digest(row).encode())
+        elif len(t[1]) == count:
+            for i in range(count):
+                hashes[i].update(key.encode() + t[1][i].encode())
+    return [h.hexdigest() for h in hashes]
+
+
+@dataclass
+class StepData:
+    world_1: list            # digests, in order
+    ranks: list              # per rank: digests, in order
+    forwards_1: int
+    forwards_n: list         # per rank: forwards in this step
+
+
+def _step_data(rec_1: dict, recs_n: list, n: int) -> StepData:
+    f1 = rec_1["forwards"]
+    fn_all = [r["forwards"] for r in recs_n]
+    dims = _batch_dims(f1, fn_all[0] if fn_all else [], n)
+    pads = _pads(f1 + [f for fs in fn_all for f in fs], dims)
+    d1 = [d for f in f1 for d in example_digests(f, dims, pads)]
+    dn = [[d for f in fs for d in example_digests(f, dims, pads)] for fs in fn_all]
+    return StepData(d1, dn, len(f1), [len(fs) for fs in fn_all])
+
+
+def _data_divergence(step: int, sd: StepData, n: int, root: str, arg_hint: str) -> Divergence | None:
+    c1 = collections.Counter(sd.world_1)
+    union = collections.Counter()
+    for r in sd.ranks:
+        union.update(r)
+    if union == c1:
+        return None
+    total_1, total_n = sum(c1.values()), sum(union.values())
+    shared = sum((union & c1).values())
+    tensor = f"inputs of {root}"
+    per_rank = [len(r) for r in sd.ranks]
+    sizes = f"world 1 took {total_1} example(s) in {sd.forwards_1} forward(s); world {n} took {total_n} " \
+            f"({' + '.join(map(str, per_rank))} on ranks 0..{n - 1})"
+    same_everywhere = n > 1 and all(collections.Counter(r) == collections.Counter(sd.ranks[0]) for r in sd.ranks[1:]) \
+        and sd.ranks[0]
+    if same_everywhere:
+        return Divergence(step, "data", None, None, None, None, None,
+                          "every rank saw the same examples: the data are not sharded over the ranks; give the "
+                          "DataLoader a DistributedSampler (or shard the dataset by rank), and keep the global "
+                          "batch the same at every world size", detail=f"{tensor}: {sizes}")
+    if total_n != total_1:
+        hint = ("each rank took a whole world-1 batch: " if total_n == n * total_1 else "")
+        return Divergence(step, "data", None, None, None, None, None,
+                          f"the global batch changed size: {hint}per-device batch size? Keep the global batch "
+                          f"fixed, e.g. {arg_hint}", detail=f"{tensor}: {sizes}")
+    return Divergence(step, "data", None, None, None, None, None,
+                      f"the global batch holds other examples than world 1's ({shared} of {total_1} shared): the "
+                      "order of the data depends on the world size or the rank (a sampler or shuffle seeded by "
+                      "rank, a DistributedSampler at one world size only, random augmentation drawn per rank?)",
+                      detail=f"{tensor}: {sizes}")
+
+
+# -- comparison ----------------------------------------------------------------------------------------
+
+def _records(run) -> list[list[dict]]:
+    return [r["records"] for r in run.ranks]
+
+
+def _track_worst(worst: dict, kind: str, tensor: str, step: int, err: float, allowed: float) -> None:
+    if not math.isfinite(err):
+        return
+    ratio = err / allowed if allowed > 0 else (0.0 if err == 0 else math.inf)
+    cur = worst.get(kind)
+    if cur is None or ratio > cur["ratio"]:
+        worst[kind] = {"tensor": tensor, "step": step, "error": err, "allowed": allowed, "ratio": ratio}
+
+
+def _gradient_diagnosis(step: int, got: dict, ref: dict, n: int, sd: StepData, findings: dict) -> str:
+    c = common_factor(got, ref)
+    if c is not None:
+        name = _name_factor(c, n)
+        causes = {
+            "1/N": "the average over ranks divided once more (the loss divided by a global count or by the world "
+                   "size, then DDP's average, or an all_reduce that averages, on top)",
+            "1/sqrt(N)": "a norm reduced twice (the gradient norm for clipping all-reduced over ranks that already "
+                         "hold the whole gradient: clipping cuts too much)",
+            "N": "summed over ranks, not averaged (an all_reduce with SUM and no division by the world size, or "
+                 "the loss multiplied by the world size)",
+            "sqrt(N)": "a norm divided by the world size's square root (clipping by a norm that is too small)",
+        }
+        if name:
+            return f"every gradient is {c:.3f} x world 1's = {name}: {causes[name]}"
+        return (f"every gradient is {c:.3f} x world 1's, a common factor that is no power of N: a loss scale or "
+                "normaliser that changes with the world size (a count taken per rank, clipping by a norm that "
+                "differs)?")
+    extra = _explained(findings)
+    if extra:
+        return extra
+    micro = max(sd.forwards_n) if sd.forwards_n else 1
+    if micro > 1 or sd.forwards_1 > 1:
+        return (f"the gradients differ by no common factor, and the step accumulated {sd.forwards_1} forward(s) at "
+                f"world 1, {micro} per rank at world {n}: the loss is weighted per micro-batch or per rank (each "
+                "micro-batch's or rank's mean over its own tokens or examples, divided by the number of "
+                "micro-batches): divide the summed loss by the count over the whole window and all ranks "
+                "(all-reduced), times the world size where DDP averages")
+    return (f"the gradients differ by no common factor: the loss weighs examples differently at world {n}: a mean "
+            "or normaliser per rank (each rank divides by its own count of tokens, boxes, foreground "
+            "examples...): divide the summed loss by the global count (all-reduced), times the world size "
+            "where DDP averages")
+
+
+def _explained(findings: dict) -> str:
+    """A known reason for world N to differ, from the findings: randomness in the forward. (BatchNorm
+    is no reason: the check synchronises it over the ranks at world N, recorder._SyncedBatchNorm.)"""
+    if findings.get("random_draws"):
+        what = ", ".join(f"{k} ({v} calls)" for k, v in sorted(findings["random_draws"].items()))
+        return (f"the forward draws random numbers beyond dropout ({what}): each rank draws its own for its shard, "
+                "so world N cannot match world 1 exactly (randomness finding)")
+    return ""
+
+
+def _update_diagnosis(step: int, got_after: dict, got_before: dict, ref_after: dict, ref_before: dict, n: int) -> str:
+    def upd(after, before):
+        return {k: (a.double() - before[k].double()) for k, a in after.items()
+                if isinstance(a, torch.Tensor) and isinstance(before.get(k), torch.Tensor)}
+    c = common_factor(upd(got_after, got_before), upd(ref_after, ref_before))
+    if c is not None:
+        name = _name_factor(c, n)
+        return (f"the gradients agree, but every update is {c:.3f} x world 1's" + (f" = {name}" if name else "") +
+                ": the learning rate (or another optimizer setting) changes with the world size (a linear "
+                "scaling rule?)")
+    return ("the gradients agree, but the optimizer step does not: an optimizer setting, its state or the "
+            "schedule depends on the world size")
+
+
+def reproducibility(a, b) -> Divergence | None:
+    """Where world 1's rerun B first differs from run A where no perturbation reached: the data of any
+    step, the weights before step 1, step 1's gradients (digests taken before B's perturbation)."""
+    ra, rb = a.ranks[0]["records"], b.ranks[0]["records"]
+    for i, (x, y) in enumerate(zip(ra, rb)):
+        step = i + 1
+        sd = _step_data(x, [y], 1)
+        if collections.Counter(sd.world_1) != collections.Counter(sd.ranks[0]):
+            return Divergence(step, "data", None, None, None, None, None,
+                              "two world-1 runs took other examples: the data order is not seeded",
+                              detail=f"inputs of {_root_name(x)}")
+        if i == 0:
+            for name, t in x.get("before", {}).items():
+                if not _same(t, y.get("before", {}).get(name)):
+                    e = _err(y["before"].get(name), t)
+                    return Divergence(0, "start", name, None, e[0], 0.0, e[1],
+                                      "two world-1 runs start from other weights: the model's initialisation is "
+                                      "not seeded")
+            for name, d in x["grad_digests"].items():
+                if d != y["grad_digests"].get(name):
+                    e = _err(y["grads"].get(name), x["grads"].get(name))
+                    return Divergence(1, "gradient", name, None, e[0], 0.0, e[1],
+                                      "two world-1 runs compute other gradients from the same weights and examples: "
+                                      "the forward or the loss draws unseeded random numbers")
+    return None
+
+
+def _root_name(rec: dict) -> str:
+    names = {f.get("root_name") for f in rec["forwards"]}
+    return ", ".join(sorted(n for n in names if n)) or "the model"
+
+
+def compare_world(run_n, run_a, run_b, findings: dict, arg_hint: str) -> WorldComparison:
+    """World N (all ranks) against world 1 (run A, tolerance from run B)."""
+    n = run_n.world
+    recs_n = _records(run_n)
+    ref, per = run_a.ranks[0]["records"], run_b.ranks[0]["records"]
+    steps = min([len(ref)] + [len(r) for r in recs_n])
+    out = WorldComparison(n, "pass", steps)
+    if len(recs_n[0]) != len(ref):
+        out.notes.append(f"world {n} made {len(recs_n[0])} optimizer step(s) and world 1 {len(ref)}: compared on "
+                         f"the first {steps}")
+    worst: dict = {}
+
+    def fail(d: Divergence) -> WorldComparison:
+        out.first = d
+        out.worst = worst
+        explained = _explained(findings) if d.kind in ("gradient", "weight") else ""
+        out.status = "finding" if explained and d.kind in ("gradient", "weight") else "fail"
+        return out
+
+    for i in range(steps):
+        step = i + 1
+        r1, rb = ref[i], per[i] if i < len(per) else None
+        rn = [recs[i] for recs in recs_n]
+        if (rn[0]["optimizer"], rn[0]["step"]) != (r1["optimizer"], r1["step"]):
+            return fail(Divergence(step, "data", None, None, None, None, None,
+                                   "the optimizers step in another order at this world size",
+                                   detail=f"world {n} stepped optimizer {rn[0]['optimizer']}, world 1 optimizer "
+                                          f"{r1['optimizer']}"))
+        if i == 0:
+            for r in range(1, n):
+                for name, t in rn[0].get("before", {}).items():
+                    if not _same(rn[r].get("before", {}).get(name), t):
+                        e = _err(rn[r]["before"].get(name), t)
+                        return fail(Divergence(0, "ranks", name, r, e[0] if math.isfinite(e[0]) else None, 0.0, None,
+                                               "replicas start apart: broadcast rank 0's weights before training (DDP does at "
+                                               "construction; a hand-made loop must dist.broadcast every parameter), or "
+                                               "build the model from the same seed on every rank"))
+            scales = module_scales(r1.get("before", {}))
+            for name, t in r1.get("before", {}).items():
+                got = rn[0].get("before", {}).get(name, "missing")
+                if isinstance(got, str):
+                    return fail(Divergence(0, "start", name, 0, None, None, None,
+                                           f"world {n} has no parameter {name} in its optimizer"))
+                e = _err(got, t)
+                allowed = allowed_error(t, None, scales[name])
+                if not e[0] <= allowed:
+                    return fail(Divergence(0, "start", name, 0, e[0], allowed, e[1],
+                                           f"world {n} starts from other weights than world 1: the model is built from "
+                                           "another random state at this world size; seed before building it, with "
+                                           "the same seed at every world size (not seed + rank), or load the same "
+                                           "checkpoint"))
+        sd = _step_data(r1, rn, n)
+        d = _data_divergence(step, sd, n, _root_name(r1), arg_hint)
+        if d is not None:
+            return fail(d)
+        # gradients
+        for r in range(1, n):
+            for name, g in rn[0]["grads"].items():
+                if not _same(rn[r]["grads"].get(name), g):
+                    e = _err(rn[r]["grads"].get(name), g)
+                    return fail(Divergence(step, "ranks", f"gradient {name}", r, e[0] if math.isfinite(e[0]) else None,
+                                           0.0, None,
+                                           f"rank {r}'s gradient differs from rank 0's as the optimizer steps: the "
+                                           "gradients are not synchronised (no DDP, or an all_reduce missing for "
+                                           "this parameter)"))
+        scales = module_scales(r1["grads"])
+        for name, g1 in r1["grads"].items():
+            gn = rn[0]["grads"].get(name, "missing")
+            if isinstance(gn, str):
+                return fail(Divergence(step, "gradient", name, 0, None, None, None,
+                                       f"world {n}'s optimizer has no parameter {name}"))
+            if (g1 is None) != (gn is None):
+                return fail(Divergence(step, "gradient", name, 0, None, None, None,
+                                       f"world {'1' if g1 is None else str(n)} has no gradient for it: a parameter "
+                                       "unused at one world size"))
+            if g1 is None:
+                continue
+            e = _err(gn, g1)
+            allowed = allowed_error(g1, rb["grads"].get(name) if rb else None, scales[name])
+            _track_worst(worst, "gradient", name, step, e[0], allowed)
+            if not e[0] <= allowed:
+                return fail(Divergence(step, "gradient", name, 0, e[0], allowed, e[1],
+                                       _gradient_diagnosis(step, rn[0]["grads"], r1["grads"], n, sd, findings)))
+        # weights after the step
+        for r in range(1, n):
+            for name, w in rn[0]["after"].items():
+                if not _same(rn[r]["after"].get(name), w):
+                    e = _err(rn[r]["after"].get(name), w)
+                    return fail(Divergence(step, "ranks", f"weight {name}", r, e[0] if math.isfinite(e[0]) else None,
+                                           0.0, None,
+                                           f"rank {r}'s weights part from rank 0's in this step although their "
+                                           "gradients agree: the optimizer differs between ranks (a setting by "
+                                           "rank, a step skipped on one rank?)"))
+        scales = module_scales(r1["after"])
+        for name, w1 in r1["after"].items():
+            wn = rn[0]["after"].get(name)
+            e = _err(wn, w1)
+            allowed = allowed_error(w1, rb["after"].get(name) if rb else None, scales[name])
+            _track_worst(worst, "weight", name, step, e[0], allowed)
+            if not e[0] <= allowed:
+                before_n = rn[0]["before"] if i == 0 else recs_n[0][i - 1]["after"]
+                before_1 = r1["before"] if i == 0 else ref[i - 1]["after"]
+                return fail(Divergence(step, "weight", name, 0, e[0], allowed, e[1],
+                                       _update_diagnosis(step, rn[0]["after"], before_n, r1["after"], before_1, n)))
+    out.worst = worst
+    return out

@@ -1,0 +1,519 @@
+"""Inside each rank: run the user's script as `python SCRIPT` would, and record its first K optimizer steps.
+
+`run_rank(cfg)` is what mgpu.launch.spawn runs in every rank (torch's elastic agent has set RANK,
+LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Before the script's first line it
+
+* makes the process look fresh: torch's default generator back at its initial seed (the fork
+  server that forked this rank may have drawn from it), numpy's global generator reseeded from
+  the OS (as a new interpreter's is; Python's `random` reseeds itself after a fork);
+  `sys.argv = [SCRIPT, *ARGS]`, the script's folder first on `sys.path` (for `-m MODULE`: the
+  current folder), stdout and stderr to files (the launcher shows their last lines on a crash);
+* enters `ScriptMode` for the whole run: mgpu's `DropoutOff` (dropout and stochastic depth off at
+  the function level), which also counts random numbers drawn inside a root model's forward;
+* installs torch's global hooks: `register_module_forward_pre_hook` / `..._forward_hook` find the
+  root models (a module with parameters called outside any other module's forward) and record the
+  data each training forward consumed; `register_optimizer_step_pre_hook` / `..._post_hook`
+  record, for any torch.optim optimizer (and wrappers that call one: accelerate's), each
+  parameter's gradient as the optimizer sees it, and its value after the step (before step 1 too).
+
+After the post-hook of step K of the first optimizer that stepped, `StopScript` (a BaseException,
+so that the script's `except Exception` does not swallow it) unwinds the script; the rank saves its
+record (torch.save, to the launcher's temporary folder), leaves a process group the script left
+behind (barrier, destroy) and returns. A script that ends before K steps saves what it made.
+
+Run B of world 1 (cfg["perturb"] > 0) adds a rounding-sized perturbation to every gradient before
+its optimizer uses it, after recording it: the spread between the two world-1 runs is how far this
+computation carries a difference of the size that another summation order makes (compare.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import runpy
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from mgpu.parity.dropout import DropoutOff, random_layer_modules
+
+__all__ = ["run_rank", "StopScript", "ScriptMode", "strip_wrappers", "Digest", "WRAPPER_SEGMENTS"]
+
+# Module names that wrappers put into parameter names: anywhere (torch.compile, FSDP1, activation
+# checkpointing, Lightning), and "module" at the front (DDP, DataParallel, accelerate's DDP).
+WRAPPER_SEGMENTS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_forward_module")
+# A forward's data tensors are kept whole up to this many elements (then per-example digests only):
+# whole, the comparison can find the batch dimension and strip padding (compare.py).
+KEEP_INPUT_NUMEL = 1 << 22
+# Ranks other than 0 keep their tensors whole up to this many elements a snapshot; above, digests.
+KEEP_RANK_NUMEL = 1 << 23
+# torch's functions that draw random numbers (dropout's are DropoutOff's; these are what it leaves).
+RANDOM_FUNCTIONS = {
+    torch.rand: "torch.rand", torch.randn: "torch.randn", torch.randint: "torch.randint",
+    torch.rand_like: "torch.rand_like", torch.randn_like: "torch.randn_like",
+    torch.randint_like: "torch.randint_like", torch.randperm: "torch.randperm", torch.bernoulli: "torch.bernoulli",
+    torch.normal: "torch.normal", torch.multinomial: "torch.multinomial", torch.poisson: "torch.poisson",
+    torch.Tensor.bernoulli_: "Tensor.bernoulli_", torch.Tensor.normal_: "Tensor.normal_",
+    torch.Tensor.uniform_: "Tensor.uniform_", torch.Tensor.random_: "Tensor.random_",
+    torch.Tensor.exponential_: "Tensor.exponential_", torch.Tensor.geometric_: "Tensor.geometric_",
+    torch.Tensor.cauchy_: "Tensor.cauchy_", torch.Tensor.log_normal_: "Tensor.log_normal_",
+    torch.Tensor.multinomial: "Tensor.multinomial", torch.Tensor.bernoulli: "Tensor.bernoulli",
+}
+
+
+class StopScript(BaseException):
+    """Raised in the optimizer's post-hook after step K: the script has done what the check needs."""
+
+
+class Digest:
+    """A tensor kept as its SHA-1 (of dtype, shape and bytes) where whole tensors would cost too much."""
+
+    __slots__ = ("hex", "shape", "dtype")
+
+    def __init__(self, t: torch.Tensor):
+        self.hex, self.shape, self.dtype = tensor_digest(t), tuple(t.shape), str(t.dtype)
+
+    def __eq__(self, other):
+        return isinstance(other, Digest) and self.hex == other.hex
+
+    def __hash__(self):
+        return hash(self.hex)
+
+    def __getstate__(self):
+        return (self.hex, self.shape, self.dtype)
+
+    def __setstate__(self, state):
+        self.hex, self.shape, self.dtype = state
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    t = t.detach().cpu().contiguous()
+    h = hashlib.sha1(f"{t.dtype}{tuple(t.shape)}".encode())
+    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def strip_wrappers(name: str) -> str:
+    """'module._orig_mod.fc1.weight' -> 'fc1.weight': the names the model itself gives."""
+    parts = [p for p in name.split(".") if p not in WRAPPER_SEGMENTS]
+    while len(parts) > 1 and parts[0] == "module":
+        parts.pop(0)
+    return ".".join(parts)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A parameter or gradient whole, on the CPU: FSDP2's DTensors gathered (`full_tensor`)."""
+    t = t.detach()
+    if hasattr(t, "full_tensor") and type(t).__name__ == "DTensor":
+        t = t.full_tensor()
+    return t.to("cpu", copy=True)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if type(t).__name__ == "DTensor" else t
+
+
+class ScriptMode(DropoutOff):
+    """DropoutOff for the whole script, and a count of the random numbers drawn inside a root
+    model's forward (what no switch removes: noise layers, sampling, home-made masks)."""
+
+    def __init__(self, recorder: "Recorder"):
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        rec = self.recorder
+        if rec.depth.value and func in RANDOM_FUNCTIONS and not rec.in_backward():
+            rec.random_draw(RANDOM_FUNCTIONS[func])
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+class _Depth(threading.local):
+    value = 0
+    stack: list = None
+
+
+class Recorder:
+    def __init__(self, cfg: dict):
+        self.steps = int(cfg["steps"])
+        self.perturb = float(cfg.get("perturb") or 0.0)
+        self.sync_batchnorm = bool(cfg.get("sync_batchnorm"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.keep_numel = math.inf if self.rank == 0 else KEEP_RANK_NUMEL
+        self.depth = _Depth()
+        self.roots: dict[int, nn.Module] = {}            # id -> root module with parameters, in order seen
+        self.root_params: dict[int, set[int]] = {}
+        self.pending: list[dict] = []                    # forwards since the last step
+        self.optimizers: dict[int, int] = {}             # id(optimizer) -> index, in order of first step
+        self.names: dict[int, dict[int, str]] = {}       # optimizer index -> id(param) -> name
+        self.counts: dict[int, int] = {}                 # optimizer index -> steps made
+        self.records: list[dict] = []                    # one per optimizer step, in order
+        self.random_draws: dict[str, int] = {}
+        self.random_where: dict[str, str] = {}
+        self.forwards = 0
+        self.first_forward: float | None = None
+        self.step_times: list[float] = []
+        self.stopped = False
+        self.batchnorm: list[str] = []
+        self.random_modules: list[str] = []
+        self.mode = ScriptMode(self)
+        self.handles: list = []
+
+    # -- hooks --------------------------------------------------------------------------------------
+
+    def install(self) -> None:
+        from torch.nn.modules import module as m
+        from torch.optim import optimizer as o
+
+        self.handles = [
+            m.register_module_forward_pre_hook(self._pre_forward),
+            m.register_module_forward_hook(self._post_forward, always_call=True),
+            o.register_optimizer_step_pre_hook(self._pre_step),
+            o.register_optimizer_step_post_hook(self._post_step),
+        ]
+        self.mode.__enter__()
+
+    def uninstall(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        try:
+            self.mode.__exit__(None, None, None)
+        except Exception:  # the script left another mode on the stack above it
+            pass
+
+    @staticmethod
+    def in_backward() -> bool:
+        return torch._C._current_graph_task_id() != -1
+
+    def random_draw(self, name: str) -> None:
+        self.random_draws[name] = self.random_draws.get(name, 0) + 1
+        if name not in self.random_where and self.depth.stack:
+            inner = self.depth.stack[-1]
+            root = self.depth.stack[0]
+            where = next((n for n, mod in root.named_modules() if mod is inner), "")
+            self.random_where[name] = f"{strip_wrappers(where) or type(inner).__name__} ({type(inner).__name__})"
+
+    def _pre_forward(self, module: nn.Module, args: tuple) -> None:
+        d = self.depth
+        if d.stack is None:
+            d.stack = []
+        d.stack.append(module)
+        d.value += 1
+        if d.value != 1 or self.stopped or self.in_backward() or not torch.is_grad_enabled():
+            return
+        key = id(module)
+        if key not in self.root_params:
+            params = {id(p) for p in module.parameters()}
+            if not params:
+                self.root_params[key] = params
+                return
+            self.root_params[key], self.roots[key] = params, module
+            self._survey(module)
+        elif not self.root_params[key]:
+            return
+        kwargs = {}
+        caller = sys._getframe(1)
+        if caller.f_code.co_name == "_call_impl" and isinstance(caller.f_locals.get("kwargs"), dict):
+            kwargs = caller.f_locals["kwargs"]
+        record = _data_record(args, kwargs)
+        if self.first_forward is None:
+            self.first_forward = time.time()
+        if record is not None:
+            record["root"] = key
+            record["root_name"] = type(module).__name__
+            self.pending.append(record)
+            self.forwards += 1
+
+    def _post_forward(self, module, args, output) -> None:
+        d = self.depth
+        if d.value:
+            d.value -= 1
+            if d.stack:
+                d.stack.pop()
+
+    def _survey(self, root: nn.Module) -> None:
+        """What a root model holds that the check must know about: un-synchronised BatchNorm in
+        training mode (at world N synchronised over the ranks here, cfg["sync_batchnorm"]), and the
+        dropout and stochastic-depth modules switched off."""
+        for name, mod in root.named_modules():
+            if isinstance(mod, nn.modules.batchnorm._BatchNorm) and not isinstance(mod, nn.SyncBatchNorm) \
+                    and mod.training:
+                label = f"{strip_wrappers(name) or type(mod).__name__} ({type(mod).__name__})"
+                if label not in self.batchnorm:
+                    self.batchnorm.append(label)
+                if self.sync_batchnorm and "forward" not in vars(mod):
+                    mod.forward = _SyncedBatchNorm(mod)
+        for label in random_layer_modules(root):
+            stripped = label.split(" ", 1)
+            label = " ".join([strip_wrappers(stripped[0]), *stripped[1:]])
+            if label not in self.random_modules:
+                self.random_modules.append(label)
+
+    def _optimizer_index(self, optimizer) -> int:
+        key = id(optimizer)
+        if key not in self.optimizers:
+            self.optimizers[key] = len(self.optimizers)
+        return self.optimizers[key]
+
+    def _params(self, optimizer) -> list[torch.Tensor]:
+        return [p for group in optimizer.param_groups for p in group["params"]]
+
+    def _names(self, index: int, params: list[torch.Tensor]) -> dict[int, str]:
+        if index in self.names and all(id(p) in self.names[index] for p in params):
+            return self.names[index]
+        found: dict[int, str] = {}
+        for root in self.roots.values():
+            for name, p in root.named_parameters():
+                found.setdefault(id(p), strip_wrappers(name))
+        if any(id(p) not in found for p in params):  # a model never called as a module (model.forward(x))
+            import gc
+
+            wanted = {id(p) for p in params} - set(found)
+            for obj in gc.get_objects():
+                if isinstance(obj, nn.Module) and wanted:
+                    for name, p in obj.named_parameters():
+                        if id(p) in wanted:
+                            found[id(p)] = strip_wrappers(name)
+                            wanted.discard(id(p))
+        names, used = {}, set()
+        for i, p in enumerate(params):
+            name = found.get(id(p)) or f"param_groups[{index}] parameter {i}"
+            while name in used:
+                name += "'"
+            used.add(name)
+            names[id(p)] = name
+        self.names[index] = names
+        return names
+
+    def _keep(self, t: torch.Tensor):
+        return t if t.numel() <= self.keep_numel else Digest(t)
+
+    def _pre_step(self, optimizer, args, kwargs) -> None:
+        if self.stopped:
+            return
+        index = self._optimizer_index(optimizer)
+        k = self.counts.get(index, 0) + 1
+        params = self._params(optimizer)
+        names = self._names(index, params)
+        mine = {id(p) for p in params}
+        trained = set().union(*(self.root_params.get(r, set()) for r in self.roots))
+        forwards = [f for f in self.pending if self.root_params[f["root"]] & mine]
+        used = {id(f) for f in forwards}
+        self.pending = [f for f in self.pending if id(f) not in used and self.root_params[f["root"]] & trained]
+        rec: dict[str, Any] = {"optimizer": index, "step": k, "optimizer_type": type(optimizer).__name__,
+                               "forwards": forwards, "grads": {}, "grad_digests": {}, "after": {}}
+        if k == 1:
+            rec["before"] = {names[id(p)]: self._keep(_full(p)) for p in params}
+        for i, p in enumerate(params):
+            name = names[id(p)]
+            g = None if p.grad is None else _full(p.grad)
+            rec["grad_digests"][name] = None if g is None else tensor_digest(g)
+            if g is not None and self.perturb:
+                noise = self._noise(g, k, i)
+                g = g + noise
+                with torch.no_grad():
+                    _local(p.grad).add_(noise.to(p.grad.device, p.grad.dtype))
+            rec["grads"][name] = None if g is None else self._keep(g)
+        self._current = rec
+
+    def _noise(self, g: torch.Tensor, step: int, i: int) -> torch.Tensor:
+        """A rounding-sized difference: perturb * (|g| + rms(g)) per element, random sign."""
+        gen = torch.Generator().manual_seed(1_000_003 * step + i)
+        sign = torch.randint(0, 2, g.shape, generator=gen).to(g.dtype) * 2 - 1
+        rms = g.double().pow(2).mean().sqrt().item() if g.numel() else 0.0
+        return (self.perturb * (g.abs() + rms) * sign).to(g.dtype)
+
+    def _post_step(self, optimizer, args, kwargs) -> None:
+        if self.stopped:
+            return
+        index = self._optimizer_index(optimizer)
+        rec = self._current
+        params = self._params(optimizer)
+        names = self.names[index]
+        rec["after"] = {names[id(p)]: self._keep(_full(p)) for p in params}
+        self.counts[index] = rec["step"]
+        self.records.append(rec)
+        self.step_times.append(time.time())
+        if index == 0 and rec["step"] >= self.steps:
+            self.stopped = True
+            raise StopScript()
+
+    def result(self) -> dict:
+        return {"records": self.records, "forwards": self.forwards, "batchnorm": self.batchnorm,
+                "random_modules": self.random_modules, "dropout_calls": dict(self.mode.calls),
+                "random_draws": dict(self.random_draws), "random_where": dict(self.random_where),
+                "optimizers": len(self.optimizers), "stopped": self.stopped}
+
+
+class _SyncedBatchNorm:
+    """A BatchNorm's forward with the batch statistics of the global batch, as SyncBatchNorm computes
+    them (which torch offers only on GPUs): the sums all-reduced over the ranks with autograd-aware
+    collectives, so that backward reduces through them too. At world N this takes away the one
+    difference from world 1 that BatchNorm makes by design, and the rest of the loop is compared;
+    the batch-mixing finding says the script itself normalises per rank. Outside training (or
+    without a process group) the module's own forward runs."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self.original = module.forward
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        m = self.module
+        uses_batch = m.training or (m.running_mean is None and m.running_var is None)
+        if not uses_batch or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return self.original(x)
+        from torch.distributed.nn.functional import all_reduce
+
+        factor = 0.0 if m.momentum is None else m.momentum
+        if m.training and m.track_running_stats and m.num_batches_tracked is not None:
+            m.num_batches_tracked.add_(1)
+            factor = 1.0 / float(m.num_batches_tracked) if m.momentum is None else m.momentum
+        dims = [0, *range(2, x.dim())]
+        shape = [1, -1] + [1] * (x.dim() - 2)
+        count = torch.tensor([float(x.numel() // x.shape[1])], dtype=torch.float64, device=x.device)
+        dist.all_reduce(count)
+        total = float(count.item())
+        mean = all_reduce(x.double().sum(dims)) / total
+        centred = x - mean.to(x.dtype).view(shape)
+        var = all_reduce((centred.double() ** 2).sum(dims)) / total
+        y = centred * torch.rsqrt(var + m.eps).to(x.dtype).view(shape)
+        if m.affine:
+            y = y * m.weight.view(shape) + m.bias.view(shape)
+        if m.training and m.track_running_stats and m.running_mean is not None:
+            with torch.no_grad():
+                m.running_mean.mul_(1 - factor).add_(factor * mean.to(m.running_mean.dtype))
+                unbiased = var * total / max(total - 1, 1.0)
+                m.running_var.mul_(1 - factor).add_(factor * unbiased.to(m.running_var.dtype))
+        return y
+
+
+def _data_record(args: tuple, kwargs: dict) -> dict | None:
+    """The data tensors of one forward: tensors that are no autograd result and need no gradient
+    (activations passed between models are not data), by position or keyword; each kept whole when
+    small (KEEP_INPUT_NUMEL in all), else as per-example digests along dim 0."""
+    tensors = {}
+
+    def visit(value, key):
+        if isinstance(value, torch.Tensor):
+            if not value.requires_grad and value.grad_fn is None and type(value).__name__ != "DTensor":
+                tensors[key] = value
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                visit(v, f"{key}[{i}]")
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                visit(v, f"{key}[{k!r}]")
+        elif hasattr(value, "keys") and hasattr(value, "__getitem__"):  # BatchEncoding and other mappings
+            try:
+                for k in value.keys():
+                    visit(value[k], f"{key}[{k!r}]")
+            except Exception:
+                pass
+
+    for i, a in enumerate(args):
+        visit(a, f"arg{i}")
+    for k, v in kwargs.items():
+        visit(v, k)
+    if not tensors:
+        return None
+    total = sum(t.numel() for t in tensors.values())
+    kept = {}
+    for key, t in tensors.items():
+        t = t.detach()
+        if total <= KEEP_INPUT_NUMEL:
+            kept[key] = t.to("cpu", copy=True)
+        else:
+            rows = [tensor_digest(t[i]) for i in range(t.shape[0])] if t.dim() else [tensor_digest(t)]
+            kept[key] = ("rows", rows, tuple(t.shape), str(t.dtype))
+    return {"tensors": kept}
+
+
+# -- the rank's entry ----------------------------------------------------------------------------------
+
+def _fresh_process_state(cfg: dict) -> None:
+    torch.manual_seed(torch.initial_seed())
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    threads = cfg.get("threads")
+    if threads:
+        torch.set_num_threads(threads)
+    for key, value in (cfg.get("env") or {}).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    if cfg.get("exact_gpu_math"):
+        from mgpu.devices import set_exact_gpu_math
+
+        set_exact_gpu_math()
+
+
+def _redirect_output(folder: str, tag: str, rank: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, name in ((1, "out"), (2, "err")):
+        f = os.open(os.path.join(folder, f"{tag}-rank{rank}.{name}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(f, fd)
+        os.close(f)
+
+
+def _leave_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.barrier()
+            dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def run_rank(cfg: dict) -> dict:
+    """Run the script in this rank, recording; save the record; return a summary."""
+    rank = int(os.environ.get("RANK", "0"))
+    started = time.time()
+    _redirect_output(cfg["folder"], cfg["tag"], rank)
+    _fresh_process_state(cfg)
+    recorder = Recorder(cfg)
+    if cfg.get("module"):
+        sys.argv = [cfg["module"], *cfg["args"]]
+        sys.path[0:1] = [os.getcwd()]
+    else:
+        sys.argv = [cfg["script"], *cfg["args"]]
+        sys.path[0:1] = [os.path.dirname(os.path.abspath(cfg["script"]))]
+    exit_code = 0
+    recorder.install()
+    script_start = time.time()
+    try:
+        if cfg.get("module"):
+            runpy.run_module(cfg["module"], run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(cfg["script"], run_name="__main__")
+    except StopScript:
+        pass
+    except SystemExit as e:
+        exit_code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if exit_code:
+            if not isinstance(e.code, int):
+                print(e.code, file=sys.stderr)
+            raise
+    finally:
+        recorder.uninstall()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    script_end = time.time()
+    result = recorder.result()
+    result.update(rank=rank, world=int(os.environ.get("WORLD_SIZE", "1")),
+                  timing={"start": started, "script_start": script_start, "script_end": script_end,
+                          "first_forward": recorder.first_forward, "steps": recorder.step_times})
+    torch.save(result, os.path.join(cfg["folder"], f"{cfg['tag']}-rank{rank}.pt"))
+    _leave_process_group()
+    return {"rank": rank, "steps": len(result["records"])}
