@@ -3,6 +3,8 @@ structural regression shows as a guarded increase (`slower (counted)`), named.""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -103,3 +105,83 @@ def test_op_count_changes_alone_are_reported_not_failed():
     changes = compare_counts(base, cand)
     assert [c.what for c in changes] == ["op:aten.view"] and not changes[0].slower, changes
     assert StepCounts.from_dict(base.to_dict()) == base
+
+
+# -- the gate: one step counted in both arms, real workers over two trees ---------------------------
+
+TINY = '''
+import torch
+from torch import nn
+from mgpu.spec import ModelSpec
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        {change}
+        return self.fc2(h)
+
+
+def draw(n, g):
+    return torch.randn(n, 16, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def spec():
+    return ModelSpec(build=Net, draw=draw)
+'''
+
+CHANGES = {
+    "none": "pass",
+    "host-read": "assert float(h.sum()) == float(h.sum())  # two host reads in every forward (the harness reads 1)",
+    "copy": "h = h.t().contiguous().t()",
+    "float64": "h = h.double().float()",
+}
+
+
+def _gate_counts(tmp_path, change: str, strategy: str = "single", devices: int = 1):
+    from mgpu_perf.gate.arm import start_workers
+    from mgpu_perf.gate.compare import compare
+    from mgpu_perf.gate.settings import Settings
+
+    trees = {}
+    for label, plant in (("baseline", "none"), ("candidate", change)):
+        trees[label] = tmp_path / label
+        trees[label].mkdir()
+        (trees[label] / "tiny.py").write_text(TINY.replace("{change}", CHANGES[plant]))
+    pools = start_workers({label: (tree, sys.executable) for label, tree in trees.items()}, 1, tmp_path / "work")
+    spec = {"kind": "model-step", "model": "tiny.py:spec", "strategy": strategy, "devices": devices, "batch": 4}
+    return compare(f"tiny[{change}]", spec, pools, Settings(smoke=True, max_rounds=3, workers=1))
+
+
+@pytest.mark.parametrize("change, expected", [("none", None), ("host-read", "host reads 1 → 3 a step"),
+                                              ("copy", "bytes allocated"), ("float64", "bytes allocated")])
+def test_the_gate_counts_a_step_in_both_arms(tmp_path, change, expected):
+    from mgpu_perf.gate.report import format_table, gate_exit_status
+    from mgpu_perf.gate.settings import Settings
+
+    result = _gate_counts(tmp_path, change)
+    counted = result.counted
+    if expected is None:
+        assert counted.verdict == "same" and counted.changes == [], counted
+    else:
+        assert counted.verdict == "slower (counted)", counted
+        assert any(expected in line for line in counted.guarded), counted.guarded
+    table = "\n".join(format_table([result], Settings(smoke=True)))
+    assert f"counted: {counted.verdict}" in table or "counted: the same step in both arms" in table, table
+    result.verdict = "unchanged"
+    failing = gate_exit_status([result], Settings(counts="gate"))
+    assert failing == (0 if expected is None else 1), "a guarded increase fails the run whatever the timing says"
+    assert gate_exit_status([result], Settings(counts="report")) == 0, "--ab-counts report: shown, never failed"
+
+
+@pytest.mark.multiprocess
+def test_an_extra_all_reduce_under_ddp_is_counted_in_each_rank(tmp_path):
+    CHANGES["all-reduce"] = ("if torch.distributed.is_initialized(): torch.distributed.all_reduce(h.detach().clone())")
+    result = _gate_counts(tmp_path, "all-reduce", strategy="ddp", devices=2)
+    assert result.counted.verdict == "slower (counted)", result.counted
+    assert any(line.startswith("rank 0: +1 allreduce a step") for line in result.counted.guarded), result.counted.guarded
+    assert len(result.counted.counts["baseline"]) == 2, "each rank counts its own step"

@@ -15,8 +15,9 @@ checked at the strictest Holm level, and the benchmark stops early only when it 
 (stats.settled: inside half the threshold, or faster); otherwise it runs the rounds it was sized
 for, where `slower` is tested once.
 
-A worker that crashes, a workload that fails or computes a wrong result in either arm raises
-ArmError: never "unchanged". A workload the baseline cannot even set up (an API the change added, a
+After the warm-up, one more step is counted in both arms (gate/counted.py): what it does, exactly,
+beside the time it takes. A worker that crashes, a workload that fails or computes a wrong result in
+either arm raises ArmError: never "unchanged". A workload the baseline cannot even set up (an API the change added, a
 model file it lacks) is `not comparable`, with the reason.
 """
 
@@ -31,6 +32,7 @@ from mgpu.jsonsafe import finite_or_none
 from mgpu_perf.gate import sizing
 from mgpu_perf.gate import stats as abstats
 from mgpu_perf.gate.arm import Arm, ArmError
+from mgpu_perf.gate.counted import Counted, judge_counts
 from mgpu_perf.gate.rounds import Pools, agree_on_graphs, choose_clock, close_workers, in_both, sample_times, take_round
 from mgpu_perf.gate.settings import Settings
 
@@ -60,6 +62,7 @@ class Comparison:
     estimate: abstats.Estimate | None = None
     verdict: str = ""
     level: float = 0.0
+    counted: Counted = field(default_factory=Counted)  # one step counted in both arms (gate/counted.py)
 
     def median(self, arm: str) -> float:
         return statistics.median(self.samples[arm]) if self.samples[arm] else math.nan
@@ -119,7 +122,7 @@ class Comparison:
                 "clock": self.clock, "clock_reason": self.clock_reason, "graphs": self.graphs,
                 "seconds": self.seconds, "round_s": finite_or_none(self.round_s), "samples": self.samples,
                 "host_samples": self.host_samples,
-                "pairs": self.pairs, "pilot": self.pilot}
+                "pairs": self.pairs, "pilot": self.pilot, "counted": self.counted.to_dict()}
 
 
 # -- one benchmark: its state, and the steps of its loop ---------------------------------------------
@@ -185,6 +188,7 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
         result.graphs = agree_on_graphs(pools, answers)
         bench = _Benchmark(result, pools, settings, settings.alpha / family_size, start, limit=settings.max_rounds)
         _warm_up(bench)
+        result.counted = _count(pools)
         rounds_began = bench.phase_began = time.perf_counter()
         _take_rounds(bench, log)
         result.round_s = (time.perf_counter() - rounds_began) / max(1, result.rounds_taken())
@@ -212,6 +216,15 @@ def _not_comparable(pools: Pools, answers: dict[str, list[dict]], result: Compar
     if failed:
         raise ArmError(f"candidate: setup failed: {failed[0]}")
     return False
+
+
+def _count(pools: Pools) -> Counted:
+    """One step counted in every worker of both arms, after the warm-up and outside the timing. A
+    worker that cannot count (its error is the reason) leaves the benchmark not counted, still timed."""
+    try:
+        return judge_counts(in_both(pools, "count"))
+    except ArmError as e:
+        return Counted(reason=f"not counted: {e}"[:400])
 
 
 def _warm_up(bench: _Benchmark) -> None:

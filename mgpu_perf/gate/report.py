@@ -5,8 +5,9 @@ compare` shows them).
 The ratio is the rounds' 20 % trimmed mean of log ratios (gate/stats.py). Verdicts: `slower` (the
 ratio's interval lies above 1 + threshold/2), `unchanged` (inside the equivalence margin),
 `faster`, `inconclusive` (neither: more rounds would be needed), `not comparable` (the baseline
-cannot set the workload up). Exit status 1 on `slower` (and on
-`inconclusive` with strict), else 0; a smoke run judges nothing.
+cannot set the workload up). Beside it, the counted verdict (gate/counted.py): `slower (counted)`,
+`changed`, `same`. Exit status 1 on `slower`, on `slower (counted)` (unless --ab-counts report) and
+on `inconclusive` with strict, else 0; a smoke run judges nothing.
 """
 
 from __future__ import annotations
@@ -16,18 +17,20 @@ import math
 from pathlib import Path
 
 from mgpu_perf.gate.compare import Comparison
+from mgpu_perf.gate.counted import SLOWER_COUNTED
 from mgpu_perf.gate.settings import Settings
 from mgpu_perf.gate.sizing import threshold_floor
 from mgpu_perf.gate.stats import TRIM
 
-__all__ = ["gate_exit_status", "format_table", "write_reports"]
+__all__ = ["gate_exit_status", "format_table", "describe_counts", "write_reports"]
 
 
 def gate_exit_status(results: list[Comparison], settings: Settings) -> int:
-    """1 when a judged benchmark is `slower` (or `inconclusive` or `undecidable` under --ab-strict), else 0; a
-    smoke run judges nothing."""
+    """1 when a judged benchmark is `slower` (or `inconclusive` or `undecidable` under --ab-strict), or
+    `slower (counted)` (unless --ab-counts report), else 0; a smoke run judges nothing."""
     bad = {"slower"} | ({"inconclusive", "undecidable"} if settings.strict else set())
-    return 1 if not settings.smoke and any(r.verdict in bad for r in results) else 0
+    counted = settings.counts == "gate" and any(r.counted.verdict == SLOWER_COUNTED for r in results)
+    return 1 if not settings.smoke and (counted or any(r.verdict in bad for r in results)) else 0
 
 
 def format_table(results: list[Comparison], settings: Settings) -> list[str]:
@@ -43,12 +46,23 @@ def format_table(results: list[Comparison], settings: Settings) -> list[str]:
         lines.append(f"{name:<44}{r.median('baseline') * 1e3:>8.1f}ms{r.median('candidate') * 1e3:>9.1f}ms"
                      f"{r.estimate.ratio:>8.3f}  {interval:<15}{len(r.samples['baseline']):>7}  {r.verdict}")
         lines += [f"  {line}" for line in describe_timing(r)]
+        lines += [f"  {line}" for line in describe_counts(r)]
     lines.append(f"ratio: the rounds' {TRIM:.0%} trimmed mean (Yuen's interval); "
                  f"threshold {settings.threshold:.0%}: slower = interval above {1 + settings.threshold / 2:.3f}; "
                  f"whole-run false-alarm level {settings.alpha} (Holm)"
                  + (f"; {settings.workers} worker processes an arm" if settings.workers > 1 else "")
                  + ("; SMOKE RUN: verdicts mean nothing" if settings.smoke else ""))
     return lines
+
+
+def describe_counts(r: Comparison) -> list[str]:
+    """The counted verdict under a benchmark's row: what its step does differently, guarded first."""
+    c = r.counted
+    if c.verdict == "not counted":
+        return [f"counted: not counted ({c.reason})"] if c.reason else []
+    if c.verdict == "same":
+        return ["counted: the same step in both arms"]
+    return [f"counted: {c.verdict}: {'; '.join(c.changes[:6])}" + (f"; {len(c.changes) - 6} more" if len(c.changes) > 6 else "")]
 
 
 def describe_timing(r: Comparison) -> list[str]:

@@ -20,7 +20,9 @@ from mgpu_perf.errors import GateError
 from mgpu_perf.gate.options import DEFAULTS, GATE_OPTIONS, GRAPH_MODES
 from mgpu_perf.gate.sizing import MAX_WORKERS, PAIR_BIAS, workers_for
 
-__all__ = ["Settings", "parse_settings", "settings_from", "GRAPH_MODES", "AMP_MODES"]
+__all__ = ["Settings", "parse_settings", "settings_from", "GRAPH_MODES", "AMP_MODES", "COUNT_MODES"]
+
+COUNT_MODES = ("gate", "report")
 
 THRESHOLD = float(DEFAULTS["threshold"]) / 100  # --ab-threshold's default, as a fraction
 
@@ -43,6 +45,7 @@ class Settings:
     graphs: str = DEFAULTS["graphs"]  # CUDA-graph steps: auto | on | off (harness/graphs.py)
     amp: str = DEFAULTS["amp"]        # the workloads' --amp: off | bf16
     compile: bool = False     # the workloads' --compile (torch.compile)
+    counts: str = DEFAULTS["counts"]  # gate: a guarded count's increase fails the run; report: shown only
 
 
 def settings_from(get: Callable[[str], object], smoke: bool = False, leave_out=()) -> Settings:
@@ -55,10 +58,11 @@ def settings_from(get: Callable[[str], object], smoke: bool = False, leave_out=(
 def parse_settings(threshold=DEFAULTS["threshold"], max_rounds=DEFAULTS["max_rounds"], strict: bool = False,
                    smoke: bool = False, sample_s=DEFAULTS["sample_s"], workers=DEFAULTS["workers"],
                    budget_s=DEFAULTS["budget_s"], pair_bias=DEFAULTS["pair_bias"], graphs=DEFAULTS["graphs"],
-                   amp=DEFAULTS["amp"], compile: bool = False, run_budget_s=DEFAULTS["run_budget_s"]) -> Settings:
+                   amp=DEFAULTS["amp"], compile: bool = False, run_budget_s=DEFAULTS["run_budget_s"],
+                   counts=DEFAULTS["counts"]) -> Settings:
     """The gate's settings from option text (`--ab-threshold 5%`, `--ab-max-rounds 60`, `--ab-sample-s 1`,
     `--ab-workers 2`; `auto`: sizing.workers_for the threshold; `--ab-budget-s 300`, `--ab-pair-bias 1`,
-    `--ab-graphs off`, `--ab-amp bf16`, `--ab-compile`, `--ab-run-budget-s 600`); GateError naming a bad one."""
+    `--ab-graphs off`, `--ab-amp bf16`, `--ab-compile`, `--ab-run-budget-s 600`, `--ab-counts report`); GateError naming a bad one."""
     percent = _number(str(threshold).strip().rstrip("%"), "--ab-threshold", "a percentage in (0, 100)",
                       lambda v: 0 < v < 100)
     rounds = _rounds(max_rounds)
@@ -70,10 +74,11 @@ def parse_settings(threshold=DEFAULTS["threshold"], max_rounds=DEFAULTS["max_rou
     run_budget = _number(run_budget_s, "--ab-run-budget-s", "a number of seconds >= 0 (0: no limit)", lambda v: v >= 0)
     _one_of(graphs, "--ab-graphs", GRAPH_MODES)
     _one_of(amp, "--ab-amp", AMP_MODES)
+    _one_of(counts, "--ab-counts", COUNT_MODES)
     return Settings(threshold=percent / 100, max_rounds=3 if smoke else rounds,
                     min_rounds=min(Settings.min_rounds, rounds), strict=bool(strict), smoke=bool(smoke),
                     sample_s=seconds, workers=count, budget_s=budget, pair_bias=bias / 100, graphs=graphs, amp=amp,
-                    compile=bool(compile), run_budget_s=run_budget)
+                    compile=bool(compile), run_budget_s=run_budget, counts=counts)
 
 
 def _number(text, option: str, what: str, ok) -> float:

@@ -130,6 +130,8 @@ def main(argv: list[str]) -> int:
             elif command == "graphs":
                 workload.use_graphs(request["enabled"])
                 answer = {"ok": True}
+            elif command == "count":
+                answer = {"ok": True, "counts": workload.count()}
             elif command == "check":
                 workload.check()
                 answer = {"ok": True}

@@ -176,6 +176,9 @@ class _RankServer:
     def __init__(self, bench):
         from mgpu.strategies import get_strategy
 
+        from mgpu_perf.counting import CompileWatch
+
+        self.compile_watch = CompileWatch() if bench.compile else None  # graphs and breaks from the start
         strategy = get_strategy(bench.strategy).create(bench.train_config())
         if strategy.devices[0].type == "cpu" and bench.threads_per_device:
             # create() gives each rank cores // ranks threads; a benchmark wants the same share at every count.
@@ -190,6 +193,11 @@ class _RankServer:
 
     def epoch(self):
         return asdict(self.session.epoch())
+
+    def count_step(self) -> dict:
+        from mgpu_perf.counting import count_step
+
+        return count_step(self.session.step, self.compile_watch).to_dict()
 
     def weights_moved(self) -> float:
         return self.session.weights_moved()
@@ -234,6 +242,10 @@ class StrategyRankPool:
         from mgpu.results import EpochStats
 
         return EpochStats(**self.pool.run("epoch")[0])
+
+    def count_step(self) -> list[dict]:
+        """One step counted in every rank (mgpu_perf/counting.py): each rank's counts, in rank order."""
+        return self.pool.run("count_step")
 
     def weights_moved(self) -> float:
         return self.pool.run("weights_moved")[0]

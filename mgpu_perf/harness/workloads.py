@@ -32,6 +32,7 @@ class _Timed:
     `graphs`, whether the step is replayed from a CUDA graph (and why not)."""
 
     cuda_device = None
+    compile_watch = None  # counting.CompileWatch from the workload's start, when its model is compiled
     clock_note = "host wall time: the step runs on the CPU"
     graphs = {"captured": False, "why": "", "shown": False}
     session = None
@@ -49,6 +50,20 @@ class _Timed:
         if device.type == "cuda":
             self.cuda_device = device
         self.graphs = self.session.use_graphs(mode)
+
+    def count(self) -> list[dict]:
+        """One more step, counted (mgpu_perf/counting.py), outside the timing: each rank's counts (one
+        entry in this process). A CUDA-graph replay dispatches no ops, so the step counted is the plain one."""
+        from mgpu_perf.counting import count_step
+
+        if hasattr(self.session, "count_step"):  # a rank pool: counted in every rank
+            return self.session.count_step()
+        graph = getattr(self.session, "graph", None)
+        self.session.graph = None
+        try:
+            return [count_step(self.op, self.compile_watch).to_dict()]
+        finally:
+            self.session.graph = graph
 
     def use_graphs(self, enabled: bool) -> None:
         """The parent's word when another worker could not capture: every worker times one kind of step."""
@@ -128,6 +143,11 @@ class _MatmulKernel(_Timed):
         rtol, atol = (2e-2, 1e-1) if self.device.type == "cuda" else (1e-4, 1e-3)
         torch.testing.assert_close(self.last.double(), self.x.double() @ self.x.double(), rtol=rtol, atol=atol)
 
+    def count(self) -> list[dict]:
+        from mgpu_perf.counting import count_step
+
+        return [count_step(self.op).to_dict()]
+
     def close(self) -> None:
         pass
 
@@ -155,9 +175,15 @@ GATE_KINDS = {"train-step": _TrainStep, "train-epoch": _TrainEpoch, "matmul": _M
 
 def make_gated(spec: dict):
     """The gated workload of a spec such as {"kind": "train-step", "strategy": "single", "devices": 1}:
-    an object with op() (the timed unit), check() (raises if results were wrong) and close()."""
+    an object with op() (the timed unit), count() (one step counted), check() (raises if results were
+    wrong) and close()."""
+    from mgpu_perf.counting import CompileWatch
+
     try:
         cls = GATE_KINDS[spec["kind"]]
     except KeyError:
         raise ValueError(f"unknown gated workload kind {spec.get('kind')!r}: one of {', '.join(GATE_KINDS)}") from None
-    return cls(spec)
+    watch = CompileWatch() if spec.get("compile") else None  # before the model is built and compiled
+    workload = cls(spec)
+    workload.compile_watch = watch
+    return workload
