@@ -1,5 +1,7 @@
 """`python -m mgpu bench MODULE:FUNCTION`: your model's training step under every strategy and
-device count, timed interleaved, with samples/s, speed-up, efficiency and (CUDA) peak memory.
+device count, timed interleaved, with samples/s, speed-up, efficiency and (CUDA) peak memory; then
+one more step of each counted (mgpu_perf/counting.py): FLOPs, achieved FLOP/s (and on a GPU whose
+peak is known, the model-FLOPs utilisation), collectives and bytes communicated, host reads.
 
     python -m mgpu bench examples/tiny_lm.py:spec
     python -m mgpu bench mymodel.py:spec --strategies single,manual,ddp --devices 1,2 --batch 16 --out bench/
@@ -84,13 +86,15 @@ def run_bench(model: str, options: BenchOptions, log: Callable[[str], None] = la
         # Raises on a non-finite loss or a case whose weights did not move.
         timed = interleaved_step_times(sessions, options.rounds, options.warmup, alternate=True)
         memory = {labels[label]: session.memory_bytes().get("peak_allocated") for label, session in sessions.items()}
+        counted = {labels[label]: _count(session) for label, session in sessions.items()}  # after the timing
     times = {labels[label]: ts for label, ts in timed.items()}
     rows = []
     for (strategy, n), ts in times.items():
         median = statistics.median(ts)
         rows.append({"strategy": strategy, "devices": n, "global_batch": options.batch * n, "rounds": len(ts),
                      "step_s_median": median, "step_s_min": min(ts), "step_s_max": max(ts),
-                     "samples_per_s": options.batch * n / median, "peak_memory_bytes": memory[(strategy, n)]})
+                     "samples_per_s": options.batch * n / median, "peak_memory_bytes": memory[(strategy, n)],
+                     **_count_fields(counted[(strategy, n)], median, options.amp, gpus)})
     base = next((r for r in rows if (r["strategy"], r["devices"]) == ("single", 1)), rows[0])
     for r in rows:
         r["speedup"] = r["samples_per_s"] / base["samples_per_s"]
@@ -102,20 +106,68 @@ def run_bench(model: str, options: BenchOptions, log: Callable[[str], None] = la
             "notes": notes, "rows": rows}
 
 
+# Dense peak FLOP/s of GPUs whose name holds the key (their data sheets), for the model-FLOPs
+# utilisation: fp32 (TF32 off, PyTorch's default for matmuls), tf32, bf16.
+PEAK_FLOPS = {"H100 PCIe": {"fp32": 51e12, "tf32": 378e12, "bf16": 756e12},
+              "H100": {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989e12},
+              "H200": {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989e12},
+              "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12}}
+
+
+def _count(session) -> list[dict]:
+    """One more step, counted (mgpu_perf/counting.py): each rank's counts."""
+    from mgpu_perf.counting import count_step
+
+    if hasattr(session, "count_step"):
+        return session.count_step()
+    return [count_step(session.step).to_dict()]
+
+
+def peak_flops(amp: str, gpus: int) -> float | None:
+    """The first GPU's dense peak for the step's number format, when its name is in PEAK_FLOPS."""
+    if not gpus:
+        return None
+    import torch
+
+    name = torch.cuda.get_device_name(0)
+    fmt = "bf16" if amp == "bf16" else ("tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32")
+    return next((peaks[fmt] for key, peaks in PEAK_FLOPS.items() if key in name), None)
+
+
+def _count_fields(ranks: list[dict], step_s: float, amp: str, gpus: int) -> dict:
+    """A row's counted figures: the step's FLOPs (every rank), what it communicates, its host reads."""
+    flops = sum(r["flops"] for r in ranks)
+    first = ranks[0]
+    fields = {"flops": flops, "achieved_flops_per_s": flops / step_s if step_s > 0 else None,
+              "collectives": sum(c["count"] for c in first["collectives"].values()),
+              "bytes_communicated": sum(c["bytes"] for c in first["collectives"].values()),
+              "host_reads": first["host_reads"], "counts": ranks}
+    peak = peak_flops(amp, gpus)
+    devices = max(1, len(ranks)) if len(ranks) > 1 else 1
+    fields["mfu"] = fields["achieved_flops_per_s"] / (peak * devices) if peak and fields["achieved_flops_per_s"] else None
+    return fields
+
+
 def format_table(result: dict) -> list[str]:
     header = f"{'strategy':<13}{'devices':>8}{'step ms':>10}{'samples/s':>11}{'speed-up':>10}{'efficiency':>11}" \
-             f"{'peak MiB':>10}"
+             f"{'peak MiB':>10}{'GFLOP':>9}{'GFLOP/s':>9}{'comm MB':>9}{'colls':>6}{'syncs':>6}"
     lines = [header, "-" * len(header)]
     for r in result["rows"]:
         peak = f"{r['peak_memory_bytes'] / 2**20:.0f}" if r["peak_memory_bytes"] else "-"
+        counted = (f"{r['flops'] / 1e9:>9.3g}{(r['achieved_flops_per_s'] or 0) / 1e9:>9.3g}"
+                   f"{r['bytes_communicated'] / 1e6:>9.3g}{r['collectives']:>6}{r['host_reads']:>6}"
+                   if "flops" in r else "")
         lines.append(f"{r['strategy']:<13}{r['devices']:>8}{r['step_s_median'] * 1e3:>10.1f}{r['samples_per_s']:>11.1f}"
-                     f"{r['speedup']:>10.2f}{r['efficiency']:>11.2f}{peak:>10}")
+                     f"{r['speedup']:>10.2f}{r['efficiency']:>11.2f}{peak:>10}{counted}"
+                     + (f"  MFU {r['mfu']:.1%}" if r.get("mfu") else ""))
     devices = "emulated CPU devices (CPU ranks for ddp/fsdp)" if result["emulated"] else f"{result['gpus']} GPU(s)"
     options = [o for o, on in ((f"--amp {result.get('amp')}", result.get("amp", "off") != "off"),
                                ("--compile", result.get("compile"))) if on]
     lines.append(f"{result['model']}: {result['per_device_batch']} samples a device, median of {result['rounds']} "
                  f"interleaved rounds, speed-up against {result['speedup_against']}, on {devices}"
                  + (f"; {' '.join(options)}" if options else ""))
+    lines.append("GFLOP: one step's matmul and convolution FLOPs, every device; comm MB, colls, syncs: what rank 0 "
+                 "communicates and its host reads, a step (one step counted after the timing)")
     lines += [f"note: {n}" for n in result["notes"]]
     return lines
 

@@ -185,3 +185,25 @@ def test_an_extra_all_reduce_under_ddp_is_counted_in_each_rank(tmp_path):
     assert result.counted.verdict == "slower (counted)", result.counted
     assert any(line.startswith("rank 0: +1 allreduce a step") for line in result.counted.guarded), result.counted.guarded
     assert len(result.counted.counts["baseline"]) == 2, "each rank counts its own step"
+
+
+def test_bench_prints_what_each_step_does(tmp_path, monkeypatch):
+    """`mgpu bench`: FLOPs, achieved FLOP/s, collectives, bytes communicated and host reads per strategy,
+    and the model-FLOPs utilisation where the GPU's peak is known."""
+    from mgpu_perf import bench
+
+    (tmp_path / "tiny.py").write_text(TINY.replace("{change}", "pass"))
+    monkeypatch.chdir(tmp_path)
+    result = bench.run_bench("tiny.py:spec", bench.BenchOptions(strategies=("single",), devices=(1,), batch=4,
+                                                                 rounds=2, warmup=1))
+    row = result["rows"][0]
+    # 2 FLOPs a multiply-add, batch 4: forward both layers; backward fc2's weight and input grads, fc1's weight grad
+    # only (the input needs none).
+    assert row["flops"] == 2 * 4 * ((16 * 32 + 32 * 4) + (2 * 32 * 4 + 16 * 32)), row["flops"]
+    assert row["collectives"] == 0 and row["bytes_communicated"] == 0 and row["host_reads"] == 1, row
+    assert row["achieved_flops_per_s"] == pytest.approx(row["flops"] / row["step_s_median"]) and row["mfu"] is None
+    table = "\n".join(bench.format_table(result))
+    assert "GFLOP/s" in table and "syncs" in table, table
+    monkeypatch.setattr(bench, "peak_flops", lambda amp, gpus: 1e9)
+    fields = bench._count_fields(row["counts"] * 2, 0.5, "off", 2)
+    assert fields["flops"] == 2 * row["flops"] and fields["mfu"] == pytest.approx(2 * row["flops"] / 0.5 / 2e9)
