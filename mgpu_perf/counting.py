@@ -17,7 +17,10 @@ convolutions. What is counted:
 * `collectives`: by kind, with count and bytes (the tensors handed to the collective);
 * `host_reads`: reads of a tensor's value by the host, each a device sync on a GPU;
 * `compile`: under torch.compile, the graphs compiled and the graph breaks (by reason) since
-  the workload began, and graphs compiled during the counted step (a recompile at steady state).
+  the workload began, and graphs compiled during the counted step (a recompile at steady state);
+* `cuda`, in a process that uses a GPU: kernels launched (torch.profiler) and the step's peak of
+  allocated memory. Both are reported, not failed: a kernel count follows cuBLAS's and cuDNN's
+  choices, which another library version may change with no change to the code.
 
 Every count is a property of the code and the shapes, so two runs of the same tree give the same
 counts. Where a figure is not (the caching allocator's peak, which depends on what the process
@@ -50,6 +53,7 @@ class StepCounts:
     collectives: dict[str, dict[str, int]]  # kind -> {"count": n, "bytes": b}
     host_reads: int
     compile: dict[str, Any] | None = None   # {"graphs": n, "graph_breaks": {reason: n}, "recompiles": n}
+    cuda: dict[str, int] | None = None      # on a GPU: {"kernels": launches, "peak_bytes": the step's peak}
 
     @property
     def collective_calls(self) -> int:
@@ -66,6 +70,10 @@ class StepCounts:
     @property
     def recompiles(self) -> int:
         return (self.compile or {}).get("recompiles", 0)
+
+    @property
+    def kernels(self) -> int:
+        return (self.cuda or {}).get("kernels", 0)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -164,12 +172,40 @@ def count_step(step: Callable[[], Any], compile_watch: CompileWatch | None = Non
     before = compile_watch._snapshot() if compile_watch else None
     counter = _StepCounter()
     flops = FlopCounterMode(display=False)
-    with flops, counter:
+    with _CudaCounts() as cuda, flops, counter:
         step()
     return StepCounts(ops=dict(sorted(counter.ops.items())), flops=int(flops.get_total_flops()),
                       allocated_bytes=int(counter.allocated), collectives=dict(sorted(counter.collectives.items())),
                       host_reads=counter.host_reads,
-                      compile=compile_watch.since_start(before) if compile_watch else None)
+                      compile=compile_watch.since_start(before) if compile_watch else None, cuda=cuda.result)
+
+
+class _CudaCounts:
+    """In a process that uses a GPU: the kernels the step launches (torch.profiler's CUDA activity,
+    copies and memsets left out) and the step's peak of allocated memory above what it began with."""
+
+    def __init__(self):
+        self.on = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self.result = None
+
+    def __enter__(self):
+        if self.on:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.start = torch.cuda.memory_allocated()
+            self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            self.profiler.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if not self.on:
+            return
+        torch.cuda.synchronize()
+        self.profiler.__exit__(*exc)
+        if exc[0] is None:
+            kernels = [e for e in self.profiler.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                       and not e.name.lower().startswith(("memcpy", "memset"))]
+            self.result = {"kernels": len(kernels), "peak_bytes": torch.cuda.max_memory_allocated() - self.start}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,6 +265,13 @@ def compare_counts(base: StepCounts, cand: StepCounts) -> list[CountChange]:
     if base.recompiles != cand.recompiles:
         changes.append(CountChange("recompiles", base.recompiles, cand.recompiles, True,
                                    f"graphs compiled during a warm step {base.recompiles} → {cand.recompiles}"))
+    if base.kernels != cand.kernels:
+        changes.append(CountChange("kernels", base.kernels, cand.kernels, False,
+                                   f"CUDA kernels {base.kernels} → {cand.kernels} a step"))
+    b_peak, c_peak = (base.cuda or {}).get("peak_bytes"), (cand.cuda or {}).get("peak_bytes")
+    if b_peak is not None and c_peak is not None and b_peak != c_peak:
+        changes.append(CountChange("peak_bytes", b_peak, c_peak, False,
+                                   f"peak memory {_size(b_peak)} → {_size(c_peak)} ({_pct(b_peak, c_peak)})"))
     for op in sorted(set(base.ops) | set(cand.ops)):
         b, c = base.ops.get(op, 0), cand.ops.get(op, 0)
         if b != c:

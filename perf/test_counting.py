@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from conftest import requires_gpus
 from mgpu_perf.counting import CompileWatch, StepCounts, compare_counts, count_step
 
 
@@ -207,3 +208,29 @@ def test_bench_prints_what_each_step_does(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "peak_flops", lambda amp, gpus: 1e9)
     fields = bench._count_fields(row["counts"] * 2, 0.5, "off", 2)
     assert fields["flops"] == 2 * row["flops"] and fields["mfu"] == pytest.approx(2 * row["flops"] / 0.5 / 2e9)
+
+
+@requires_gpus(1)
+def test_on_a_gpu_kernels_and_peak_memory_are_counted_and_repeat():
+    """A GPU step: kernel launches and its peak memory, the same in two counts of the same step; a host
+    read there is a sync, counted as one."""
+    def on_gpu(change=None):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8)).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(32, 64, device="cuda"), torch.randint(0, 8, (32,), device="cuda")
+
+        def step():
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if change == "host-read":
+                loss.item()
+        return step
+
+    first, second = _counts(on_gpu()), _counts(on_gpu())
+    assert first.cuda["kernels"] > 0 and first.cuda["peak_bytes"] > 0, first.cuda
+    assert compare_counts(first, second) == [], compare_counts(first, second)
+    changes = compare_counts(first, _counts(on_gpu("host-read")))
+    assert any(c.slower and c.text == "host reads 0 → 1 a step" for c in changes), [c.text for c in changes]
