@@ -115,3 +115,27 @@ def test_bench_and_gate_come_from_mgpu_perf_through_the_hook(monkeypatch):
     mains = cli.build_parser().get_default("command_mains")
     assert set(mains) == {"check", "bench", "gate"}, mains
     assert {mains[c].__module__ for c in ("bench", "gate")} == {"mgpu_perf.cli"}
+
+
+def test_a_provided_command_missing_here_is_one_line_naming_how_to_get_it(monkeypatch, capsys):
+    from mgpu import cli
+
+    monkeypatch.setattr(cli, "_command_providers", lambda: [])  # as a checkout used without install
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["bench", "model.py:spec"])
+    err = capsys.readouterr().err
+    assert raised.value.code == 2 and err.count("\n") == 1, err
+    assert "'bench' is added by mgpu_perf" in err and "python -m mgpu_perf bench" in err, err
+
+
+def test_mgpu_perf_runs_bench_and_gate_without_the_install(monkeypatch, capsys):
+    import importlib.metadata
+
+    from mgpu import cli
+    from mgpu_perf.commands import main
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **_: [])  # no install: only the environment
+    monkeypatch.delenv(cli.COMMANDS_ENV, raising=False)
+    with pytest.raises(SystemExit) as raised:
+        main(["gate", "model.py:spec"])
+    assert raised.value.code == 2 and "gate needs --baseline" in capsys.readouterr().err

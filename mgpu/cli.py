@@ -36,6 +36,8 @@ from mgpu.errors import (EXIT_FAILED, EXIT_USAGE, ConfigError, LaunchError, Mgpu
 # `add_commands(commands) -> {name: main(parser, args) -> exit code}`; mgpu imports none by name.
 COMMANDS_GROUP = "mgpu.commands"
 COMMANDS_ENV = "MGPU_COMMANDS"
+# Commands a provider adds, for the one-line answer when it is not there (a checkout used without install).
+PROVIDED_ELSEWHERE = {"bench": "mgpu_perf.cli", "gate": "mgpu_perf.cli"}
 
 
 # Options are parsed into numbers here and checked in TrainConfig.validate, which holds every
@@ -236,6 +238,12 @@ def _check_main(parser: argparse.ArgumentParser, args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    missing = PROVIDED_ELSEWHERE.get(argv[0]) if argv and argv[0] not in parser.get_default("command_mains") else None
+    if missing and argv[0] != "train":
+        parser.error(f"'{argv[0]}' is added by {missing.split('.')[0]}, which this Python does not have installed: "
+                     f"pip install -e . (or, in a checkout, {COMMANDS_ENV}={missing} python -m mgpu {argv[0]} ..., "
+                     f"or python -m {missing.split('.')[0]} {argv[0]} ...)")
     args = parser.parse_args(argv)
     command_main = args.command_mains.get(args.command)
     if command_main is not None:

@@ -5,6 +5,7 @@
     python -m mgpu_perf hot-path                   # mgpu's step against bare PyTorch, DDP and FSDP against no communication
     python -m mgpu_perf validate-gate              # the A/B gate's measured error rates (gate/validate.py)
     python -m mgpu_perf calibrate [--model M:F]    # the gate's noise and smallest detectable change (gate/calibrate.py)
+    python -m mgpu_perf bench | gate ...           # `python -m mgpu bench | gate`, from a checkout not installed
 
 Exit codes: 0 done, 1 a rank failed or the speedup is below --min-speedup, 2 bad input (one line).
 The ranks of every count start first (one pool per count; idle pools wait on their queues and
@@ -132,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--rounds", type=int, default=12, help="interleaved rounds")
     h.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     h.add_argument("--ranks", type=int, default=2, help="DDP ranks")
+    for name in ("bench", "gate"):
+        sub.add_parser(name, add_help=False, help=f"`python -m mgpu {name}`, here without installing (`{name} --help`)")
     sub.add_parser("validate-gate", add_help=False, help="the A/B gate's false-alarm and detection rates, measured "
                                                         "(`validate-gate --help`)")
     sub.add_parser("calibrate", add_help=False, help="each gated benchmark's noise and the smallest change the A/B "
@@ -152,6 +155,13 @@ def check_hot_path_args(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["bench"], ["gate"]):  # mgpu's commands that this package adds (mgpu_perf/cli.py), installed or not
+        import os
+
+        from mgpu import cli
+
+        os.environ[cli.COMMANDS_ENV] = ",".join(filter(None, [os.environ.get(cli.COMMANDS_ENV), "mgpu_perf.cli"]))
+        return cli.main(argv)
     if argv[:1] == ["validate-gate"]:
         from mgpu_perf.gate.validate import main as validate_gate
 

@@ -202,7 +202,8 @@ def test_bench_prints_what_each_step_does(tmp_path, monkeypatch):
     # only (the input needs none).
     assert row["flops"] == 2 * 4 * ((16 * 32 + 32 * 4) + (2 * 32 * 4 + 16 * 32)), row["flops"]
     assert row["collectives"] == 0 and row["bytes_communicated"] == 0 and row["host_reads"] == 1, row
-    assert row["achieved_flops_per_s"] == pytest.approx(row["flops"] / row["step_s_median"]) and row["mfu"] is None
+    assert row["achieved_flops_per_s"] == pytest.approx(row["flops"] / row["step_s_median"])
+    assert (row["mfu"] is None) == (not torch.cuda.is_available()), row["mfu"]  # an H100's peak is known
     table = "\n".join(bench.format_table(result))
     assert "GFLOP/s" in table and "syncs" in table, table
     monkeypatch.setattr(bench, "peak_flops", lambda amp, gpus: 1e9)
