@@ -36,7 +36,7 @@ from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
 __all__ = ["DropoutOff", "hold_dropout_off", "DROPOUT_FUNCTIONS", "STOCHASTIC_DEPTH_FUNCTIONS",
-           "STOCHASTIC_DEPTH_MODULES", "stochastic_depth_modules", "random_layer_modules"]
+           "STOCHASTIC_DEPTH_MODULES", "stochastic_depth_modules", "random_layer_modules", "stochastic_depth_caller"]
 
 # torch's functions that drop at random: where their probability is (keyword, position) and where
 # their "training" flag is (None: they have none and always drop). F.multi_head_attention_forward
@@ -87,13 +87,16 @@ def random_layer_modules(model: nn.Module) -> list[str]:
     return found
 
 
-def _stochastic_depth_caller() -> str | None:
-    """The name (STOCHASTIC_DEPTH_FUNCTIONS) of the stochastic-depth function that called the tensor
-    method being handled, or None. Frame 0 is this function, 1 __torch_function__, 2 the caller."""
-    code = sys._getframe(2).f_code
-    if code.co_name not in ("drop_path", "stochastic_depth"):
+def stochastic_depth_caller() -> str | None:
+    """The name (STOCHASTIC_DEPTH_FUNCTIONS) of the stochastic-depth function whose tensor method a
+    TorchFunctionMode is handling, or None: the first frame up the stack that is no
+    `__torch_function__` (modes may be stacked or subclassed) is the method's caller."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_name in ("__torch_function__", "stochastic_depth_caller"):
+        frame = frame.f_back
+    if frame is None or frame.f_code.co_name not in ("drop_path", "stochastic_depth"):
         return None
-    return STOCHASTIC_DEPTH_FUNCTIONS.get((sys._getframe(2).f_globals.get("__name__"), code.co_name))
+    return STOCHASTIC_DEPTH_FUNCTIONS.get((frame.f_globals.get("__name__"), frame.f_code.co_name))
 
 
 def _argument(args: tuple, kwargs: dict, where, default):
@@ -116,7 +119,7 @@ class DropoutOff(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.bernoulli_ or (func is torch.Tensor.div_ and self._masks):
-            name = _stochastic_depth_caller()
+            name = stochastic_depth_caller()
             if name is not None:  # stochastic depth: the mask is all ones, not divided by the keep probability
                 mask = args[0]
                 if func is torch.Tensor.div_:

@@ -350,6 +350,8 @@ def _track_worst(worst: dict, kind: str, tensor: str, step: int, err: float, all
 
 def _gradient_diagnosis(step: int, got: dict, ref: dict, n: int, sd: StepData, findings: dict) -> str:
     c = common_factor(got, ref)
+    if c is not None and abs(c - 1) <= FACTOR_AGREE:
+        c = None  # world 1's gradients, only further off than rounding: no factor to name
     if c is not None:
         name = _name_factor(c, n)
         causes = {
@@ -392,44 +394,37 @@ def _explained(findings: dict) -> str:
     return ""
 
 
-def _update_diagnosis(step: int, got_after: dict, got_before: dict, ref_after: dict, ref_before: dict, n: int) -> str:
+def _update_diagnosis(step: int, got_after: dict, got_before: dict, ref_after: dict, ref_before: dict, n: int,
+                      findings: dict) -> str:
     def upd(after, before):
         return {k: (a.double() - before[k].double()) for k, a in after.items()
                 if isinstance(a, torch.Tensor) and isinstance(before.get(k), torch.Tensor)}
     c = common_factor(upd(got_after, got_before), upd(ref_after, ref_before))
-    if c is not None:
+    if c is not None and abs(c - 1) > FACTOR_AGREE:
         name = _name_factor(c, n)
         return (f"the gradients agree, but every update is {c:.3f} x world 1's" + (f" = {name}" if name else "") +
                 ": the learning rate (or another optimizer setting) changes with the world size (a linear "
                 "scaling rule?)")
-    return ("the gradients agree, but the optimizer step does not: an optimizer setting, its state or the "
-            "schedule depends on the world size")
+    return _explained(findings) or (
+        "the gradients agree, but the optimizer step does not: an optimizer setting, its state or the schedule "
+        "depends on the world size")
 
 
 def reproducibility(a, b) -> Divergence | None:
-    """Where world 1's rerun B first differs from run A where no perturbation reached: the data of any
-    step, the weights before step 1, step 1's gradients (digests taken before B's perturbation)."""
+    """Where world 1's rerun B first differs from run A where no perturbation reached: the weights
+    each model held when first called (digests taken before B's perturbation), the data of any step."""
+    ia, ib = a.ranks[0].get("init_digests", {}), b.ranks[0].get("init_digests", {})
+    for name, d in ia.items():
+        if ib.get(name) != d:
+            return Divergence(0, "start", name, None, None, 0.0, None,
+                              "two world-1 runs start from other weights: the model's initialisation is not seeded")
     ra, rb = a.ranks[0]["records"], b.ranks[0]["records"]
     for i, (x, y) in enumerate(zip(ra, rb)):
-        step = i + 1
         sd = _step_data(x, [y], 1)
         if collections.Counter(sd.world_1) != collections.Counter(sd.ranks[0]):
-            return Divergence(step, "data", None, None, None, None, None,
-                              "two world-1 runs took other examples: the data order is not seeded",
-                              detail=f"inputs of {_root_name(x)}")
-        if i == 0:
-            for name, t in x.get("before", {}).items():
-                if not _same(t, y.get("before", {}).get(name)):
-                    e = _err(y["before"].get(name), t)
-                    return Divergence(0, "start", name, None, e[0], 0.0, e[1],
-                                      "two world-1 runs start from other weights: the model's initialisation is "
-                                      "not seeded")
-            for name, d in x["grad_digests"].items():
-                if d != y["grad_digests"].get(name):
-                    e = _err(y["grads"].get(name), x["grads"].get(name))
-                    return Divergence(1, "gradient", name, None, e[0], 0.0, e[1],
-                                      "two world-1 runs compute other gradients from the same weights and examples: "
-                                      "the forward or the loss draws unseeded random numbers")
+            return Divergence(i + 1, "data", None, None, None, None, None,
+                              "two world-1 runs took other examples: the data order (or an augmentation) is not "
+                              "seeded", detail=f"inputs of {_root_name(x)}")
     return None
 
 
@@ -453,8 +448,8 @@ def compare_world(run_n, run_a, run_b, findings: dict, arg_hint: str) -> WorldCo
     def fail(d: Divergence) -> WorldComparison:
         out.first = d
         out.worst = worst
-        explained = _explained(findings) if d.kind in ("gradient", "weight") else ""
-        out.status = "finding" if explained and d.kind in ("gradient", "weight") else "fail"
+        explained = _explained(findings)
+        out.status = "finding" if explained and d.kind in ("gradient", "weight") and d.diagnosis == explained else "fail"
         return out
 
     for i in range(steps):
@@ -541,6 +536,6 @@ def compare_world(run_n, run_a, run_b, findings: dict, arg_hint: str) -> WorldCo
                 before_n = rn[0]["before"] if i == 0 else recs_n[0][i - 1]["after"]
                 before_1 = r1["before"] if i == 0 else ref[i - 1]["after"]
                 return fail(Divergence(step, "weight", name, 0, e[0], allowed, e[1],
-                                       _update_diagnosis(step, rn[0]["after"], before_n, r1["after"], before_1, n)))
+                                       _update_diagnosis(step, rn[0]["after"], before_n, r1["after"], before_1, n, findings)))
     out.worst = worst
     return out

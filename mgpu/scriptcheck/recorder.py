@@ -21,9 +21,10 @@ so that the script's `except Exception` does not swallow it) unwinds the script;
 record (torch.save, to the launcher's temporary folder), leaves a process group the script left
 behind (barrier, destroy) and returns. A script that ends before K steps saves what it made.
 
-Run B of world 1 (cfg["perturb"] > 0) adds a rounding-sized perturbation to every gradient before
-its optimizer uses it, after recording it: the spread between the two world-1 runs is how far this
-computation carries a difference of the size that another summation order makes (compare.py).
+Run B of world 1 (cfg["perturb"] > 0) adds a rounding-sized perturbation to every parameter when its
+model is first called (after its digest is taken, `init_digests`) and to every gradient before the
+optimizer uses it (after recording it): the spread between the two world-1 runs is how far this
+computation carries differences of the size that another summation order makes (compare.py).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mgpu.parity.dropout import DropoutOff, random_layer_modules
+from mgpu.parity.dropout import DropoutOff, random_layer_modules, stochastic_depth_caller
 
 __all__ = ["run_rank", "StopScript", "ScriptMode", "strip_wrappers", "Digest", "WRAPPER_SEGMENTS"]
 
@@ -128,9 +129,23 @@ class ScriptMode(DropoutOff):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         rec = self.recorder
-        if rec.depth.value and func in RANDOM_FUNCTIONS and not rec.in_backward():
+        if rec.depth.value and func in RANDOM_FUNCTIONS and not rec.in_backward() and not (
+                func is torch.Tensor.bernoulli_ and stochastic_depth_caller() is not None):
             rec.random_draw(RANDOM_FUNCTIONS[func])
         return super().__torch_function__(func, types, args, kwargs)
+
+
+class _Uncounted:
+    """The recorder's own random draws kept out of the count of the script's."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+
+    def __enter__(self):
+        self.saved, self.recorder.depth.value = self.recorder.depth.value, 0
+
+    def __exit__(self, *exc):
+        self.recorder.depth.value = self.saved
 
 
 class _Depth(threading.local):
@@ -161,6 +176,7 @@ class Recorder:
         self.stopped = False
         self.batchnorm: list[str] = []
         self.random_modules: list[str] = []
+        self.init_digests: dict[str, str] = {}   # each root's parameters when first called, before run B's perturbation
         self.mode = ScriptMode(self)
         self.handles: list = []
 
@@ -249,6 +265,14 @@ class Recorder:
                     self.batchnorm.append(label)
                 if self.sync_batchnorm and "forward" not in vars(mod):
                     mod.forward = _SyncedBatchNorm(mod)
+        for name, p in root.named_parameters():
+            name = strip_wrappers(name)
+            if name not in self.init_digests:
+                self.init_digests[name] = tensor_digest(_full(p))
+                if self.perturb:
+                    with torch.no_grad():
+                        local = _local(p.data)
+                        local.add_(self._noise(local.detach(), 0, len(self.init_digests)).to(local.dtype))
         for label in random_layer_modules(root):
             stripped = label.split(" ", 1)
             label = " ".join([strip_wrappers(stripped[0]), *stripped[1:]])
@@ -307,13 +331,12 @@ class Recorder:
         used = {id(f) for f in forwards}
         self.pending = [f for f in self.pending if id(f) not in used and self.root_params[f["root"]] & trained]
         rec: dict[str, Any] = {"optimizer": index, "step": k, "optimizer_type": type(optimizer).__name__,
-                               "forwards": forwards, "grads": {}, "grad_digests": {}, "after": {}}
+                               "forwards": forwards, "grads": {}, "after": {}}
         if k == 1:
             rec["before"] = {names[id(p)]: self._keep(_full(p)) for p in params}
         for i, p in enumerate(params):
             name = names[id(p)]
             g = None if p.grad is None else _full(p.grad)
-            rec["grad_digests"][name] = None if g is None else tensor_digest(g)
             if g is not None and self.perturb:
                 noise = self._noise(g, k, i)
                 g = g + noise
@@ -323,9 +346,11 @@ class Recorder:
         self._current = rec
 
     def _noise(self, g: torch.Tensor, step: int, i: int) -> torch.Tensor:
-        """A rounding-sized difference: perturb * (|g| + rms(g)) per element, random sign."""
+        """A rounding-sized difference: perturb * (|g| + rms(g)) per element, random sign (drawn from a
+        generator of its own, uncounted: not the script's randomness)."""
         gen = torch.Generator().manual_seed(1_000_003 * step + i)
-        sign = torch.randint(0, 2, g.shape, generator=gen).to(g.dtype) * 2 - 1
+        with _Uncounted(self):
+            sign = torch.randint(0, 2, tuple(g.shape), generator=gen).to(g.dtype) * 2 - 1
         rms = g.double().pow(2).mean().sqrt().item() if g.numel() else 0.0
         return (self.perturb * (g.abs() + rms) * sign).to(g.dtype)
 
@@ -346,6 +371,7 @@ class Recorder:
 
     def result(self) -> dict:
         return {"records": self.records, "forwards": self.forwards, "batchnorm": self.batchnorm,
+                "init_digests": self.init_digests,
                 "random_modules": self.random_modules, "dropout_calls": dict(self.mode.calls),
                 "random_draws": dict(self.random_draws), "random_where": dict(self.random_where),
                 "optimizers": len(self.optimizers), "stopped": self.stopped}
