@@ -1,4 +1,5 @@
-"""A correct DDP loop: DistributedSampler shards the data, DDP averages the gradients.
+"""A correct DDP loop: DistributedSampler shards the data, DDP averages the gradients. One GPU a rank
+(nccl) where there are GPUs, else the CPU (gloo).
 
     torchrun --nproc-per-node 2 examples/loops/ddp_sampler.py --batch-size 16
     python -m mgpu check-script examples/loops/ddp_sampler.py --batch-size "{32 // world_size}"
@@ -31,7 +32,13 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     args = parser.parse_args()
 
-    dist.init_process_group("gloo")
+    if torch.cuda.is_available():  # one GPU a rank, as torchrun's LOCAL_RANK says
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl")
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
 
@@ -40,12 +47,13 @@ def main():
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 
     model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 4))
-    model = DDP(model)
+    model = DDP(model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
 
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         for step, (x, y) in enumerate(loader):
+            x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()

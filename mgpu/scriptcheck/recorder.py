@@ -350,7 +350,7 @@ class Recorder:
         generator of its own, uncounted: not the script's randomness)."""
         gen = torch.Generator().manual_seed(1_000_003 * step + i)
         with _Uncounted(self):
-            sign = torch.randint(0, 2, tuple(g.shape), generator=gen).to(g.dtype) * 2 - 1
+            sign = (torch.randint(0, 2, tuple(g.shape), generator=gen).to(g.dtype) * 2 - 1).to(g.device)
         rms = g.double().pow(2).mean().sqrt().item() if g.numel() else 0.0
         return (self.perturb * (g.abs() + rms) * sign).to(g.dtype)
 

@@ -59,6 +59,9 @@ class ScriptReport:
             return self._unreproducible_text()
         return self.summary()
 
+    def _steps_made(self) -> int:
+        return min((len(r.ranks[0]["records"]) for r in self.runs if r.world == 1 and r.ranks), default=0)
+
     def _unreproducible_text(self) -> str:
         d = self.unreproducible
         return (f"NOT VERIFIED: two world-1 runs of the script differ ({d.where()}, "
@@ -88,6 +91,9 @@ class ScriptReport:
                 return (f"NOT VERIFIED: world {c.world} differs from world 1 {c.first.where()} for a known reason: "
                         f"{c.first.diagnosis} {t}")
         others = [str(w) for w in self.worlds if w > 1]
+        if not others:
+            return (f"PASSED: world 1 reproduces itself over {self._steps_made()} optimizer step(s) (no other world size "
+                    f"asked) {t}")
         who = (f"world {others[0]} computes" if len(others) == 1 else
                f"worlds {', '.join(others[:-1])} and {others[-1]} compute")
         return f"PASSED: {who} what world 1 computes over {compared} optimizer step(s) {t}"
