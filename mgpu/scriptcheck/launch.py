@@ -49,14 +49,17 @@ class Target:
 
     def validate(self) -> "Target":
         if self.module:
-            import importlib.util
+            import importlib.machinery
+            import sys
 
-            try:
-                found = importlib.util.find_spec(self.module)
-            except (ImportError, ValueError) as e:
-                raise ScriptCheckError(f"cannot find module {self.module!r}: {e}") from None
-            if found is None:
-                raise ScriptCheckError(f"no module named {self.module!r} (run from the folder it is found from)")
+            top = self.module.split(".")[0]
+            # Found as `python -m` finds it, from the current folder first; only the top-level package
+            # is looked up, so that nothing of it is imported in this process.
+            found = top.isidentifier() and (top in sys.builtin_module_names or importlib.machinery.PathFinder.find_spec(
+                top, [os.getcwd(), *sys.path[1:]]) is not None)
+            if not found:
+                raise ScriptCheckError(f"no module named {top!r} (from {os.getcwd()}: run check-script from the "
+                                       "folder python -m finds it from)")
         else:
             if not self.script:
                 raise ScriptCheckError("no script given: check-script SCRIPT [ARGS...] or -m MODULE [ARGS...]")
@@ -194,6 +197,7 @@ def run_world(target: Target, world: int, run: str, device: str, steps: int, fol
     args = expand_args(target.args, world)
     env = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" and gpus else {}
     cfg = {"script": os.path.abspath(target.script) if target.script else None, "module": target.module,
+           "cwd": os.getcwd(),
            "args": args, "steps": steps, "folder": folder, "tag": tag, "perturb": PERTURB if run == "B" else 0.0,
            "threads": max(1, _cores() // world) if world > 1 else None, "env": env,
            "exact_gpu_math": device == "cuda", "sync_batchnorm": world > 1}
@@ -245,6 +249,8 @@ def run_worlds(target: Target, worlds: tuple[int, ...], steps: int, timeout: flo
                 result = run_world(target, world, run, device, steps, folder, timeout, gpus)
                 with lock:
                     results[(world, run, device)] = result
+                    if run == "A" and result.failure is None and not result.ranks[0]["records"]:
+                        pending.clear()  # no optimizer step at world 1: nothing to compare (the caller says so)
                 if progress:
                     progress(result)
 
@@ -254,4 +260,4 @@ def run_worlds(target: Target, worlds: tuple[int, ...], steps: int, timeout: flo
         worker()
         for t in threads:
             t.join()
-    return [results[p] for p in plan]
+    return [results[p] for p in plan if p in results]

@@ -102,7 +102,7 @@ def tensor_digest(t: torch.Tensor) -> str:
 def strip_wrappers(name: str) -> str:
     """'module._orig_mod.fc1.weight' -> 'fc1.weight': the names the model itself gives."""
     parts = [p for p in name.split(".") if p not in WRAPPER_SEGMENTS]
-    while len(parts) > 1 and parts[0] == "module":
+    while parts and parts[0] == "module":
         parts.pop(0)
     return ".".join(parts)
 
@@ -213,7 +213,7 @@ class Recorder:
             inner = self.depth.stack[-1]
             root = self.depth.stack[0]
             where = next((n for n, mod in root.named_modules() if mod is inner), "")
-            self.random_where[name] = f"{strip_wrappers(where) or type(inner).__name__} ({type(inner).__name__})"
+            self.random_where[name] = f"{strip_wrappers(where) or 'the model'} ({type(inner).__name__})"
 
     def _pre_forward(self, module: nn.Module, args: tuple) -> None:
         d = self.depth
@@ -508,6 +508,7 @@ def run_rank(cfg: dict) -> dict:
     started = time.time()
     _redirect_output(cfg["folder"], cfg["tag"], rank)
     _fresh_process_state(cfg)
+    os.chdir(cfg.get("cwd") or os.getcwd())  # the launcher's: the fork server's may be older
     recorder = Recorder(cfg)
     if cfg.get("module"):
         sys.argv = [cfg["module"], *cfg["args"]]
