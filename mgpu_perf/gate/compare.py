@@ -39,6 +39,7 @@ from mgpu_perf.gate.settings import Settings
 __all__ = ["Settings", "Comparison", "compare", "judge", "ArmError", "REFUSAL_LOOKS"]
 
 REFUSAL_LOOKS = 3  # looks at the noise, each at new rounds, before a benchmark is refused for it
+HUNT_LOOKS = 6     # more such looks while the rounds in hand point to a slowdown (their ratio above 1 + T)
 
 
 @dataclass
@@ -63,6 +64,8 @@ class Comparison:
     verdict: str = ""
     level: float = 0.0
     counted: Counted = field(default_factory=Counted)  # one step counted in both arms (gate/counted.py)
+    spent: float = 0.0                  # level spent on `slower` tests at refusal looks (taken off the final test's)
+    early: dict | None = None           # a refusal look whose rounds already showed `slower`: where, at what level
 
     def median(self, arm: str) -> float:
         return statistics.median(self.samples[arm]) if self.samples[arm] else math.nan
@@ -104,6 +107,24 @@ class Comparison:
         self.host_samples = {"baseline": [], "candidate": []}
         self.pairs = []
 
+    def take_back(self, ops: int) -> None:
+        """Put the rounds set aside that had `ops` operations a sample back among the rounds (before
+        them): a refusal look tests them all for `slower`."""
+        if not self.pilot:
+            return
+        keep = [i for i, o in enumerate(self.pilot["ops"]) if o != ops]
+        back = [i for i, o in enumerate(self.pilot["ops"]) if o == ops]
+        for key in ("samples", "host_samples"):
+            for label in ("baseline", "candidate"):
+                old = self.pilot[key][label]
+                getattr(self, key)[label][:0] = [old[i] for i in back]
+                self.pilot[key][label] = [old[i] for i in keep]
+        self.pairs[:0] = [self.pilot["pairs"][i] for i in back]
+        self.pilot["pairs"] = [self.pilot["pairs"][i] for i in keep]
+        self.pilot["ops"] = [self.pilot["ops"][i] for i in keep]
+        if not self.pilot["ops"]:
+            self.pilot = None
+
     def rounds_taken(self) -> int:
         """Every round taken, those set aside included."""
         return len(self.samples["baseline"]) + len((self.pilot or {}).get("samples", {}).get("baseline", []))
@@ -122,7 +143,8 @@ class Comparison:
                 "clock": self.clock, "clock_reason": self.clock_reason, "graphs": self.graphs,
                 "seconds": self.seconds, "round_s": finite_or_none(self.round_s), "samples": self.samples,
                 "host_samples": self.host_samples,
-                "pairs": self.pairs, "pilot": self.pilot, "counted": self.counted.to_dict()}
+                "pairs": self.pairs, "pilot": self.pilot, "counted": self.counted.to_dict(), "spent": self.spent,
+                "early": self.early}
 
 
 # -- one benchmark: its state, and the steps of its loop ---------------------------------------------
@@ -143,6 +165,7 @@ class _Benchmark:
     phase_began: float = 0.0
     stretched: bool = False
     looks_left: int = REFUSAL_LOOKS - 1  # second looks a refusal for noise may still wait for
+    hunts_left: int = HUNT_LOOKS         # looks more, where the rounds in hand point to a slowdown
 
     @property
     def workers(self) -> int:
@@ -272,12 +295,20 @@ def _first_look(bench: _Benchmark, log) -> str | None:
     plan = _size(bench, est, now)
     if plan.action == "refuse":
         under_floor = settings.threshold < plan.floor
+        pointing = not under_floor and _slower_already(bench, log)
+        if pointing == "slower":
+            return "stop"
         unsettled = not abstats.settled(est, settings.threshold, bench.strictest)
         # Another look only where the budget holds it and as many rounds again after it. Fresh
         # workers' first rounds are often their noisiest, and noisy spells pass within seconds.
+        # Past those looks, more while the rounds in hand point to a slowdown: each tests them all.
         time_for_look = 2 * (now - bench.phase_began) <= bench.left_s(now)
-        if not under_floor and bench.looks_left and done < bench.limit and time_for_look and unsettled:
-            bench.looks_left -= 1
+        hunt = not bench.looks_left and bench.hunts_left and pointing == "pointing"
+        if not under_floor and (bench.looks_left or hunt) and done < bench.limit and time_for_look and unsettled:
+            if hunt:
+                bench.hunts_left -= 1
+            else:
+                bench.looks_left -= 1
             bench.restart()
             log(f"{result.name}: first rounds too noisy to size ({plan.message}); measuring again")
             return "again"
@@ -295,6 +326,32 @@ def _first_look(bench: _Benchmark, log) -> str | None:
         return "again"
     bench.limit = min(bench.limit, max(plan.rounds, bench.first_look))
     return None
+
+
+def _slower_already(bench: _Benchmark, log) -> str:
+    """At a refusal look: do the rounds in hand (this look's and the earlier looks' at the same sample
+    length) already show `slower`, too noisy as they are to size a change of the threshold? Each
+    such look tests at a level of its own, sizing.early_level (a share of the strictest Holm level,
+    spent: the final test's level is what is left), so a clear slowdown is called at the look where
+    it is clear and `undecidable` means the data could not decide. "slower"; "pointing" (their
+    ratio is above 1 + T: worth more looks); or ""."""
+    result, settings = bench.result, bench.settings
+    level = sizing.early_level(bench.strictest, REFUSAL_LOOKS + HUNT_LOOKS)
+    pooled = abstats.estimate(result.samples["baseline"] + _set_aside(result, bench.ops, "baseline"),
+                              result.samples["candidate"] + _set_aside(result, bench.ops, "candidate"),
+                              settings.threshold)
+    result.spent += level
+    if abstats.verdict(pooled, settings.threshold, level) != "slower":
+        return "pointing" if pooled.ratio > 1 + settings.threshold else ""
+    result.take_back(bench.ops)
+    result.early = {"rounds": pooled.rounds, "level": level, "interval": list(pooled.interval(level))}
+    log(f"{result.name}: slower already at a refusal look ({pooled.rounds} rounds, ratio {pooled.ratio:.3f})")
+    return "slower"
+
+
+def _set_aside(result: Comparison, ops: int, arm: str) -> list[float]:
+    pilot = result.pilot or {"ops": [], "samples": {arm: []}}
+    return [t for t, o in zip(pilot["samples"][arm], pilot["ops"]) if o == ops]
 
 
 def _size(bench: _Benchmark, est: abstats.Estimate, now: float) -> sizing.Plan:
@@ -342,7 +399,8 @@ def judge(results: list[Comparison], settings: Settings) -> None:
     compared = [r for r in results if r.status == "compared"]
     for r, (verdict, level) in zip(compared, abstats.decide([r.estimate for r in compared], settings.threshold,
                                                             settings.alpha)):
-        r.verdict, r.level = verdict, level
+        r.level = level - r.spent  # what the refusal looks' tests spent (at most half the strictest level)
+        r.verdict = abstats.verdict(r.estimate, settings.threshold, r.level) if r.spent else verdict
     for r in results:
         if r.status != "compared":
             r.verdict = r.status  # not comparable | undecidable: no test was made, so none joins Holm's

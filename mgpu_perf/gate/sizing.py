@@ -24,7 +24,7 @@ from mgpu.jsonsafe import finite_or_none
 from mgpu_perf.gate.options import DEFAULTS
 from mgpu_perf.gate.stats import Estimate, degrees_of_freedom, t_quantile
 
-__all__ = ["PAIR_BIAS", "POWER_Z", "FLOOR_SDS", "BIAS_SHARE", "MAX_WORKERS", "SPARE", "round_noise", "noise_low",
+__all__ = ["early_level", "PAIR_BIAS", "POWER_Z", "FLOOR_SDS", "BIAS_SHARE", "MAX_WORKERS", "SPARE", "round_noise", "noise_low",
            "rounds_needed", "smallest_detectable", "averaged_bias", "workers_for", "rounds_to_run", "threshold_floor",
            "pair_spread", "Plan", "plan", "percent"]
 
@@ -293,3 +293,11 @@ def _too_noisy(b: Budget, noise: float, need: int, smallest: float, floor: float
             + (f"the smallest change it can call in the budget is about {percent(smallest)}"
                if math.isfinite(smallest) else "no change can be called in the time left")
             + ("" if smallest != floor else " (the worker pairs' floor)") + more)
+
+
+def early_level(strictest: float, looks: int) -> float:
+    """The level of a `slower` test at one of a benchmark's `looks` refusal looks: together they
+    spend at most half the strictest Holm level (Bonferroni over the looks, valid whatever their
+    rounds share), and the final test keeps the rest, so the chance of any false `slower` stays
+    within the level at every look; an early `slower` also holds at the final test's level."""
+    return strictest / (2 * looks)
