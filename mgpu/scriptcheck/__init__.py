@@ -111,6 +111,9 @@ def _no_steps(world: int):
 
 
 def _arg_hint(args) -> str:
+    """How to keep the global batch, in the script's own batch-size argument where there is one."""
+    if any("world_size" in a for a in args):
+        return "an ARGS expression of world_size that keeps the global batch (check the one given)"
     for i, a in enumerate(args):
         if "batch" in a.lower():
             value = a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")

@@ -4,4 +4,5 @@ import sys
 
 from mgpu.scriptcheck import main
 
-sys.exit(main(prog="python -m mgpu.scriptcheck"))
+if __name__ == "__main__":
+    sys.exit(main(prog="python -m mgpu.scriptcheck"))

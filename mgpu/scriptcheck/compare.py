@@ -301,7 +301,10 @@ def _step_data(rec_1: dict, recs_n: list, n: int) -> StepData:
     return StepData(d1, dn, len(f1), [len(fs) for fs in fn_all])
 
 
-def _data_divergence(step: int, sd: StepData, n: int, root: str, arg_hint: str) -> Divergence | None:
+def _data_divergence(step: int, sd: StepData, n: int, root: str, arg_hint: str,
+                     previous_1: int | None = None) -> Divergence | None:
+    """The data of one step at world N against world 1's; `previous_1`: world 1's examples in the step
+    before (a smaller step after it is an epoch's partial last batch)."""
     c1 = collections.Counter(sd.world_1)
     union = collections.Counter()
     for r in sd.ranks:
@@ -321,6 +324,13 @@ def _data_divergence(step: int, sd: StepData, n: int, root: str, arg_hint: str) 
                           "every rank saw the same examples: the data are not sharded over the ranks; give the "
                           "DataLoader a DistributedSampler (or shard the dataset by rank), and keep the global "
                           "batch the same at every world size", detail=f"{tensor}: {sizes}")
+    if total_n != total_1 and previous_1 is not None and total_1 < previous_1:
+        return Divergence(step, "data", None, None, None, None, None,
+                          f"the last, partial batch of an epoch: world 1 took {total_1} of the {previous_1} a step "
+                          f"holds, world {n} {total_n}: its sampler pads the epoch's end to whole per-rank batches by "
+                          "repeating examples (DistributedSampler's padding, accelerate's even_batches); "
+                          "drop_last=True keeps every step's global batch the same, or check fewer --steps",
+                          detail=f"{tensor}: {sizes}")
     if total_n != total_1:
         hint = ("each rank took a whole world-1 batch: " if total_n == n * total_1 else "")
         return Divergence(step, "data", None, None, None, None, None,
@@ -444,6 +454,7 @@ def compare_world(run_n, run_a, run_b, findings: dict, arg_hint: str) -> WorldCo
         out.notes.append(f"world {n} made {len(recs_n[0])} optimizer step(s) and world 1 {len(ref)}: compared on "
                          f"the first {steps}")
     worst: dict = {}
+    previous_1 = None
 
     def fail(d: Divergence) -> WorldComparison:
         out.first = d
@@ -485,9 +496,10 @@ def compare_world(run_n, run_a, run_b, findings: dict, arg_hint: str) -> WorldCo
                                            "the same seed at every world size (not seed + rank), or load the same "
                                            "checkpoint"))
         sd = _step_data(r1, rn, n)
-        d = _data_divergence(step, sd, n, _root_name(r1), arg_hint)
+        d = _data_divergence(step, sd, n, _root_name(r1), arg_hint, previous_1)
         if d is not None:
             return fail(d)
+        previous_1 = len(sd.world_1)
         # gradients
         for r in range(1, n):
             for name, g in rn[0]["grads"].items():
