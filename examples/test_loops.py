@@ -40,6 +40,8 @@ CORRECT = [
     pytest.param("accelerate_loop.py", per_device(48), (2,), id="accelerate", marks=_needs("accelerate")),
     pytest.param("ddp_no_sync.py", per_device(12, "--micro-batch") + ["--accumulate", "3"], (2,), id="ddp_no_sync"),
     pytest.param("lm_global_tokens.py", per_device(24), (2, 3), id="lm_global_tokens", marks=pytest.mark.slow),
+    pytest.param("hf_trainer.py", per_device(16, "--per-device"), (2,), id="hf_trainer",
+                 marks=[pytest.mark.slow, *_needs("transformers")]),
 ]
 
 # script, ARGS, worlds, then for each world: (kind, step, words the diagnosis must hold)
@@ -63,6 +65,9 @@ DEFECTS = [
                  id="per_device_batch_size"),
     pytest.param("accelerate_scheduler.py", per_device(48), (2,), ("weight", 2, ["every update is", "learning rate"]),
                  id="accelerate_scheduler", marks=_needs("accelerate")),
+    pytest.param("hf_trainer_token_mean.py", per_device(16, "--per-device"), (2,),
+                 ("gradient", 1, ["no common factor", "per rank"]), id="hf_trainer_token_mean",
+                 marks=[pytest.mark.slow, *_needs("transformers")]),
 ]
 
 

@@ -233,10 +233,7 @@ class Recorder:
             self._survey(module)
         elif not self.root_params[key]:
             return
-        kwargs = {}
-        caller = sys._getframe(1)
-        if caller.f_code.co_name == "_call_impl" and isinstance(caller.f_locals.get("kwargs"), dict):
-            kwargs = caller.f_locals["kwargs"]
+        kwargs = _call_kwargs(module)
         record = _data_record(args, kwargs)
         if self.first_forward is None:
             self.first_forward = time.time()
@@ -419,6 +416,22 @@ class _SyncedBatchNorm:
                 unbiased = var * total / max(total - 1, 1.0)
                 m.running_var.mul_(1 - factor).add_(factor * unbiased.to(m.running_var.dtype))
         return y
+
+
+def _call_kwargs(module: nn.Module) -> dict:
+    """The keyword arguments of the module call whose global forward pre-hook is running (torch passes
+    global pre-hooks the positional ones only; HF models are called `model(**batch)`): from the frame
+    of Module._call_impl (or its inner closure) that holds this module as `self`."""
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            break
+        if frame.f_code.co_name in ("_call_impl", "inner"):
+            local = frame.f_locals
+            if local.get("self") is module and isinstance(local.get("kwargs"), dict):
+                return local["kwargs"]
+        frame = frame.f_back
+    return {}
 
 
 def _data_record(args: tuple, kwargs: dict) -> dict | None:

@@ -1,0 +1,63 @@
+"""PLANTED DEFECT (the per-rank token mean, in HF Trainer): hf_trainer.py with
+`average_tokens_across_devices=False` (transformers' behaviour before it became the default): each
+device's loss is its mean over its own tokens, and the devices' gradients are averaged, so a
+token's weight depends on how many tokens its device holds.
+
+    torchrun --nproc-per-node 2 examples/loops/hf_trainer_token_mean.py --per-device 8
+    python -m mgpu check-script examples/loops/hf_trainer_token_mean.py --per-device "{16 // world_size}"
+"""
+
+import argparse
+import tempfile
+
+import torch
+from torch.utils.data import Dataset
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
+
+AVERAGE_TOKENS_ACROSS_DEVICES = False  # the defect
+
+
+class Sequences(Dataset):
+    def __init__(self, n=256, vocab=100):
+        g = torch.Generator().manual_seed(0)
+        self.items = [torch.randint(1, vocab, (int(torch.randint(4, 24, (1,), generator=g)),), generator=g)
+                      for _ in range(n)]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.items[i]}
+
+
+def collate(batch):
+    """Pad to this batch's longest sequence; padding is ignored by the loss (-100)."""
+    longest = max(len(e["input_ids"]) for e in batch)
+    ids = torch.zeros(len(batch), longest, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, e in enumerate(batch):
+        ids[i, :len(e["input_ids"])] = e["input_ids"]
+        mask[i, :len(e["input_ids"])] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--per-device", type=int, default=8, help="per_device_train_batch_size")
+    parser.add_argument("--max-steps", type=int, default=20)
+    args = parser.parse_args()
+
+    set_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_positions=32, n_embd=32, n_layer=2, n_head=2))
+    extra = ({"average_tokens_across_devices": AVERAGE_TOKENS_ACROSS_DEVICES}
+             if "average_tokens_across_devices" in TrainingArguments.__dataclass_fields__ else {})
+    with tempfile.TemporaryDirectory() as out:
+        training = TrainingArguments(output_dir=out, per_device_train_batch_size=args.per_device,
+                                     max_steps=args.max_steps, learning_rate=1e-3, use_cpu=True, seed=0,
+                                     dataloader_drop_last=True, report_to=[], save_strategy="no", logging_steps=10,
+                                     **extra)
+        Trainer(model=model, args=training, train_dataset=Sequences(), data_collator=collate).train()
+
+
+if __name__ == "__main__":
+    main()
