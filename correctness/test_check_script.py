@@ -218,6 +218,48 @@ def test_the_script_runs_as_python_runs_it_and_modules_as_python_m(tmp_path, mon
     assert report.verdict == "passed" and report.target == "-m pkg.train", report.text()
 
 
+WORKERS = """
+import multiprocessing, torch, torch.distributed as dist, torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+class Pairs(Dataset):  # defined in the script: workers started from anything but a fork of it would not know it
+    def __len__(self):
+        return 256
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(6, generator=g), i % 3
+
+if __name__ == "__main__":
+    assert multiprocessing.get_start_method() == "fork", multiprocessing.get_start_method()
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    data = Pairs()
+    loader = DataLoader(data, batch_size=16 // dist.get_world_size(), num_workers=2,
+                        sampler=DistributedSampler(data, seed=0))
+    model = DDP(nn.Linear(6, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
+def test_dataloader_workers_are_forked_from_the_rank_as_under_torchrun(tmp_path):
+    """A rank is forked from mgpu's fork server, whose multiprocessing start method is "forkserver";
+    the script gets the platform's default back, as `python SCRIPT` has it."""
+    path = tmp_path / "workers.py"
+    path.write_text(WORKERS)
+    started = time.time()
+    report = run_check_script(str(path), ranks=(1, 2), steps=2)
+    assert report.verdict == "passed", report.text()
+    assert time.time() - started < 30
+
+
 # -- stochastic depth, switched off with dropout (check and check-script) ---------------------------------
 
 def test_stochastic_depth_is_switched_off_with_dropout():

@@ -5,7 +5,8 @@ LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Before the script's first lin
 
 * makes the process look fresh: torch's default generator back at its initial seed (the fork
   server that forked this rank may have drawn from it), numpy's global generator reseeded from
-  the OS (as a new interpreter's is; Python's `random` reseeds itself after a fork);
+  the OS (as a new interpreter's is; Python's `random` reseeds itself after a fork),
+  multiprocessing's start method back to the platform's default (not the fork server's);
   `sys.argv = [SCRIPT, *ARGS]`, the script's folder first on `sys.path` (for `-m MODULE`: the
   current folder), stdout and stderr to files (the launcher shows their last lines on a crash);
 * enters `ScriptMode` for the whole run: mgpu's `DropoutOff` (dropout and stochastic depth off at
@@ -478,6 +479,12 @@ def _data_record(args: tuple, kwargs: dict) -> dict | None:
 # -- the rank's entry ----------------------------------------------------------------------------------
 
 def _fresh_process_state(cfg: dict) -> None:
+    import multiprocessing
+
+    # A rank forked from the fork server inherits its start method ("forkserver"): a fresh `python
+    # SCRIPT` has the platform's default (fork on Linux before Python 3.14), so that a DataLoader's
+    # workers are forked from the rank, as under torchrun, not started from the server.
+    multiprocessing.set_start_method(None, force=True)
     torch.manual_seed(torch.initial_seed())
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
