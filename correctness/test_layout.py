@@ -113,7 +113,7 @@ def test_bench_and_gate_come_from_mgpu_perf_through_the_hook(monkeypatch):
 
     monkeypatch.setenv(cli.COMMANDS_ENV, "mgpu_perf.cli")  # installed or not, the same provider
     mains = cli.build_parser().get_default("command_mains")
-    assert set(mains) == {"check", "bench", "gate"}, mains
+    assert set(mains) == {"check", "check-script", "bench", "gate"}, mains
     assert {mains[c].__module__ for c in ("bench", "gate")} == {"mgpu_perf.cli"}
 
 

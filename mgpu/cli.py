@@ -1,9 +1,11 @@
-"""`python -m mgpu train ...`: the chapter's experiment; `python -m mgpu check ...`: your model's parity.
+"""`python -m mgpu train ...`: the chapter's experiment; `python -m mgpu check ...`: your model's parity;
+`python -m mgpu check-script ...`: your own training loop's parity.
 
     python -m mgpu train --model lenet --epochs 2 --train-size 8192 --test-size 2000
     python -m mgpu train --strategy ddp --devices 2 --batch-size 512 --lr 0.2
     python -m mgpu check examples/tiny_lm.py:spec --json check.json
     python -m mgpu check torchvision.models:resnet18 --input-shape 3,32,32 --classes 10
+    python -m mgpu check-script --ranks 1,2 --steps 4 train.py --batch-size "{64 // world_size}"
     python -m mgpu bench examples/tiny_lm.py:spec --devices 1,2          # your model's step, timed
     python -m mgpu gate mymodel.py:spec --baseline origin/main           # the A/B gate (docs/guide/gate.md)
 
@@ -81,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     _add_train_parser(commands)
     _add_check_parser(commands)
-    parser.set_defaults(command_mains={"check": _check_main})
+    _add_check_script_parser(commands)
+    parser.set_defaults(command_mains={"check": _check_main, "check-script": _check_script_main})
     for add_commands in _command_providers():
         parser.get_default("command_mains").update(add_commands(commands))
     return parser
@@ -143,6 +146,21 @@ def _add_train_parser(commands) -> None:
                         "memory), or keep them (less communication)")
     t.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in --checkpoint-dir (starts afresh, saying so, if there is none)")
+
+
+def _add_check_script_parser(commands) -> None:
+    from mgpu.scriptcheck import add_arguments
+
+    p = commands.add_parser("check-script", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            help="run your own training script at world size 1 and at N ranks and find the first "
+                                 "optimizer step where they part (docs/guide/check-script.md)")
+    add_arguments(p)
+
+
+def _check_script_main(parser: argparse.ArgumentParser, args) -> int:
+    from mgpu.scriptcheck import run_main
+
+    return run_main(parser, args)
 
 
 def _command_providers() -> list:

@@ -3,6 +3,8 @@
     python -m mgpu check MODULE:FUNCTION                  # the command (docs/guide/check.md)
     >>> from mgpu.parity import check_data_parallel
     >>> check_data_parallel("examples/tiny_lm.py:spec")    # in a pytest test: AssertionError on a divergence
+    >>> from mgpu.parity import check_script              # your own training script (mgpu/scriptcheck/)
+    >>> check_script("train.py", args=["--batch-size", "{64 // world_size}"], ranks=(1, 2), steps=4)
 
 Read in the order a check runs, one job a file:
 
@@ -22,4 +24,13 @@ from mgpu.parity.check import CheckOptions, CheckResult, Report, check_data_para
 from mgpu.parity.compare import Divergence, assert_tensors_close
 
 __all__ = ["CheckOptions", "CheckResult", "Report", "check_data_parallel", "run_check", "Divergence",
-           "assert_tensors_close"]
+           "assert_tensors_close", "check_script"]
+
+
+def __getattr__(name: str):
+    # check_script lives in mgpu.scriptcheck, which imports this package's dropout: fetched when asked for.
+    if name == "check_script":
+        from mgpu.scriptcheck import check_script
+
+        return check_script
+    raise AttributeError(f"module 'mgpu.parity' has no attribute {name!r}")
