@@ -137,7 +137,7 @@ def check_script(script: str | None = None, args=(), ranks=DEFAULT_RANKS, steps:
 # -- the command ---------------------------------------------------------------------------------------
 
 def build_parser(prog: str = "mgpu check-script") -> argparse.ArgumentParser:
-    from mgpu.cli import OneLineParser
+    from mgpu.errors import OneLineParser
 
     p = OneLineParser(prog=prog, allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                       description="Run your training script unchanged at world size 1 and at N ranks (torch's "

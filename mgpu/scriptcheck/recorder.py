@@ -241,6 +241,7 @@ class Recorder:
         if record is not None:
             record["root"] = key
             record["root_name"] = type(module).__name__
+            record["training"] = module.training
             self.pending.append(record)
             self.forwards += 1
 
@@ -327,6 +328,8 @@ class Recorder:
         trained = set().union(*(self.root_params.get(r, set()) for r in self.roots))
         forwards = [f for f in self.pending if self.root_params[f["root"]] & mine]
         used = {id(f) for f in forwards}
+        if any(f["training"] for f in forwards):  # an evaluation under grad between steps is no training data
+            forwards = [f for f in forwards if f["training"]]
         self.pending = [f for f in self.pending if id(f) not in used and self.root_params[f["root"]] & trained]
         rec: dict[str, Any] = {"optimizer": index, "step": k, "optimizer_type": type(optimizer).__name__,
                                "forwards": forwards, "grads": {}, "after": {}}
