@@ -181,7 +181,9 @@ def test_a_pull_request_runs_the_gate_against_its_merge_base(clone, pushes):
     done = run_steps(clone, "pull_request", {"PYTEST_ADDOPTS": f"--benchmark-disable {NO_HYPOTHESIS}"},
                      step_env={"Correctness": {"PYTEST_ADDOPTS": "--collect-only"}})
     assert [name for name, _ in done] == ["Install (.venv with mgpu and its test extras)", "Correctness on the GPUs",
+                                          "A training script checked at 1 and 2 ranks (check-script)",
                                           "A/B gate against the merge base (pull requests)"], done
+    assert "1 passed" in done[2][1], done[2][1][-2000:]
     selected = {line.split("::")[0] for line in done[1][1].splitlines() if line.startswith("correctness/")}
     everything = {f"correctness/{p.name}" for p in (clone / "correctness").glob("test_*.py")}
     assert selected == everything, f"the correctness step runs the whole folder; missing: {sorted(everything - selected)}"

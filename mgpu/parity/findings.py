@@ -37,8 +37,10 @@ def findings(ctx: CheckContext) -> list[CheckResult]:
     if traits.dropout or traits.dropout_calls:
         parts = ([f"{len(traits.dropout)} dropout module(s) ({_listed(traits.dropout)})"] if traits.dropout else [])
         parts += [f"{count} call(s) to {call} in each forward" for call, count in sorted(traits.dropout_calls.items())]
+        depth = any("stochastic" in call or "drop_path" in call for call in traits.dropout_calls)
+        what = "dropout and stochastic depth" if depth else "dropout"
         out.append(CheckResult("random-layers", None, None, "finding", (
-            f"dropout switched off for every check: {'; '.join(parts)}. With it on, each device draws its own "
+            f"{what} switched off for every check: {'; '.join(parts)}. With it on, each device draws its own "
             "masks: parity can then only be statistical, not exact")))
     if traits.other_randomness:
         out.append(CheckResult("randomness", None, None, "finding", (
