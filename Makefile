@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: train test test-correctness test-kernels convergence perf gpu-check clean
+.PHONY: train test test-slow test-correctness test-kernels convergence perf gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,12 @@ KERNEL_PATHS ?= default:SSE41 avx2:AVX2 $(if $(shell grep -m1 -o avx512f /proc/c
 # comparisons that rounding could break (marker `rounding`) again under the generic kernels, so that
 # a test tuned to this CPU's rounding goes red here before it reaches another machine.
 test: $(VENV)/.installed
-	$(PY) -m pytest correctness perf examples --benchmark-disable -q
+	$(PY) -m pytest correctness perf examples --benchmark-disable -q -m "not slow"
 	$(ROUNDING_PATH) $(PY) -m pytest correctness -m rounding -q -p no:cacheprovider
+
+# What `make test` leaves out to stay within CI's time: check-script at 1 vs 3 ranks, HF Trainer's loops.
+test-slow: $(VENV)/.installed
+	$(PY) -m pytest correctness perf examples --benchmark-disable -q -m slow
 
 # The whole correctness suite under every kernel path this CPU has (a few minutes each).
 test-kernels: $(VENV)/.installed

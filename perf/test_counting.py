@@ -158,8 +158,9 @@ def _gate_counts(tmp_path, change: str, strategy: str = "single", devices: int =
     return compare(f"tiny[{change}]", spec, pools, Settings(smoke=True, max_rounds=3, workers=1))
 
 
-@pytest.mark.parametrize("change, expected", [("none", None), ("host-read", "host reads 1 → 3 a step"),
-                                              ("copy", "bytes allocated"), ("float64", "bytes allocated")])
+# A copy and a float64 layer are counted in test_a_structural_change_is_a_guarded_increase; here, through real
+# workers over two trees, the unchanged tree and a host read.
+@pytest.mark.parametrize("change, expected", [("none", None), ("host-read", "host reads 1 → 3 a step")])
 def test_the_gate_counts_a_step_in_both_arms(tmp_path, change, expected):
     from mgpu_perf.gate.report import format_table, gate_exit_status
     from mgpu_perf.gate.settings import Settings
