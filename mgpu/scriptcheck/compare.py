@@ -443,8 +443,91 @@ def _root_name(rec: dict) -> str:
     return ", ".join(sorted(n for n in names if n)) or "the model"
 
 
+def _ranks_apart(rn: list, n: int, key: str, step: int) -> Divergence | None:
+    """Every rank's gradients ("grads") or weights after the step ("after") against rank 0's, bitwise:
+    the ranks of one world apply the same update."""
+    what = "gradient" if key == "grads" else "weight"
+    for r in range(1, n):
+        for name, t in rn[0][key].items():
+            if not _same(rn[r][key].get(name), t):
+                e = _err(rn[r][key].get(name), t)
+                why = (f"rank {r}'s gradient differs from rank 0's as the optimizer steps: the gradients are not "
+                       "synchronised (no DDP, or an all_reduce missing for this parameter)" if key == "grads" else
+                       f"rank {r}'s weights part from rank 0's in this step although their gradients agree: the "
+                       "optimizer differs between ranks (a setting by rank, a step skipped on one rank?)")
+                return Divergence(step, "ranks", f"{what} {name}", r, e[0] if math.isfinite(e[0]) else None, 0.0,
+                                  None, why)
+    return None
+
+
+def _start_apart(rn: list, r1: dict, n: int) -> Divergence | None:
+    """Before step 1: the replicas against rank 0 (bitwise), then world N's rank 0 against world 1."""
+    for r in range(1, n):
+        for name, t in rn[0].get("before", {}).items():
+            if not _same(rn[r].get("before", {}).get(name), t):
+                e = _err(rn[r]["before"].get(name), t)
+                return Divergence(0, "ranks", name, r, e[0] if math.isfinite(e[0]) else None, 0.0, None,
+                                  "replicas start apart: broadcast rank 0's weights before training (DDP does at "
+                                  "construction; a hand-made loop must dist.broadcast every parameter), or "
+                                  "build the model from the same seed on every rank")
+    scales = module_scales(r1.get("before", {}))
+    for name, t in r1.get("before", {}).items():
+        got = rn[0].get("before", {}).get(name, "missing")
+        if isinstance(got, str):
+            return Divergence(0, "start", name, 0, None, None, None, f"world {n} has no parameter {name} in its optimizer")
+        e = _err(got, t)
+        allowed = allowed_error(t, None, scales[name])
+        if not e[0] <= allowed:
+            return Divergence(0, "start", name, 0, e[0], allowed, e[1],
+                              f"world {n} starts from other weights than world 1: the model is built from "
+                              "another random state at this world size; seed before building it, with "
+                              "the same seed at every world size (not seed + rank), or load the same checkpoint")
+    return None
+
+
+def _gradients_apart(step: int, rn: list, r1: dict, rb: dict | None, n: int, sd: StepData, findings: dict,
+                     worst: dict) -> Divergence | None:
+    """World N's rank 0 gradients against world 1's, within the tolerance (run B's spread)."""
+    scales = module_scales(r1["grads"])
+    for name, g1 in r1["grads"].items():
+        gn = rn[0]["grads"].get(name, "missing")
+        if isinstance(gn, str):
+            return Divergence(step, "gradient", name, 0, None, None, None, f"world {n}'s optimizer has no parameter {name}")
+        if (g1 is None) != (gn is None):
+            return Divergence(step, "gradient", name, 0, None, None, None,
+                              f"world {'1' if g1 is None else str(n)} has no gradient for it: a parameter "
+                              "unused at one world size")
+        if g1 is None:
+            continue
+        e = _err(gn, g1)
+        allowed = allowed_error(g1, rb["grads"].get(name) if rb else None, scales[name])
+        _track_worst(worst, "gradient", name, step, e[0], allowed)
+        if not e[0] <= allowed:
+            return Divergence(step, "gradient", name, 0, e[0], allowed, e[1],
+                              _gradient_diagnosis(step, rn[0]["grads"], r1["grads"], n, sd, findings))
+    return None
+
+
+def _weights_apart(i: int, recs_n: list, ref: list, rb: dict | None, n: int, findings: dict,
+                   worst: dict) -> Divergence | None:
+    """World N's rank 0 weights after step i + 1 against world 1's, within the tolerance."""
+    step, rn0, r1 = i + 1, recs_n[0][i], ref[i]
+    scales = module_scales(r1["after"])
+    for name, w1 in r1["after"].items():
+        e = _err(rn0["after"].get(name), w1)
+        allowed = allowed_error(w1, rb["after"].get(name) if rb else None, scales[name])
+        _track_worst(worst, "weight", name, step, e[0], allowed)
+        if not e[0] <= allowed:
+            before_n = rn0["before"] if i == 0 else recs_n[0][i - 1]["after"]
+            before_1 = r1["before"] if i == 0 else ref[i - 1]["after"]
+            return Divergence(step, "weight", name, 0, e[0], allowed, e[1],
+                              _update_diagnosis(step, rn0["after"], before_n, r1["after"], before_1, n, findings))
+    return None
+
+
 def compare_world(run_n, run_a, run_b, findings: dict, arg_hint: str) -> WorldComparison:
-    """World N (all ranks) against world 1 (run A, tolerance from run B)."""
+    """World N (all ranks) against world 1 (run A, tolerance from run B), step by step: the start, the
+    data, the gradients (between ranks, then against world 1), the weights after the step (the same)."""
     n = run_n.world
     recs_n = _records(run_n)
     ref, per = run_a.ranks[0]["records"], run_b.ranks[0]["records"]
@@ -455,99 +538,28 @@ def compare_world(run_n, run_a, run_b, findings: dict, arg_hint: str) -> WorldCo
                          f"the first {steps}")
     worst: dict = {}
     previous_1 = None
-
-    def fail(d: Divergence) -> WorldComparison:
-        out.first = d
-        out.worst = worst
-        explained = _explained(findings)
-        out.status = "finding" if explained and d.kind in ("gradient", "weight") and d.diagnosis == explained else "fail"
-        return out
-
     for i in range(steps):
         step = i + 1
         r1, rb = ref[i], per[i] if i < len(per) else None
         rn = [recs[i] for recs in recs_n]
+        d = None
         if (rn[0]["optimizer"], rn[0]["step"]) != (r1["optimizer"], r1["step"]):
-            return fail(Divergence(step, "data", None, None, None, None, None,
-                                   "the optimizers step in another order at this world size",
-                                   detail=f"world {n} stepped optimizer {rn[0]['optimizer']}, world 1 optimizer "
-                                          f"{r1['optimizer']}"))
-        if i == 0:
-            for r in range(1, n):
-                for name, t in rn[0].get("before", {}).items():
-                    if not _same(rn[r].get("before", {}).get(name), t):
-                        e = _err(rn[r]["before"].get(name), t)
-                        return fail(Divergence(0, "ranks", name, r, e[0] if math.isfinite(e[0]) else None, 0.0, None,
-                                               "replicas start apart: broadcast rank 0's weights before training (DDP does at "
-                                               "construction; a hand-made loop must dist.broadcast every parameter), or "
-                                               "build the model from the same seed on every rank"))
-            scales = module_scales(r1.get("before", {}))
-            for name, t in r1.get("before", {}).items():
-                got = rn[0].get("before", {}).get(name, "missing")
-                if isinstance(got, str):
-                    return fail(Divergence(0, "start", name, 0, None, None, None,
-                                           f"world {n} has no parameter {name} in its optimizer"))
-                e = _err(got, t)
-                allowed = allowed_error(t, None, scales[name])
-                if not e[0] <= allowed:
-                    return fail(Divergence(0, "start", name, 0, e[0], allowed, e[1],
-                                           f"world {n} starts from other weights than world 1: the model is built from "
-                                           "another random state at this world size; seed before building it, with "
-                                           "the same seed at every world size (not seed + rank), or load the same "
-                                           "checkpoint"))
-        sd = _step_data(r1, rn, n)
-        d = _data_divergence(step, sd, n, _root_name(r1), arg_hint, previous_1)
+            d = Divergence(step, "data", None, None, None, None, None,
+                           "the optimizers step in another order at this world size",
+                           detail=f"world {n} stepped optimizer {rn[0]['optimizer']}, world 1 optimizer {r1['optimizer']}")
+        if d is None and i == 0:
+            d = _start_apart(rn, r1, n)
+        if d is None:
+            sd = _step_data(r1, rn, n)
+            d = _data_divergence(step, sd, n, _root_name(r1), arg_hint, previous_1)
+            previous_1 = len(sd.world_1)
+            d = (d or _ranks_apart(rn, n, "grads", step) or _gradients_apart(step, rn, r1, rb, n, sd, findings, worst)
+                 or _ranks_apart(rn, n, "after", step) or _weights_apart(i, recs_n, ref, rb, n, findings, worst))
         if d is not None:
-            return fail(d)
-        previous_1 = len(sd.world_1)
-        # gradients
-        for r in range(1, n):
-            for name, g in rn[0]["grads"].items():
-                if not _same(rn[r]["grads"].get(name), g):
-                    e = _err(rn[r]["grads"].get(name), g)
-                    return fail(Divergence(step, "ranks", f"gradient {name}", r, e[0] if math.isfinite(e[0]) else None,
-                                           0.0, None,
-                                           f"rank {r}'s gradient differs from rank 0's as the optimizer steps: the "
-                                           "gradients are not synchronised (no DDP, or an all_reduce missing for "
-                                           "this parameter)"))
-        scales = module_scales(r1["grads"])
-        for name, g1 in r1["grads"].items():
-            gn = rn[0]["grads"].get(name, "missing")
-            if isinstance(gn, str):
-                return fail(Divergence(step, "gradient", name, 0, None, None, None,
-                                       f"world {n}'s optimizer has no parameter {name}"))
-            if (g1 is None) != (gn is None):
-                return fail(Divergence(step, "gradient", name, 0, None, None, None,
-                                       f"world {'1' if g1 is None else str(n)} has no gradient for it: a parameter "
-                                       "unused at one world size"))
-            if g1 is None:
-                continue
-            e = _err(gn, g1)
-            allowed = allowed_error(g1, rb["grads"].get(name) if rb else None, scales[name])
-            _track_worst(worst, "gradient", name, step, e[0], allowed)
-            if not e[0] <= allowed:
-                return fail(Divergence(step, "gradient", name, 0, e[0], allowed, e[1],
-                                       _gradient_diagnosis(step, rn[0]["grads"], r1["grads"], n, sd, findings)))
-        # weights after the step
-        for r in range(1, n):
-            for name, w in rn[0]["after"].items():
-                if not _same(rn[r]["after"].get(name), w):
-                    e = _err(rn[r]["after"].get(name), w)
-                    return fail(Divergence(step, "ranks", f"weight {name}", r, e[0] if math.isfinite(e[0]) else None,
-                                           0.0, None,
-                                           f"rank {r}'s weights part from rank 0's in this step although their "
-                                           "gradients agree: the optimizer differs between ranks (a setting by "
-                                           "rank, a step skipped on one rank?)"))
-        scales = module_scales(r1["after"])
-        for name, w1 in r1["after"].items():
-            wn = rn[0]["after"].get(name)
-            e = _err(wn, w1)
-            allowed = allowed_error(w1, rb["after"].get(name) if rb else None, scales[name])
-            _track_worst(worst, "weight", name, step, e[0], allowed)
-            if not e[0] <= allowed:
-                before_n = rn[0]["before"] if i == 0 else recs_n[0][i - 1]["after"]
-                before_1 = r1["before"] if i == 0 else ref[i - 1]["after"]
-                return fail(Divergence(step, "weight", name, 0, e[0], allowed, e[1],
-                                       _update_diagnosis(step, rn[0]["after"], before_n, r1["after"], before_1, n, findings)))
+            out.first, out.worst = d, worst
+            explained = _explained(findings)
+            finding = explained and d.kind in ("gradient", "weight") and d.diagnosis == explained
+            out.status = "finding" if finding else "fail"
+            return out
     out.worst = worst
     return out
