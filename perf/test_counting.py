@@ -236,3 +236,32 @@ def test_on_a_gpu_kernels_and_peak_memory_are_counted_and_repeat():
     assert compare_counts(first, second) == [], compare_counts(first, second)
     changes = compare_counts(first, _counts(on_gpu("host-read")))
     assert any(c.slower and c.text == "host reads 0 → 1 a step" for c in changes), [c.text for c in changes]
+
+
+# -- a worker's state from one workload to the next ---------------------------------------------------
+
+@pytest.mark.parametrize("order", [("matmul", "model"), ("model", "matmul")])
+def test_a_workload_does_not_inherit_the_thread_count_the_one_before_set(tmp_path, monkeypatch, order):
+    """A gate worker runs the benchmarks one after another. The matmul kernel sets one torch thread;
+    the training step after it in the same worker ran on that one thread. Each setup now starts from
+    the worker's own count, in either order."""
+    from mgpu_perf.gate import worker
+    from mgpu_perf.harness import workloads
+
+    (tmp_path / "tiny.py").write_text(TINY.replace("{change}", "pass"))
+    monkeypatch.chdir(tmp_path)
+    specs = {"matmul": {"kind": "matmul", "size": 64, "products": 2, "threads": 1, "device": "cpu"},
+             "model": {"kind": "model-step", "model": "tiny.py:spec", "strategy": "single", "devices": 1, "batch": 4}}
+    start = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        seen = []
+        for name in order:
+            workload, answer = worker._setup(workloads, specs[name], str(tmp_path), (), threads=2)
+            seen.append((name, torch.get_num_threads()))
+            workload.op()
+            workload.close()
+        assert dict(seen)["model"] == 2, f"the training step inherited {dict(seen)['model']} thread(s): {seen}"
+        assert dict(seen)["matmul"] == 1, seen
+    finally:
+        torch.set_num_threads(start)

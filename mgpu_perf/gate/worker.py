@@ -82,9 +82,16 @@ def _inside(path: str, tree: str) -> bool:
     return os.path.abspath(path).startswith(os.path.join(tree, ""))
 
 
-def _setup(workloads, spec: dict, tree: str, not_comparable: tuple):
+def _setup(workloads, spec: dict, tree: str, not_comparable: tuple, threads: int | None = None):
     """(the workload of `spec`, the answer): None and `not_comparable` when this tree cannot set it
-    up; RuntimeError when the model's code does not come from this arm's tree."""
+    up; RuntimeError when the model's code does not come from this arm's tree. `threads`: the
+    worker's torch thread count at its start, given back first: a workload may set its own (the
+    matmul kernel takes 1, a CPU strategy its share of the cores), and the next one in this worker
+    must not inherit it."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     try:
         workload = workloads.make_gated(spec)
     except not_comparable as e:
@@ -112,6 +119,9 @@ def main(argv: list[str]) -> int:
     from mgpu_perf.harness import workloads
 
     NOT_COMPARABLE = not_comparable_errors()
+    import torch
+
+    threads = torch.get_num_threads()  # each workload starts from it (_setup)
     out.write(json.dumps({"ready": True, "versions": versions(), "mgpu": where}) + "\n")
     workload = None
     for line in sys.stdin:
@@ -122,7 +132,7 @@ def main(argv: list[str]) -> int:
                 if workload is not None:
                     workload.close()
                     workload = None
-                workload, answer = _setup(workloads, request["spec"], tree, NOT_COMPARABLE)
+                workload, answer = _setup(workloads, request["spec"], tree, NOT_COMPARABLE, threads)
             elif command == "sample":
                 answer = time_ops(workload.op, request["ops"], getattr(workload, "cuda_device", None))
                 if "device_times" not in answer:
