@@ -63,6 +63,7 @@ def run_bench(model: str, options: BenchOptions, log: Callable[[str], None] = la
     import torch
 
     from mgpu.devices import torch_threads, usable_cores
+    from mgpu_perf.counting import count_session
     from mgpu_perf.harness.interleave import interleaved_step_times
     from mgpu_perf.harness.models import ModelBench
     from mgpu_perf.harness.ranks import StrategyRankPool, spawns_ranks
@@ -86,7 +87,8 @@ def run_bench(model: str, options: BenchOptions, log: Callable[[str], None] = la
         # Raises on a non-finite loss or a case whose weights did not move.
         timed = interleaved_step_times(sessions, options.rounds, options.warmup, alternate=True)
         memory = {labels[label]: session.memory_bytes().get("peak_allocated") for label, session in sessions.items()}
-        counted = {labels[label]: _count(session) for label, session in sessions.items()}  # after the timing
+        counted = {labels[label]: count_session(session, session.step)  # after the timing
+                   for label, session in sessions.items()}
     times = {labels[label]: ts for label, ts in timed.items()}
     rows = []
     for (strategy, n), ts in times.items():
@@ -112,15 +114,6 @@ PEAK_FLOPS = {"H100 PCIe": {"fp32": 51e12, "tf32": 378e12, "bf16": 756e12},
               "H100": {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989e12},
               "H200": {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989e12},
               "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12}}
-
-
-def _count(session) -> list[dict]:
-    """One more step, counted (mgpu_perf/counting.py): each rank's counts."""
-    from mgpu_perf.counting import count_step
-
-    if hasattr(session, "count_step"):
-        return session.count_step()
-    return [count_step(session.step).to_dict()]
 
 
 def peak_flops(amp: str, gpus: int) -> float | None:

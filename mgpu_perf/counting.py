@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["StepCounts", "CountChange", "CompileWatch", "count_step", "compare_counts", "GUARDED"]
+__all__ = ["StepCounts", "CountChange", "CompileWatch", "count_step", "count_session", "compare_counts", "GUARDED"]
 
 # Increases of these fail the gate as `slower (counted)`; the rest are reported.
 GUARDED = ("host_reads", "collective_calls", "collective_bytes", "flops", "allocated_bytes", "graph_breaks",
@@ -178,6 +178,14 @@ def count_step(step: Callable[[], Any], compile_watch: CompileWatch | None = Non
                       allocated_bytes=int(counter.allocated), collectives=dict(sorted(counter.collectives.items())),
                       host_reads=counter.host_reads,
                       compile=compile_watch.since_start(before) if compile_watch else None, cuda=cuda.result)
+
+
+def count_session(session, step: Callable[[], Any], compile_watch: CompileWatch | None = None) -> list[dict]:
+    """One step of a harness session counted: each rank's counts (StepCounts.to_dict). A rank pool
+    counts in every rank (`count_step`); a session in this process runs `step` under the counters."""
+    if hasattr(session, "count_step"):
+        return session.count_step()
+    return [count_step(step, compile_watch).to_dict()]
 
 
 class _CudaCounts:

@@ -32,7 +32,7 @@ from mgpu.jsonsafe import finite_or_none
 from mgpu_perf.gate import sizing
 from mgpu_perf.gate import stats as abstats
 from mgpu_perf.gate.arm import Arm, ArmError
-from mgpu_perf.gate.counted import Counted, judge_counts
+from mgpu_perf.gate.counted import Counted, count_in_both
 from mgpu_perf.gate.rounds import Pools, agree_on_graphs, choose_clock, close_workers, in_both, sample_times, take_round
 from mgpu_perf.gate.settings import Settings
 
@@ -211,7 +211,7 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
         result.graphs = agree_on_graphs(pools, answers)
         bench = _Benchmark(result, pools, settings, settings.alpha / family_size, start, limit=settings.max_rounds)
         _warm_up(bench)
-        result.counted = _count(pools)
+        result.counted = count_in_both(pools)
         rounds_began = bench.phase_began = time.perf_counter()
         _take_rounds(bench, log)
         result.round_s = (time.perf_counter() - rounds_began) / max(1, result.rounds_taken())
@@ -239,15 +239,6 @@ def _not_comparable(pools: Pools, answers: dict[str, list[dict]], result: Compar
     if failed:
         raise ArmError(f"candidate: setup failed: {failed[0]}")
     return False
-
-
-def _count(pools: Pools) -> Counted:
-    """One step counted in every worker of both arms, after the warm-up and outside the timing. A
-    worker that cannot count (its error is the reason) leaves the benchmark not counted, still timed."""
-    try:
-        return judge_counts(in_both(pools, "count"))
-    except ArmError as e:
-        return Counted(reason=f"not counted: {e}"[:400])
 
 
 def _warm_up(bench: _Benchmark) -> None:

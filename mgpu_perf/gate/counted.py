@@ -18,8 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mgpu_perf.counting import StepCounts, compare_counts
+from mgpu_perf.gate.arm import ArmError
+from mgpu_perf.gate.rounds import Pools, in_both
 
-__all__ = ["Counted", "judge_counts", "SLOWER_COUNTED"]
+__all__ = ["Counted", "count_in_both", "judge_counts", "SLOWER_COUNTED"]
 
 SLOWER_COUNTED = "slower (counted)"
 
@@ -37,6 +39,15 @@ class Counted:
                 "counts": self.counts}
 
 
+def count_in_both(pools: Pools) -> Counted:
+    """One step counted in every worker of both arms, after the warm-up and outside the timing. A
+    worker that cannot count (its error is the reason) leaves the benchmark not counted, still timed."""
+    try:
+        return judge_counts(in_both(pools, "count"))
+    except ArmError as e:
+        return Counted(reason=f"not counted: {e}"[:400])
+
+
 def judge_counts(answers: dict[str, list[dict]]) -> Counted:
     """The counted verdict from each arm's workers' answers to "count" (each: {"counts": [rank dicts]})."""
     per_arm = {}
@@ -52,16 +63,16 @@ def judge_counts(answers: dict[str, list[dict]]) -> Counted:
     base, cand = per_arm["baseline"], per_arm["candidate"]
     if len(base) != len(cand):
         return Counted(reason=f"ranks: {len(base)} in the baseline, {len(cand)} in the candidate", counts=per_arm)
-    changes, guarded = [], []
+    changes, guarded, said = [], [], set()
     for rank, (b, c) in enumerate(zip(base, cand)):
         where = f"rank {rank}: " if len(base) > 1 else ""
         for change in compare_counts(StepCounts.from_dict(b), StepCounts.from_dict(c)):
-            line = where + change.text
-            if line.removeprefix(where) in {x.split(": ", 1)[-1] for x in changes} and len(base) > 1:
-                continue  # the same change in every rank: said once, for rank 0
-            changes.append(line)
+            if change.text in said:
+                continue  # the same change in another rank: said once, for the first
+            said.add(change.text)
+            changes.append(where + change.text)
             if change.slower:
-                guarded.append(line)
+                guarded.append(where + change.text)
     verdict = SLOWER_COUNTED if guarded else ("changed" if changes else "same")
     return Counted(verdict=verdict, changes=sorted(changes, key=lambda x: x not in guarded), guarded=guarded,
                    counts=per_arm)

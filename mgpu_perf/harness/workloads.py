@@ -54,16 +54,16 @@ class _Timed:
     def count(self) -> list[dict]:
         """One more step, counted (mgpu_perf/counting.py), outside the timing: each rank's counts (one
         entry in this process). A CUDA-graph replay dispatches no ops, so the step counted is the plain one."""
-        from mgpu_perf.counting import count_step
+        from mgpu_perf.counting import count_session
 
-        if hasattr(self.session, "count_step"):  # a rank pool: counted in every rank
-            return self.session.count_step()
         graph = getattr(self.session, "graph", None)
-        self.session.graph = None
+        if graph is not None:
+            self.session.graph = None
         try:
-            return [count_step(self.op, self.compile_watch).to_dict()]
+            return count_session(self.session, self.op, self.compile_watch)
         finally:
-            self.session.graph = graph
+            if graph is not None:
+                self.session.graph = graph
 
     def use_graphs(self, enabled: bool) -> None:
         """The parent's word when another worker could not capture: every worker times one kind of step."""
