@@ -113,7 +113,7 @@ def test_stochastic_depth_is_switched_off_and_named_not_taken_for_randomness():
     """timm's ViT with drop_path_rate=0.1 (its training recipes' setting) was `randomness`, 56 of 72
     comparisons skipped, NOT VERIFIED: DropPath draws a per-example keep mask, a sibling of dropout.
     Now it is switched off like dropout and named in random-layers; every comparison runs."""
-    timm = pytest.importorskip("timm")
+    timm = pytest.importorskip("timm", reason="needs timm: pip install 'mgpu[models]'")
     from mgpu.spec import image_spec
 
     def vit():

@@ -265,14 +265,14 @@ def test_dataloader_workers_are_forked_from_the_rank_as_under_torchrun(tmp_path)
 def test_stochastic_depth_is_switched_off_with_dropout():
     from mgpu.parity.dropout import DropoutOff, random_layer_modules
 
-    tv_ops = pytest.importorskip("torchvision.ops")
+    tv_ops = pytest.importorskip("torchvision.ops", reason="needs torchvision (an mgpu dependency)")
     x = torch.randn(6, 4, 3)
     layer = tv_ops.StochasticDepth(0.5, "row").train()
     off = DropoutOff()
     with off:
         assert torch.equal(layer(x), x)
     assert off.calls == {"torchvision stochastic_depth": 1}
-    timm_layers = pytest.importorskip("timm.layers")
+    timm_layers = pytest.importorskip("timm.layers", reason="needs timm: pip install 'mgpu[models]'")
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), timm_layers.DropPath(0.3), torch.nn.Dropout(0.2)).train()
     assert random_layer_modules(model) == ["1 (DropPath)", "2 (Dropout)"]
     with DropoutOff() as off:
