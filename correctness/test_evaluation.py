@@ -43,7 +43,7 @@ def test_manual_accuracy_equals_single_device_accuracy_exactly(split, seed):
 @pytest.mark.parametrize("strategy, n", [("manual", 1), ("manual", 2), ("manual", 3),
                                          pytest.param("ddp", 1, marks=pytest.mark.multiprocess),
                                          pytest.param("ddp", 2, marks=pytest.mark.multiprocess),
-                                         pytest.param("ddp", 3, marks=pytest.mark.multiprocess),
+                                         pytest.param("ddp", 3, marks=[pytest.mark.multiprocess, pytest.mark.slow]),
                                          pytest.param("fsdp", 1, marks=pytest.mark.multiprocess),
                                          pytest.param("fsdp", 2, marks=pytest.mark.multiprocess),
                                          pytest.param("fsdp", 3, marks=pytest.mark.multiprocess)])

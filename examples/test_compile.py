@@ -34,6 +34,7 @@ def _statuses(report) -> list:
     return [(r.strategy, r.devices, r.name, r.status) for r in report.results]
 
 
+@pytest.mark.slow  # 9 s; the other tests here keep --compile under check in `make test`
 @pytest.mark.timeout(300)
 def test_a_compiled_transformer_matches_eager_single_device_training_under_every_strategy(monkeypatch):
     """tiny_lm (attention, layer norm, dropout switched off through torch's functions) compiled

@@ -60,6 +60,8 @@ CASES = [
     ("examples/timm_models.py:resnet", IMAGES, 0, {"batch-mixing"}, "BatchNorm2d"),
 ]
 LIBRARIES = {"transformers_models": "transformers", "timm_models": "timm"}
+# Left to `make test-slow` for CI's time (15 and 6 s here): timm's resnet and vit stay in `make test`.
+SLOW = {"examples/timm_models.py:efficientnet", "examples/timm_models.py:convnext"}
 
 
 def _params():
@@ -67,7 +69,7 @@ def _params():
         library = next((lib for name, lib in LIBRARIES.items() if name in target), None)
         name = target.split("/")[-1] + ("-amp-bf16" if "--amp" in extra else "")
         yield pytest.param(target, extra, code, findings, text, id=name,
-                           marks=_needs(library) if library else [])
+                           marks=(_needs(library) if library else []) + ([pytest.mark.slow] if target in SLOW else []))
 
 
 @pytest.mark.timeout(180)

@@ -1,4 +1,4 @@
-"""`python -m mgpu_perf ddp-scaling | hot-path | validate-gate | calibrate` (mgpu_perf/commands.py)."""
+"""`python -m mgpu_perf ddp-scaling | hot-path | validate-gate | validate-counts | calibrate` (mgpu_perf/commands.py)."""
 
 import sys
 

@@ -4,6 +4,7 @@
     python -m mgpu_perf ddp-scaling --devices 1,2,4 --batch 32 --rounds 10 --min-speedup 1.8
     python -m mgpu_perf hot-path                   # mgpu's step against bare PyTorch, DDP and FSDP against no communication
     python -m mgpu_perf validate-gate              # the A/B gate's measured error rates (gate/validate.py)
+    python -m mgpu_perf validate-counts            # its counted verdict against planted regressions (gate/validate_counts.py)
     python -m mgpu_perf calibrate [--model M:F]    # the gate's noise and smallest detectable change (gate/calibrate.py)
     python -m mgpu_perf bench | gate ...           # `python -m mgpu bench | gate`, from a checkout not installed
 
@@ -137,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser(name, add_help=False, help=f"`python -m mgpu {name}`, here without installing (`{name} --help`)")
     sub.add_parser("validate-gate", add_help=False, help="the A/B gate's false-alarm and detection rates, measured "
                                                         "(`validate-gate --help`)")
+    sub.add_parser("validate-counts", add_help=False, help="the gate's counted verdict against planted structural "
+                                                          "regressions, measured (`validate-counts --help`)")
     sub.add_parser("calibrate", add_help=False, help="each gated benchmark's noise and the smallest change the A/B "
                                                      "gate can call in its budget, no baseline (`calibrate --help`)")
     return parser
@@ -166,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         from mgpu_perf.gate.validate import main as validate_gate
 
         return validate_gate(argv[1:])
+    if argv[:1] == ["validate-counts"]:
+        from mgpu_perf.gate.validate_counts import main as validate_counts
+
+        return validate_counts(argv[1:])
     if argv[:1] == ["calibrate"]:
         from mgpu_perf.gate.calibrate import main as calibrate
 

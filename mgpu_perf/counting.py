@@ -15,7 +15,10 @@ convolutions. What is counted:
 * `allocated_bytes`: bytes of the new tensors the step's ops return (views and in-place ops
   return none); an extra copy (`.contiguous()`, a dtype cast) or a float64 layer raises it;
 * `collectives`: by kind, with count and bytes (the tensors handed to the collective);
-* `host_reads`: reads of a tensor's value by the host, each a device sync on a GPU;
+* `host_reads`: reads of a tensor's value by the host, each a device sync on a GPU: counted where
+  Python makes them (`.item()`, `.tolist()`, `float(t)`, `if t:`, `print(t)`, through a
+  TorchFunctionMode, since on a CPU tensor `.tolist()` dispatches no op), and at dispatch for a
+  copy from a GPU to the host and a read made inside an op;
 * `compile`: under torch.compile, the graphs compiled and the graph breaks (by reason) since
   the workload began, and graphs compiled during the counted step (a recompile at steady state);
 * `cuda`, in a process that uses a GPU: kernels launched (torch.profiler) and the step's peak of
@@ -34,6 +37,7 @@ from collections import Counter
 from typing import Any, Callable
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["StepCounts", "CountChange", "CompileWatch", "count_step", "count_session", "compare_counts", "GUARDED"]
@@ -43,6 +47,10 @@ GUARDED = ("host_reads", "collective_calls", "collective_bytes", "flops", "alloc
            "recompiles")
 
 _HOST_READ_OPS = {"aten._local_scalar_dense", "aten.item", "aten.is_nonzero"}
+# Tensor methods that hand a value to Python. On a CPU tensor some dispatch no aten op at all
+# (`.tolist()`, `.numpy()`, `print(t)` by way of __repr__), so they are counted where Python calls them.
+_HOST_READ_METHODS = {"item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__complex__",
+                      "__repr__", "__str__", "__format__"}
 
 
 @dataclasses.dataclass
@@ -82,17 +90,57 @@ class StepCounts:
     def from_dict(cls, d: dict) -> "StepCounts":
         return cls(**d)
 
+    def figures(self) -> dict:
+        """The guarded counts as numbers: what the perf suite stores in each benchmark's extra_info."""
+        out = {"flops": self.flops, "allocated_bytes": self.allocated_bytes, "collectives": self.collective_calls,
+               "collective_bytes": self.collective_bytes, "host_reads": self.host_reads, "aten_ops": sum(self.ops.values())}
+        if self.compile is not None:
+            out.update(graphs=self.compile.get("graphs", 0), graph_breaks=self.graph_breaks)
+        if self.cuda is not None:
+            out.update(cuda_kernels=self.kernels, cuda_peak_bytes=self.cuda.get("peak_bytes"))
+        return out
+
     def summary(self) -> str:
         """One line: what bench prints per strategy."""
         return (f"{self.flops / 1e9:.3g} GFLOP, {_size(self.allocated_bytes)} allocated, "
                 f"{self.collective_calls} collective(s) ({_size(self.collective_bytes)}), {self.host_reads} host read(s)")
 
 
-class _StepCounter(TorchDispatchMode):
+class _HostReads(TorchFunctionMode):
+    """Reads of a tensor's value by Python (`.item()`, `.tolist()`, `float(t)`, `if t:`, `print(t)`):
+    one each, whatever aten ops they dispatch (the step counter leaves those out while one runs)."""
+
     def __init__(self):
+        super().__init__()
+        self.count, self.inside = 0, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") not in _HOST_READ_METHODS:
+            return func(*args, **(kwargs or {}))
+        self.count += 1
+        self.inside += 1
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.inside -= 1
+
+
+class _NoHostReads:
+    count, inside = 0, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+class _StepCounter(TorchDispatchMode):
+    def __init__(self, python_reads=None):
         super().__init__()
         self.ops, self.allocated, self.host_reads = Counter(), 0, 0
         self.collectives: dict[str, dict[str, int]] = {}
+        self.python_reads = python_reads or _NoHostReads()  # reads counted where Python made them
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -103,8 +151,8 @@ class _StepCounter(TorchDispatchMode):
             entry = self.collectives.setdefault(name.removeprefix("c10d."), {"count": 0, "bytes": 0})
             entry["count"] += 1
             entry["bytes"] += sum(t.numel() * t.element_size() for t in _tensors((args, kwargs)))
-        elif name in _HOST_READ_OPS or _is_copy_to_host(name, args, kwargs, out):
-            self.host_reads += 1
+        elif not self.python_reads.inside and (name in _HOST_READ_OPS or _is_copy_to_host(name, args, kwargs, out)):
+            self.host_reads += 1  # .cpu() of a GPU tensor, or a read made inside an op (C++'s .item())
         if not name.startswith("c10d.") and not _is_view_or_inplace(func):
             self.allocated += sum(t.numel() * t.element_size() for t in _tensors(out))
         return out
@@ -170,13 +218,16 @@ def count_step(step: Callable[[], Any], compile_watch: CompileWatch | None = Non
     from torch.utils.flop_counter import FlopCounterMode
 
     before = compile_watch._snapshot() if compile_watch else None
-    counter = _StepCounter()
+    # Under torch.compile a function mode would be part of what dynamo guards on (a recompile in the
+    # counted step); reads there are graph breaks, and dispatch shows them.
+    python_reads = _NoHostReads() if compile_watch else _HostReads()
+    counter = _StepCounter(python_reads)
     flops = FlopCounterMode(display=False)
-    with _CudaCounts() as cuda, flops, counter:
+    with _CudaCounts() as cuda, flops, counter, python_reads:
         step()
     return StepCounts(ops=dict(sorted(counter.ops.items())), flops=int(flops.get_total_flops()),
                       allocated_bytes=int(counter.allocated), collectives=dict(sorted(counter.collectives.items())),
-                      host_reads=counter.host_reads,
+                      host_reads=counter.host_reads + python_reads.count,
                       compile=compile_watch.since_start(before) if compile_watch else None, cuda=cuda.result)
 
 
@@ -262,9 +313,11 @@ def compare_counts(base: StepCounts, cand: StepCounts) -> list[CountChange]:
     if base.flops != cand.flops:
         changes.append(CountChange("flops", base.flops, cand.flops, True, f"FLOPs {_pct(base.flops, cand.flops)}"))
     if base.allocated_bytes != cand.allocated_bytes:
+        delta = cand.allocated_bytes - base.allocated_bytes
         changes.append(CountChange("allocated_bytes", base.allocated_bytes, cand.allocated_bytes, True,
-                                   f"bytes allocated by the step's ops {_size(base.allocated_bytes)} → "
-                                   f"{_size(cand.allocated_bytes)} ({_pct(base.allocated_bytes, cand.allocated_bytes)})"))
+                                   f"bytes allocated by the step's ops {'+' if delta > 0 else '-'}{_size(abs(delta))} "
+                                   f"a step ({_size(base.allocated_bytes)} → {_size(cand.allocated_bytes)}, "
+                                   f"{_pct(base.allocated_bytes, cand.allocated_bytes)})"))
     if base.graph_breaks != cand.graph_breaks:
         reasons = sorted(set((cand.compile or {}).get("graph_breaks", {})) - set((base.compile or {}).get("graph_breaks", {})))
         changes.append(CountChange("graph_breaks", base.graph_breaks, cand.graph_breaks, True,

@@ -87,6 +87,23 @@ def test_collectives_are_counted_by_kind_and_bytes_ddps_reducer_included(world_o
     assert any(text.startswith("+1 allreduce a step (+2.05 kB)") for text in slower), [c.text for c in changes]
 
 
+@pytest.mark.parametrize("read, reads", [
+    ("loss.tolist()", 1),        # on a CPU tensor it dispatches no aten op: seen where Python calls it
+    ("print(loss)", 1),          # one read, whatever ops the printing dispatches
+    ("loss.item()", 1),          # one read, not one for item and one for the op it dispatches
+    ("if loss > 0: pass", 1),
+    ("[float(v) for v in loss.reshape(1)]", 1),
+    ("loss.numpy()", 1),
+])
+def test_each_way_python_reads_a_tensor_is_one_host_read(read, reads, capsys):
+    loss = torch.tensor(0.5)
+
+    def step():
+        exec(read, {"loss": loss})
+
+    assert count_step(step).host_reads == reads, f"{read}: host reads {count_step(step).host_reads}, not {reads}"
+
+
 def test_a_graph_break_under_compile_is_named():
     torch._dynamo.reset()
     watch = CompileWatch()
@@ -143,7 +160,7 @@ CHANGES = {
 }
 
 
-def _gate_counts(tmp_path, change: str, strategy: str = "single", devices: int = 1):
+def _gate_counts(tmp_path, change: str, strategy: str = "single", devices: int = 1, counts: str = "gate"):
     from mgpu_perf.gate.arm import start_workers
     from mgpu_perf.gate.compare import compare
     from mgpu_perf.gate.settings import Settings
@@ -155,7 +172,7 @@ def _gate_counts(tmp_path, change: str, strategy: str = "single", devices: int =
         (trees[label] / "tiny.py").write_text(TINY.replace("{change}", CHANGES[plant]))
     pools = start_workers({label: (tree, sys.executable) for label, tree in trees.items()}, 1, tmp_path / "work")
     spec = {"kind": "model-step", "model": "tiny.py:spec", "strategy": strategy, "devices": devices, "batch": 4}
-    return compare(f"tiny[{change}]", spec, pools, Settings(smoke=True, max_rounds=3, workers=1))
+    return compare(f"tiny[{change}]", spec, pools, Settings(smoke=True, max_rounds=3, workers=1, counts=counts))
 
 
 # A copy and a float64 layer are counted in test_a_structural_change_is_a_guarded_increase; here, through real
@@ -178,6 +195,15 @@ def test_the_gate_counts_a_step_in_both_arms(tmp_path, change, expected):
     failing = gate_exit_status([result], Settings(counts="gate"))
     assert failing == (0 if expected is None else 1), "a guarded increase fails the run whatever the timing says"
     assert gate_exit_status([result], Settings(counts="report")) == 0, "--ab-counts report: shown, never failed"
+
+
+def test_ab_counts_off_counts_nothing_and_says_so(tmp_path):
+    from mgpu_perf.gate.report import format_table
+    from mgpu_perf.gate.settings import Settings
+
+    result = _gate_counts(tmp_path, "host-read", counts="off")
+    assert result.counted.verdict == "not counted" and result.counted.counts == {}, result.counted
+    assert "counted: not counted (--ab-counts off)" in "\n".join(format_table([result], Settings(smoke=True)))
 
 
 @pytest.mark.multiprocess
@@ -265,3 +291,57 @@ def test_a_workload_does_not_inherit_the_thread_count_the_one_before_set(tmp_pat
         assert dict(seen)["matmul"] == 1, seen
     finally:
         torch.set_num_threads(start)
+
+
+def _planted_module(tmp_path, name: str):
+    """mgpu/models.py with validate-counts' plant `name` appended, imported as a module of its own."""
+    import importlib.util
+    from pathlib import Path
+
+    from mgpu_perf.gate.validate_counts import PLANTS, plant
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "mgpu").mkdir()
+    (tmp_path / "mgpu" / "models.py").write_text((root / "mgpu" / "models.py").read_text())
+    text = (plant(tmp_path, PLANTS[name]) / "mgpu" / "models.py").read_text()
+    spec = importlib.util.spec_from_file_location(f"planted_{name.replace('-', '_')}", tmp_path / "mgpu" / "models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, text
+
+
+@pytest.mark.parametrize("name, expected", [("copy-in-forward", "bytes allocated"), ("float64-layer", "bytes allocated"),
+                                            ("graph-break", "graph breaks 0 → 1")])
+def test_validate_counts_model_plants_are_each_a_guarded_increase(tmp_path, name, expected):
+    """`python -m mgpu_perf validate-counts` plants these in mgpu/models.py (docs/notes/gate-validation.md has
+    its runs); here each, built in this process, is `slower (counted)` against the unplanted model."""
+    from mgpu import models
+    from mgpu_perf.gate.validate_counts import PLANTS
+
+    planted, text = _planted_module(tmp_path, name)
+    assert "planted by mgpu_perf/gate/validate_counts.py" in text
+    compiled = PLANTS[name].compile
+    counts = []
+    for module in (models, planted):
+        torch.manual_seed(0)
+        model = module.resnet18(width=4)
+        net = torch.compile(model, backend="eager") if compiled else model
+        x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
+
+        def step():
+            nn.functional.cross_entropy(net(x), y).backward()
+
+        watch = CompileWatch() if compiled else None
+        counts.append(_counts(step, watch))
+    slower = [c.text for c in compare_counts(*counts) if c.slower]
+    assert any(expected in t for t in slower), f"{name}: {slower or 'no guarded increase'}"
+
+
+def test_validate_counts_plants_parse_and_bad_input_is_one_line(capsys):
+    from mgpu_perf.gate.validate_counts import PLANTS, main
+
+    for name, p in PLANTS.items():
+        compile(p.code, name, "exec")  # appended to a file of mgpu: a syntax error there would fail every run
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--plants", "host-read,nope"])
+    assert exit_info.value.code == 2 and "unknown plant 'nope'" in capsys.readouterr().err

@@ -60,6 +60,7 @@ class Comparison:
     pilot: dict | None = None           # rounds set aside: before a stretch or a second look (not in the estimate)
     seconds: float = 0.0
     round_s: float = math.nan           # seconds a round took (both arms), over every round taken
+    count_s: float = 0.0                # seconds the counted step took (both arms at once)
     estimate: abstats.Estimate | None = None
     verdict: str = ""
     level: float = 0.0
@@ -141,7 +142,7 @@ class Comparison:
                 "noise": finite_or_none(self.noise()), "pair_spread": self.pair_spread(), "plans": self.plans,
                 "budget_s": finite_or_none(self.budget_s),
                 "clock": self.clock, "clock_reason": self.clock_reason, "graphs": self.graphs,
-                "seconds": self.seconds, "round_s": finite_or_none(self.round_s), "samples": self.samples,
+                "seconds": self.seconds, "round_s": finite_or_none(self.round_s), "count_s": self.count_s, "samples": self.samples,
                 "host_samples": self.host_samples,
                 "pairs": self.pairs, "pilot": self.pilot, "counted": self.counted.to_dict(), "spent": self.spent,
                 "early": self.early}
@@ -211,7 +212,9 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
         result.graphs = agree_on_graphs(pools, answers)
         bench = _Benchmark(result, pools, settings, settings.alpha / family_size, start, limit=settings.max_rounds)
         _warm_up(bench)
-        result.counted = count_in_both(pools)
+        counting_began = time.perf_counter()
+        result.counted = count_in_both(pools) if settings.counts != "off" else Counted(reason="--ab-counts off")
+        result.count_s = time.perf_counter() - counting_began
         rounds_began = bench.phase_began = time.perf_counter()
         _take_rounds(bench, log)
         result.round_s = (time.perf_counter() - rounds_began) / max(1, result.rounds_taken())

@@ -55,10 +55,10 @@ GATE_OPTIONS = (
                "not on a CPU; off: never"),
     GateOption("amp", "off", "{off,bf16}", "the gated training steps under bfloat16 autocast"),
     GateOption("compile", None, "", "the gated training steps' models under torch.compile"),
-    GateOption("counts", "gate", "{gate,report}",
+    GateOption("counts", "gate", "{gate,report,off}",
                "each benchmark also counts one step in both arms (ops, FLOPs, bytes allocated, collectives, host "
                "reads, graph breaks); gate: an increase of a guarded count fails the run as `slower (counted)` "
-               "whatever the timing says; report: shown, never failed"),
+               "whatever the timing says; report: shown, never failed; off: nothing counted"),
     GateOption("strict", None, "", "an inconclusive or undecidable benchmark fails the run too"),
 )
 

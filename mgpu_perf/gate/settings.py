@@ -22,7 +22,7 @@ from mgpu_perf.gate.sizing import MAX_WORKERS, PAIR_BIAS, workers_for
 
 __all__ = ["Settings", "parse_settings", "settings_from", "GRAPH_MODES", "AMP_MODES", "COUNT_MODES"]
 
-COUNT_MODES = ("gate", "report")
+COUNT_MODES = ("gate", "report", "off")
 
 THRESHOLD = float(DEFAULTS["threshold"]) / 100  # --ab-threshold's default, as a fraction
 

@@ -72,6 +72,35 @@ Trainer.evaluate = _planted_slowdown(Trainer.evaluate)
 '''
 
 
+# Appended to the copy's mgpu/models.py by --set-forward: ResNet-18's forward takes (1 + fraction)
+# times its own time, in every process that runs it (the rank processes of ddp and fsdp included).
+PLANTED_FORWARD = '''
+
+# -- planted by mgpu_perf/gate/validate.py --set-forward: the forward takes (1 + {fraction}) times its own time
+_unplanted_resnet18 = resnet18
+
+
+def resnet18(*args, **kwargs):
+    import time as _time
+
+    model = _unplanted_resnet18(*args, **kwargs)
+    began = {{}}
+
+    def start(module, inputs):
+        began["t"] = _time.perf_counter()
+
+    def stretch(module, inputs, output):
+        end = _time.perf_counter() + (_time.perf_counter() - began["t"]) * {fraction}
+        while _time.perf_counter() < end:  # busy, as real work would be
+            pass
+        return output
+
+    model.register_forward_pre_hook(start)
+    model.register_forward_hook(stretch)
+    return model
+'''
+
+
 SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", ".benchmarks", "perf-results", "runs",
              "data"}
 
@@ -87,14 +116,17 @@ def project_files(root: Path) -> list[str]:
             if p.is_file() and not SKIP_DIRS.intersection(p.relative_to(root).parts)]
 
 
-def copy_tree(root: Path, dest: Path, slowdown: float | None = None) -> Path:
+def copy_tree(root: Path, dest: Path, slowdown: float | None = None, forward: float | None = None) -> Path:
+    """A copy of the tree; `slowdown`: every step and evaluation that much slower (PLANTED);
+    `forward`: the model's forward that much slower (PLANTED_FORWARD)."""
     for f in project_files(root):
         target = dest / f
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / f, target)
-    if slowdown:
-        trainer = dest / "mgpu" / "trainer.py"
-        trainer.write_text(trainer.read_text() + PLANTED.format(fraction=slowdown))
+    for fraction, file, code in ((slowdown, "trainer.py", PLANTED), (forward, "models.py", PLANTED_FORWARD)):
+        if fraction:
+            target = dest / "mgpu" / file
+            target.write_text(target.read_text() + code.format(fraction=fraction))
     return dest
 
 
@@ -130,7 +162,8 @@ def one_decision(baseline: Path, candidate: Path, name: str, spec: dict, family:
     return {"verdict": result.verdict, "ratio": result.estimate.ratio, "interval": [low, high],
             "rounds": len(result.samples["baseline"]), "seconds": time.perf_counter() - start,
             "samples": result.samples, "reason": result.reason, "plans": result.plans,
-            "ops_per_sample": result.ops_per_sample}  # every round, to replay the decision under another rule
+            "ops_per_sample": result.ops_per_sample, "counted": result.counted.verdict,
+            "count_changes": result.counted.changes, "count_reason": result.counted.reason, "count_s": result.count_s}  # every round, to replay the decision under another rule
 
 
 def whole_set(candidate: Path, baseline: Path, out: Path, settings: Settings) -> dict:
@@ -173,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the gate's --ab-workers (default: as the gate's auto, 1 at --threshold 10, 3 at 5)")
     parser.add_argument("--without-half", action="store_true",
                         help="leave out the T/2 candidate (it is reported, not judged): a third less time")
+    parser.add_argument("--set-forward", type=float, default=None, metavar="PERCENT",
+                        help="the whole set's slowed candidate has a forward PERCENT slower (the model's, in every "
+                             "process) instead of a step --threshold slower")
     parser.add_argument("--tree", default=".", help="the checkout of mgpu to validate (default: this folder)")
     return parser
 
@@ -226,13 +262,13 @@ def as_required(r: dict, slowed: bool) -> bool:
 
 
 def summarise(name: str, spec: dict, runs: int, set_runs: int, settings: Settings, decisions: dict, sets: dict,
-              big: str, total: float) -> dict:
+              big: str, total: float, set_big: str | None = None) -> dict:
     """gate-validation.json: the rates, the targets and whether they were met."""
     false_alarms = sum(d["verdict"] == "slower" for d in decisions["same tree"])
     caught = sum(d["verdict"] == "slower" for d in decisions[big])
     allowed_false, needed = math.floor(runs / 20), math.ceil(runs * 19 / 20)
     decisions = {k: v for k, v in decisions.items() if v}  # --runs 0: the whole set only
-    set_ok = all(as_required(r, False) for r in sets["same tree"]) and all(as_required(r, True) for r in sets[big])
+    set_ok = all(as_required(r, False) for r in sets["same tree"]) and all(as_required(r, True) for r in sets[set_big or big])
     return {
         "benchmark": name, "spec": spec, "runs_per_kind": runs, "set_runs_per_kind": set_runs,
         "settings": {"threshold": settings.threshold, "max_rounds": settings.max_rounds, "sample_s": settings.sample_s,
@@ -295,8 +331,13 @@ def main(argv: list[str] | None = None) -> int:
             slowed[half] = copy_tree(root, tmp / "slowed-half", half)
         kinds = {"same tree": unchanged, big: slowed[full], **({} if args.without_half else {small: slowed[half]})}
         decisions = single_decisions({"same": same, "kinds": kinds}, runs, name, spec, family, tmp, settings, partial)
-        sets = whole_sets(same, unchanged, slowed[full], big, set_runs, tmp, settings)
-    summary = summarise(name, spec, runs, set_runs, settings, decisions, sets, big, time.perf_counter() - began)
+        set_big, set_slowed = big, slowed[full]
+        if args.set_forward and set_runs:
+            set_big = f"forward {args.set_forward:g}% slower"
+            set_slowed = copy_tree(root, tmp / "slowed-forward", forward=args.set_forward / 100)
+        sets = whole_sets(same, unchanged, set_slowed, set_big, set_runs, tmp, settings)
+    summary = summarise(name, spec, runs, set_runs, settings, decisions, sets, big, time.perf_counter() - began,
+                        set_big)
     path = out / f"gate-validation-t{args.threshold:g}.json"
     path.write_text(json.dumps(summary, indent=2) + "\n")
     partial.unlink(missing_ok=True)
