@@ -26,7 +26,7 @@ KERNEL_PATHS ?= default:SSE41 avx2:AVX2 $(if $(shell grep -m1 -o avx512f /proc/c
 # a test tuned to this CPU's rounding goes red here before it reaches another machine.
 test: $(VENV)/.installed
 	$(PY) -m pytest correctness perf examples --benchmark-disable -q -m "not slow"
-	$(ROUNDING_PATH) $(PY) -m pytest correctness -m rounding -q -p no:cacheprovider
+	$(ROUNDING_PATH) $(PY) -m pytest correctness -m "rounding and not slow" -q -p no:cacheprovider
 
 # What `make test` leaves out to stay within CI's time: check-script at 1 vs 3 ranks, HF Trainer's loops.
 test-slow: $(VENV)/.installed

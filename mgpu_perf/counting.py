@@ -14,6 +14,8 @@ convolutions. What is counted:
 * `flops`: FLOPs, as FlopCounterMode counts them;
 * `allocated_bytes`: bytes of the new tensors the step's ops return (views and in-place ops
   return none); an extra copy (`.contiguous()`, a dtype cast) or a float64 layer raises it;
+* `written_bytes`: bytes the step's in-place and `out=` ops write into tensors that exist
+  (`zero_`, `copy_`, an optimizer's `add_`): `zero_grad(set_to_none=False)` raises it;
 * `collectives`: by kind, with count and bytes (the tensors handed to the collective);
 * `host_reads`: reads of a tensor's value by the host, each a device sync on a GPU: counted where
   Python makes them (`.item()`, `.tolist()`, `float(t)`, `if t:`, `print(t)`, through a
@@ -43,8 +45,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 __all__ = ["StepCounts", "CountChange", "CompileWatch", "count_step", "count_session", "compare_counts", "GUARDED"]
 
 # Increases of these fail the gate as `slower (counted)`; the rest are reported.
-GUARDED = ("host_reads", "collective_calls", "collective_bytes", "flops", "allocated_bytes", "graph_breaks",
-           "recompiles")
+GUARDED = ("host_reads", "collective_calls", "collective_bytes", "flops", "allocated_bytes", "written_bytes",
+           "graph_breaks", "recompiles")
 
 _HOST_READ_OPS = {"aten._local_scalar_dense", "aten.item", "aten.is_nonzero"}
 # Tensor methods that hand a value to Python. On a CPU tensor some dispatch no aten op at all
@@ -61,6 +63,7 @@ class StepCounts:
     collectives: dict[str, dict[str, int]]  # kind -> {"count": n, "bytes": b}
     host_reads: int
     compile: dict[str, Any] | None = None   # {"graphs": n, "graph_breaks": {reason: n}, "recompiles": n}
+    written_bytes: int = 0                  # by in-place and out= ops, into tensors that exist
     cuda: dict[str, int] | None = None      # on a GPU: {"kernels": launches, "peak_bytes": the step's peak}
 
     @property
@@ -92,7 +95,8 @@ class StepCounts:
 
     def figures(self) -> dict:
         """The guarded counts as numbers: what the perf suite stores in each benchmark's extra_info."""
-        out = {"flops": self.flops, "allocated_bytes": self.allocated_bytes, "collectives": self.collective_calls,
+        out = {"flops": self.flops, "allocated_bytes": self.allocated_bytes, "written_bytes": self.written_bytes,
+               "collectives": self.collective_calls,
                "collective_bytes": self.collective_bytes, "host_reads": self.host_reads, "aten_ops": sum(self.ops.values())}
         if self.compile is not None:
             out.update(graphs=self.compile.get("graphs", 0), graph_breaks=self.graph_breaks)
@@ -138,7 +142,7 @@ class _NoHostReads:
 class _StepCounter(TorchDispatchMode):
     def __init__(self, python_reads=None):
         super().__init__()
-        self.ops, self.allocated, self.host_reads = Counter(), 0, 0
+        self.ops, self.allocated, self.written, self.host_reads = Counter(), 0, 0, 0
         self.collectives: dict[str, dict[str, int]] = {}
         self.python_reads = python_reads or _NoHostReads()  # reads counted where Python made them
 
@@ -153,8 +157,11 @@ class _StepCounter(TorchDispatchMode):
             entry["bytes"] += sum(t.numel() * t.element_size() for t in _tensors((args, kwargs)))
         elif not self.python_reads.inside and (name in _HOST_READ_OPS or _is_copy_to_host(name, args, kwargs, out)):
             self.host_reads += 1  # .cpu() of a GPU tensor, or a read made inside an op (C++'s .item())
-        if not name.startswith("c10d.") and not _is_view_or_inplace(func):
-            self.allocated += sum(t.numel() * t.element_size() for t in _tensors(out))
+        if not name.startswith("c10d."):
+            if func._schema.is_mutable:
+                self.written += sum(t.numel() * t.element_size() for t in _tensors(_written_args(func, args, kwargs)))
+            elif not _is_view_or_inplace(func):
+                self.allocated += sum(t.numel() * t.element_size() for t in _tensors(out))
         return out
 
 
@@ -166,6 +173,15 @@ def _tensors(tree) -> list[torch.Tensor]:
             seen.add(id(t))
             out.append(t)
     return out
+
+
+def _written_args(func, args, kwargs) -> list:
+    """The arguments an in-place or out= op writes into (`Tensor(a!)` in its schema)."""
+    written = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            written.append(args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name))
+    return written
 
 
 def _is_view_or_inplace(func) -> bool:
@@ -226,7 +242,7 @@ def count_step(step: Callable[[], Any], compile_watch: CompileWatch | None = Non
     with _CudaCounts() as cuda, flops, counter, python_reads:
         step()
     return StepCounts(ops=dict(sorted(counter.ops.items())), flops=int(flops.get_total_flops()),
-                      allocated_bytes=int(counter.allocated), collectives=dict(sorted(counter.collectives.items())),
+                      allocated_bytes=int(counter.allocated), written_bytes=int(counter.written), collectives=dict(sorted(counter.collectives.items())),
                       host_reads=counter.host_reads + python_reads.count,
                       compile=compile_watch.since_start(before) if compile_watch else None, cuda=cuda.result)
 
@@ -318,6 +334,12 @@ def compare_counts(base: StepCounts, cand: StepCounts) -> list[CountChange]:
                                    f"bytes allocated by the step's ops {'+' if delta > 0 else '-'}{_size(abs(delta))} "
                                    f"a step ({_size(base.allocated_bytes)} → {_size(cand.allocated_bytes)}, "
                                    f"{_pct(base.allocated_bytes, cand.allocated_bytes)})"))
+    if base.written_bytes != cand.written_bytes:
+        delta = cand.written_bytes - base.written_bytes
+        changes.append(CountChange("written_bytes", base.written_bytes, cand.written_bytes, True,
+                                   f"bytes written in place by the step's ops {'+' if delta > 0 else '-'}"
+                                   f"{_size(abs(delta))} a step ({_size(base.written_bytes)} → "
+                                   f"{_size(cand.written_bytes)}, {_pct(base.written_bytes, cand.written_bytes)})"))
     if base.graph_breaks != cand.graph_breaks:
         reasons = sorted(set((cand.compile or {}).get("graph_breaks", {})) - set((base.compile or {}).get("graph_breaks", {})))
         changes.append(CountChange("graph_breaks", base.graph_breaks, cand.graph_breaks, True,

@@ -42,7 +42,7 @@ def _step(change: str | None = None, ddp: bool = False, compiled: bool = False):
         if change == "all-reduce":
             dist.all_reduce(model[0].weight.grad)  # an extra collective
         opt.step()
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=change != "zeroed-grads")  # zeroed-grads: zeros written into every gradient
         if change == "host-read":
             float(loss.detach())  # a host read each step
     return step
@@ -64,6 +64,7 @@ def test_the_same_step_counts_the_same_every_time():
     ("copy", "bytes allocated by the step's ops"),
     ("float64", "bytes allocated by the step's ops"),
     ("host-read", "host reads 0 → 1 a step"),
+    ("zeroed-grads", "bytes written in place by the step's ops"),
 ])
 def test_a_structural_change_is_a_guarded_increase(change, expected):
     changes = compare_counts(_counts(_step()), _counts(_step(change)))
