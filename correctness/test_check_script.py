@@ -206,6 +206,22 @@ def test_random_numbers_drawn_in_forward_are_a_finding_not_a_failure(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
+def test_gradients_that_are_all_zero_are_a_finding(tmp_path):
+    """A loss that cannot move the weights (pytorch/examples' DDP tutorial: cross-entropy over one output)
+    passes any comparison of gradients: the check says it checked little, and --strict fails it."""
+    report = run_check_script(script(tmp_path, before_step="[p.grad.zero_() for p in model.parameters()]"),
+                              ranks=(1, 2), steps=2)
+    finding = next((f for f in report.findings if f["name"] == "zero-gradients"), None)
+    assert finding is not None, report.text()
+    assert "2 step(s), 4 parameter(s)" in finding["text"], finding
+    assert report.exit_code() == 0 and report.exit_code(strict=True) == 1
+    assert "finding zero-gradients" in report.text()
+    healthy = run_check_script(script(tmp_path, name="healthy.py"), ranks=(1,), steps=2)
+    assert not any(f["name"] == "zero-gradients" for f in healthy.findings), healthy.findings
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(120)
 def test_the_script_runs_as_python_runs_it_and_modules_as_python_m(tmp_path, monkeypatch):
     """`__name__ == "__main__"`, the script's folder on sys.path (a helper beside it), ARGS in sys.argv;
     and -m MODULE from the current folder."""

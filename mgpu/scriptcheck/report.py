@@ -201,7 +201,23 @@ def findings_of(runs: list) -> tuple[list, dict]:
             "it synchronised over the ranks (SyncBatchNorm's statistics, put in by the check at world N), so that the "
             "rest of the loop is checked; for training that does not depend on the world size convert with "
             "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) (CUDA), or use GroupNorm/LayerNorm")})
+    zero = _zero_gradients(runs)
+    if zero:
+        out.append({"name": "zero-gradients", "text": (
+            f"every gradient world 1 recorded is zero ({zero}): a loss that cannot move the weights passes any "
+            "comparison of gradients, so this one checked little (cross-entropy over a single class, a loss from "
+            "detached tensors?); give the check a loss that depends on the weights")})
     return out, {"batchnorm": bn, "random_draws": draws}
+
+
+def _zero_gradients(runs: list) -> str:
+    """"K step(s), P parameter(s)" when world 1's first run recorded gradients and every one is zero."""
+    a = next((r for r in runs if r.world == 1 and r.run == "A" and r.failure is None and r.ranks), None)
+    records = a.ranks[0]["records"] if a is not None else []
+    grads = [g for rec in records for g in rec["grads"].values() if g is not None]
+    if not grads or any(bool(g.ne(0).any()) for g in grads):
+        return ""
+    return f"{len(records)} step(s), {len(records[0]['grads'])} parameter(s)"
 
 
 def _listed(items: list, most: int = 6) -> str:
