@@ -35,6 +35,7 @@ allocated before), it is not counted.
 from __future__ import annotations
 
 import dataclasses
+import gc
 from collections import Counter
 from typing import Any, Callable
 
@@ -241,6 +242,7 @@ def count_step(step: Callable[[], Any], compile_watch: CompileWatch | None = Non
     flops = FlopCounterMode(display=False)
     with _CudaCounts() as cuda, flops, counter, python_reads:
         step()
+    gc.collect()  # the counters' garbage now, not in the rounds timed after them
     return StepCounts(ops=dict(sorted(counter.ops.items())), flops=int(flops.get_total_flops()),
                       allocated_bytes=int(counter.allocated), written_bytes=int(counter.written), collectives=dict(sorted(counter.collectives.items())),
                       host_reads=counter.host_reads + python_reads.count,

@@ -82,7 +82,7 @@ def run_check_script(script: str | None = None, args=(), ranks=DEFAULT_RANKS, st
         if r.world == 1:
             continue
         pair = by_kind.get(r.device, {})
-        from mgpu.scriptcheck.compare import WorldComparison
+        from mgpu.scriptcheck.divergence import WorldComparison
 
         if r.failure is not None:
             continue
@@ -103,7 +103,7 @@ def run_check_script(script: str | None = None, args=(), ranks=DEFAULT_RANKS, st
 
 
 def _no_steps(world: int):
-    from mgpu.scriptcheck.compare import Divergence
+    from mgpu.scriptcheck.divergence import Divergence
 
     return Divergence(1, "data", None, None, None, None, None,
                       f"world {world} made no optimizer step where world 1 did: does the script take another path "

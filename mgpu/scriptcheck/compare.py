@@ -28,13 +28,13 @@ report is NOT VERIFIED, and says where the two runs first differ.
 from __future__ import annotations
 
 import collections
-import hashlib
 import math
-from dataclasses import dataclass, field
 
 import torch
 
-from mgpu.scriptcheck.recorder import Digest, tensor_digest
+from mgpu.scriptcheck.data import StepData, data_divergence, example_digests, step_data
+from mgpu.scriptcheck.divergence import Divergence, WorldComparison
+from mgpu.scriptcheck.inputs import Digest, tensor_digest
 
 __all__ = ["FACTOR", "FLOOR_ULPS", "Divergence", "WorldComparison", "compare_world", "reproducibility",
            "common_factor", "example_digests"]
@@ -45,63 +45,6 @@ FLOOR_ULPS = 4.0
 # tensor is that multiple of world 1's to within RESIDUAL (relative).
 FACTOR_AGREE = 0.005
 RESIDUAL = 0.01
-
-
-@dataclass
-class Divergence:
-    step: int                  # 0: before step 1
-    kind: str                  # "start", "ranks", "data", "gradient", "weight"
-    tensor: str                # "fc1.weight", "inputs of Net"
-    rank: int | None
-    max_abs: float | None
-    allowed: float | None
-    max_rel: float | None
-    diagnosis: str
-    detail: str = ""           # "12 of 16 examples ..." for data
-
-    def where(self) -> str:
-        return "before step 1" if self.step == 0 else f"at step {self.step}"
-
-    def describe(self, world: int) -> str:
-        """'at step 1, gradient fc1.weight: error ... (allowed ...): diagnosis'."""
-        if self.kind == "data":
-            what = f"{self.where()}, {self.detail}"
-        elif self.kind == "ranks":
-            what = f"{self.where()}, {self.tensor} on rank {self.rank} differs from rank 0's"
-            if self.max_abs is not None:
-                what += f" (largest difference {self.max_abs:.3e}; bitwise equality required)"
-        else:
-            label = {"gradient": "gradient", "weight": "weight after the step", "start": "weight"}[self.kind]
-            what = (f"{self.where()}, {label} {self.tensor}: error {_num(self.max_abs)} against world 1 "
-                    f"(allowed {_num(self.allowed)}; relative {_num(self.max_rel)})")
-        return f"{what}: {self.diagnosis}"
-
-    def to_json(self) -> dict:
-        out = dict(self.__dict__)
-        for k in ("max_abs", "allowed", "max_rel"):
-            if isinstance(out[k], float) and not math.isfinite(out[k]):
-                out[k] = None
-        return out
-
-
-def _num(x) -> str:
-    return "n/a" if x is None else ("inf" if x == math.inf else f"{x:.3e}")
-
-
-@dataclass
-class WorldComparison:
-    world: int
-    status: str                # "pass", "fail", "finding", "not-compared"
-    steps: int                 # steps compared
-    first: Divergence | None = None
-    worst: dict = field(default_factory=dict)    # kind -> {"tensor", "step", "error", "allowed"}: largest error/allowed
-    notes: list = field(default_factory=list)
-    reason: str = ""
-
-    def to_json(self) -> dict:
-        return {"world": self.world, "status": self.status, "steps_compared": self.steps,
-                "first_divergence": self.first.to_json() if self.first else None, "worst": self.worst,
-                "notes": self.notes, "reason": self.reason}
 
 
 # -- tensors -------------------------------------------------------------------------------------------
@@ -206,143 +149,6 @@ def _name_factor(c: float, n: int) -> str | None:
     return None
 
 
-# -- data ----------------------------------------------------------------------------------------------
-
-def _batch_dims(forwards_1: list, forwards_n: list, n: int) -> dict:
-    """slot -> the dimension along which its examples lie: the one whose size at world 1 is N times
-    world N's (the global batch split over the ranks); dim 0 when none is (or cannot be told)."""
-    dims = {}
-    for f1 in forwards_1[:1]:
-        for fn in forwards_n[:1]:
-            for key, t1 in f1["tensors"].items():
-                tn = fn["tensors"].get(key)
-                if not isinstance(t1, torch.Tensor) or not isinstance(tn, torch.Tensor) or t1.dim() != tn.dim():
-                    continue
-                hits = [d for d in range(t1.dim()) if t1.shape[d] == n * tn.shape[d] and tn.shape[d] > 0]
-                if hits and 0 not in hits:
-                    dims[key] = hits[0]
-    return dims
-
-
-def _pads(forwards: list, dims: dict) -> dict:
-    """slot -> (value stripped from the end of each example, value stripped from its start), for 2-D
-    integer and bool tensors (token ids, masks, labels): the most common last and first element,
-    which is the padding where a batch is padded to its longest example, and harmless otherwise."""
-    ends, starts = collections.defaultdict(collections.Counter), collections.defaultdict(collections.Counter)
-    for f in forwards:
-        for key, t in f["tensors"].items():
-            if isinstance(t, torch.Tensor) and t.dim() == 2 and not t.is_floating_point() and not t.is_complex():
-                rows = t if dims.get(key, 0) == 0 else t.t()
-                if rows.shape[1]:
-                    ends[key].update(rows[:, -1].tolist())
-                    starts[key].update(rows[:, 0].tolist())
-    return {k: (ends[k].most_common(1)[0][0], starts[k].most_common(1)[0][0]) for k in ends}
-
-
-def _strip(row: torch.Tensor, pad: tuple) -> torch.Tensor:
-    end, start = pad
-    n = row.numel()
-    hi = n
-    vals = row.tolist()
-    while hi > 0 and vals[hi - 1] == end:
-        hi -= 1
-    lo = 0
-    while lo < hi and vals[lo] == start:
-        lo += 1
-    return row[lo:hi]
-
-
-def example_digests(forward: dict, dims: dict, pads: dict) -> list[str]:
-    """One digest per example of a forward: its rows of every batched data tensor, padding stripped."""
-    tensors = forward["tensors"]
-    sizes = collections.Counter()
-    for key, t in tensors.items():
-        if isinstance(t, torch.Tensor):
-            if t.dim():
-                sizes[t.shape[dims.get(key, 0)]] += 1
-        else:
-            sizes[len(t[1])] += 1
-    if not sizes:
-        return [tensor_digest(torch.stack([t for t in tensors.values() if isinstance(t, torch.Tensor)]))]
-    count = sizes.most_common(1)[0][0]
-    hashes = [hashlib.sha1() for _ in range(count)]
-    for key in sorted(tensors):
-        t = tensors[key]
-        if isinstance(t, torch.Tensor):
-            if not t.dim() or t.shape[dims.get(key, 0)] != count:
-                continue
-            rows = t.movedim(dims.get(key, 0), 0)
-            for i in range(count):
-                row = rows[i]
-                if key in pads and row.dim() == 1:
-                    row = _strip(row, pads[key])
-                hashes[i].update(key.encode() + tensor_digest(row).encode())
-        elif len(t[1]) == count:
-            for i in range(count):
-                hashes[i].update(key.encode() + t[1][i].encode())
-    return [h.hexdigest() for h in hashes]
-
-
-@dataclass
-class StepData:
-    world_1: list            # digests, in order
-    ranks: list              # per rank: digests, in order
-    forwards_1: int
-    forwards_n: list         # per rank: forwards in this step
-
-
-def _step_data(rec_1: dict, recs_n: list, n: int) -> StepData:
-    f1 = rec_1["forwards"]
-    fn_all = [r["forwards"] for r in recs_n]
-    dims = _batch_dims(f1, fn_all[0] if fn_all else [], n)
-    pads = _pads(f1 + [f for fs in fn_all for f in fs], dims)
-    d1 = [d for f in f1 for d in example_digests(f, dims, pads)]
-    dn = [[d for f in fs for d in example_digests(f, dims, pads)] for fs in fn_all]
-    return StepData(d1, dn, len(f1), [len(fs) for fs in fn_all])
-
-
-def _data_divergence(step: int, sd: StepData, n: int, root: str, arg_hint: str,
-                     previous_1: int | None = None) -> Divergence | None:
-    """The data of one step at world N against world 1's; `previous_1`: world 1's examples in the step
-    before (a smaller step after it is an epoch's partial last batch)."""
-    c1 = collections.Counter(sd.world_1)
-    union = collections.Counter()
-    for r in sd.ranks:
-        union.update(r)
-    if union == c1:
-        return None
-    total_1, total_n = sum(c1.values()), sum(union.values())
-    shared = sum((union & c1).values())
-    tensor = f"inputs of {root}"
-    per_rank = [len(r) for r in sd.ranks]
-    sizes = f"world 1 took {total_1} example(s) in {sd.forwards_1} forward(s); world {n} took {total_n} " \
-            f"({' + '.join(map(str, per_rank))} on ranks 0..{n - 1})"
-    same_everywhere = n > 1 and all(collections.Counter(r) == collections.Counter(sd.ranks[0]) for r in sd.ranks[1:]) \
-        and sd.ranks[0]
-    if same_everywhere:
-        return Divergence(step, "data", None, None, None, None, None,
-                          "every rank saw the same examples: the data are not sharded over the ranks; give the "
-                          "DataLoader a DistributedSampler (or shard the dataset by rank), and keep the global "
-                          "batch the same at every world size", detail=f"{tensor}: {sizes}")
-    if total_n != total_1 and previous_1 is not None and total_1 < previous_1:
-        return Divergence(step, "data", None, None, None, None, None,
-                          f"the last, partial batch of an epoch: world 1 took {total_1} of the {previous_1} a step "
-                          f"holds, world {n} {total_n}: its sampler pads the epoch's end to whole per-rank batches by "
-                          "repeating examples (DistributedSampler's padding, accelerate's even_batches); "
-                          "drop_last=True keeps every step's global batch the same, or check fewer --steps",
-                          detail=f"{tensor}: {sizes}")
-    if total_n != total_1:
-        hint = ("each rank took a whole world-1 batch: " if total_n == n * total_1 else "")
-        return Divergence(step, "data", None, None, None, None, None,
-                          f"the global batch changed size: {hint}per-device batch size? Keep the global batch "
-                          f"fixed, e.g. {arg_hint}", detail=f"{tensor}: {sizes}")
-    return Divergence(step, "data", None, None, None, None, None,
-                      f"the global batch holds other examples than world 1's ({shared} of {total_1} shared): the "
-                      "order of the data depends on the world size or the rank (a sampler or shuffle seeded by "
-                      "rank, a DistributedSampler at one world size only, random augmentation drawn per rank?)",
-                      detail=f"{tensor}: {sizes}")
-
-
 # -- comparison ----------------------------------------------------------------------------------------
 
 def _records(run) -> list[list[dict]]:
@@ -396,7 +202,7 @@ def _gradient_diagnosis(step: int, got: dict, ref: dict, n: int, sd: StepData, f
 
 def _explained(findings: dict) -> str:
     """A known reason for world N to differ, from the findings: randomness in the forward. (BatchNorm
-    is no reason: the check synchronises it over the ranks at world N, recorder._SyncedBatchNorm.)"""
+    is no reason: the check synchronises it over the ranks at world N, batchnorm.SyncedBatchNorm.)"""
     if findings.get("random_draws"):
         what = ", ".join(f"{k} ({v} calls)" for k, v in sorted(findings["random_draws"].items()))
         return (f"the forward draws random numbers beyond dropout ({what}): each rank draws its own for its shard, "
@@ -430,7 +236,7 @@ def reproducibility(a, b) -> Divergence | None:
                               "two world-1 runs start from other weights: the model's initialisation is not seeded")
     ra, rb = a.ranks[0]["records"], b.ranks[0]["records"]
     for i, (x, y) in enumerate(zip(ra, rb)):
-        sd = _step_data(x, [y], 1)
+        sd = step_data(x, [y], 1)
         if collections.Counter(sd.world_1) != collections.Counter(sd.ranks[0]):
             return Divergence(i + 1, "data", None, None, None, None, None,
                               "two world-1 runs took other examples: the data order (or an augmentation) is not "
@@ -550,8 +356,8 @@ def compare_world(run_n, run_a, run_b, findings: dict, arg_hint: str) -> WorldCo
         if d is None and i == 0:
             d = _start_apart(rn, r1, n)
         if d is None:
-            sd = _step_data(r1, rn, n)
-            d = _data_divergence(step, sd, n, _root_name(r1), arg_hint, previous_1)
+            sd = step_data(r1, rn, n)
+            d = data_divergence(step, sd, n, _root_name(r1), arg_hint, previous_1)
             previous_1 = len(sd.world_1)
             d = (d or _ranks_apart(rn, n, "grads", step) or _gradients_apart(step, rn, r1, rb, n, sd, findings, worst)
                  or _ranks_apart(rn, n, "after", step) or _weights_apart(i, recs_n, ref, rb, n, findings, worst))

@@ -2,7 +2,7 @@
 
 Each run is one `mgpu.launch.spawn` (torch's elastic agent: RANK, LOCAL_RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT; ranks forked from a fork server that has imported torch, so a rank
-costs a fork, not an interpreter and an import of torch) of `recorder.run_rank`, which runs the
+costs a fork, not an interpreter and an import of torch) of `rank.run_rank`, which runs the
 script with runpy as `python SCRIPT` would. Every rank writes its record and its stdout/stderr into
 one temporary folder, removed when the check ends (also on a crash or a timeout).
 
@@ -191,7 +191,7 @@ def run_world(target: Target, world: int, run: str, device: str, steps: int, fol
     import torch
 
     from mgpu.launch import spawn
-    from mgpu.scriptcheck.recorder import run_rank
+    from mgpu.scriptcheck.rank import run_rank
 
     tag = f"w{world}{run or 'N'}-{device}"
     args = expand_args(target.args, world)

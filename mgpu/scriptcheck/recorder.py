@@ -1,6 +1,6 @@
 """Inside each rank: run the user's script as `python SCRIPT` would, and record its first K optimizer steps.
 
-`run_rank(cfg)` is what mgpu.launch.spawn runs in every rank (torch's elastic agent has set RANK,
+`rank.run_rank(cfg)` is what mgpu.launch.spawn runs in every rank (torch's elastic agent has set RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Before the script's first line it
 
 * makes the process look fresh: torch's default generator back at its initial seed (the fork
@@ -30,11 +30,8 @@ computation carries differences of the size that another summation order makes (
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
-import runpy
-import sys
 import threading
 import time
 from typing import Any
@@ -43,15 +40,14 @@ import torch
 from torch import nn
 
 from mgpu.parity.dropout import DropoutOff, random_layer_modules, stochastic_depth_caller
+from mgpu.scriptcheck.batchnorm import SyncedBatchNorm
+from mgpu.scriptcheck.inputs import Digest, call_kwargs, data_record, tensor_digest
 
-__all__ = ["run_rank", "StopScript", "ScriptMode", "strip_wrappers", "Digest", "WRAPPER_SEGMENTS"]
+__all__ = ["Recorder", "StopScript", "ScriptMode", "strip_wrappers", "Digest", "tensor_digest", "WRAPPER_SEGMENTS"]
 
 # Module names that wrappers put into parameter names: anywhere (torch.compile, FSDP1, activation
 # checkpointing, Lightning), and "module" at the front (DDP, DataParallel, accelerate's DDP).
 WRAPPER_SEGMENTS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_forward_module")
-# A forward's data tensors are kept whole up to this many elements (then per-example digests only):
-# whole, the comparison can find the batch dimension and strip padding (compare.py).
-KEEP_INPUT_NUMEL = 1 << 22
 # Ranks other than 0 keep their tensors whole up to this many elements a snapshot; above, digests.
 KEEP_RANK_NUMEL = 1 << 23
 # torch's functions that draw random numbers (dropout's are DropoutOff's; these are what it leaves).
@@ -70,34 +66,6 @@ RANDOM_FUNCTIONS = {
 
 class StopScript(BaseException):
     """Raised in the optimizer's post-hook after step K: the script has done what the check needs."""
-
-
-class Digest:
-    """A tensor kept as its SHA-1 (of dtype, shape and bytes) where whole tensors would cost too much."""
-
-    __slots__ = ("hex", "shape", "dtype")
-
-    def __init__(self, t: torch.Tensor):
-        self.hex, self.shape, self.dtype = tensor_digest(t), tuple(t.shape), str(t.dtype)
-
-    def __eq__(self, other):
-        return isinstance(other, Digest) and self.hex == other.hex
-
-    def __hash__(self):
-        return hash(self.hex)
-
-    def __getstate__(self):
-        return (self.hex, self.shape, self.dtype)
-
-    def __setstate__(self, state):
-        self.hex, self.shape, self.dtype = state
-
-
-def tensor_digest(t: torch.Tensor) -> str:
-    t = t.detach().cpu().contiguous()
-    h = hashlib.sha1(f"{t.dtype}{tuple(t.shape)}".encode())
-    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
 
 
 def strip_wrappers(name: str) -> str:
@@ -234,8 +202,8 @@ class Recorder:
             self._survey(module)
         elif not self.root_params[key]:
             return
-        kwargs = _call_kwargs(module)
-        record = _data_record(args, kwargs)
+        kwargs = call_kwargs(module)
+        record = data_record(args, kwargs)
         if self.first_forward is None:
             self.first_forward = time.time()
         if record is not None:
@@ -263,7 +231,7 @@ class Recorder:
                 if label not in self.batchnorm:
                     self.batchnorm.append(label)
                 if self.sync_batchnorm and "forward" not in vars(mod):
-                    mod.forward = _SyncedBatchNorm(mod)
+                    mod.forward = SyncedBatchNorm(mod)
         for name, p in root.named_parameters():
             name = strip_wrappers(name)
             if name not in self.init_digests:
@@ -376,194 +344,3 @@ class Recorder:
                 "random_modules": self.random_modules, "dropout_calls": dict(self.mode.calls),
                 "random_draws": dict(self.random_draws), "random_where": dict(self.random_where),
                 "optimizers": len(self.optimizers), "stopped": self.stopped}
-
-
-class _SyncedBatchNorm:
-    """A BatchNorm's forward with the batch statistics of the global batch, as SyncBatchNorm computes
-    them (which torch offers only on GPUs): the sums all-reduced over the ranks with autograd-aware
-    collectives, so that backward reduces through them too. At world N this takes away the one
-    difference from world 1 that BatchNorm makes by design, and the rest of the loop is compared;
-    the batch-mixing finding says the script itself normalises per rank. Outside training (or
-    without a process group) the module's own forward runs."""
-
-    def __init__(self, module: nn.Module):
-        self.module = module
-        self.original = module.forward
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
-        m = self.module
-        uses_batch = m.training or (m.running_mean is None and m.running_var is None)
-        if not uses_batch or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return self.original(x)
-        from torch.distributed.nn.functional import all_reduce
-
-        factor = 0.0 if m.momentum is None else m.momentum
-        if m.training and m.track_running_stats and m.num_batches_tracked is not None:
-            m.num_batches_tracked.add_(1)
-            factor = 1.0 / float(m.num_batches_tracked) if m.momentum is None else m.momentum
-        dims = [0, *range(2, x.dim())]
-        shape = [1, -1] + [1] * (x.dim() - 2)
-        count = torch.tensor([float(x.numel() // x.shape[1])], dtype=torch.float64, device=x.device)
-        dist.all_reduce(count)
-        total = float(count.item())
-        mean = all_reduce(x.double().sum(dims)) / total
-        centred = x - mean.to(x.dtype).view(shape)
-        var = all_reduce((centred.double() ** 2).sum(dims)) / total
-        y = centred * torch.rsqrt(var + m.eps).to(x.dtype).view(shape)
-        if m.affine:
-            y = y * m.weight.view(shape) + m.bias.view(shape)
-        if m.training and m.track_running_stats and m.running_mean is not None:
-            with torch.no_grad():
-                m.running_mean.mul_(1 - factor).add_(factor * mean.to(m.running_mean.dtype))
-                unbiased = var * total / max(total - 1, 1.0)
-                m.running_var.mul_(1 - factor).add_(factor * unbiased.to(m.running_var.dtype))
-        return y
-
-
-def _call_kwargs(module: nn.Module) -> dict:
-    """The keyword arguments of the module call whose global forward pre-hook is running (torch passes
-    global pre-hooks the positional ones only; HF models are called `model(**batch)`): from the frame
-    of Module._call_impl (or its inner closure) that holds this module as `self`."""
-    frame = sys._getframe(2)
-    for _ in range(4):
-        if frame is None:
-            break
-        if frame.f_code.co_name in ("_call_impl", "inner"):
-            local = frame.f_locals
-            if local.get("self") is module and isinstance(local.get("kwargs"), dict):
-                return local["kwargs"]
-        frame = frame.f_back
-    return {}
-
-
-def _data_record(args: tuple, kwargs: dict) -> dict | None:
-    """The data tensors of one forward: tensors that are no autograd result and need no gradient
-    (activations passed between models are not data), by position or keyword; each kept whole when
-    small (KEEP_INPUT_NUMEL in all), else as per-example digests along dim 0."""
-    tensors = {}
-
-    def visit(value, key):
-        if isinstance(value, torch.Tensor):
-            if not value.requires_grad and value.grad_fn is None and type(value).__name__ != "DTensor":
-                tensors[key] = value
-        elif isinstance(value, (list, tuple)):
-            for i, v in enumerate(value):
-                visit(v, f"{key}[{i}]")
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                visit(v, f"{key}[{k!r}]")
-        elif hasattr(value, "keys") and hasattr(value, "__getitem__"):  # BatchEncoding and other mappings
-            try:
-                for k in value.keys():
-                    visit(value[k], f"{key}[{k!r}]")
-            except Exception:
-                pass
-
-    for i, a in enumerate(args):
-        visit(a, f"arg{i}")
-    for k, v in kwargs.items():
-        visit(v, k)
-    if not tensors:
-        return None
-    total = sum(t.numel() for t in tensors.values())
-    kept = {}
-    for key, t in tensors.items():
-        t = t.detach()
-        if total <= KEEP_INPUT_NUMEL:
-            kept[key] = t.to("cpu", copy=True)
-        else:
-            rows = [tensor_digest(t[i]) for i in range(t.shape[0])] if t.dim() else [tensor_digest(t)]
-            kept[key] = ("rows", rows, tuple(t.shape), str(t.dtype))
-    return {"tensors": kept}
-
-
-# -- the rank's entry ----------------------------------------------------------------------------------
-
-def _fresh_process_state(cfg: dict) -> None:
-    import multiprocessing
-
-    # A rank forked from the fork server inherits its start method ("forkserver"): a fresh `python
-    # SCRIPT` has the platform's default (fork on Linux before Python 3.14), so that a DataLoader's
-    # workers are forked from the rank, as under torchrun, not started from the server.
-    multiprocessing.set_start_method(None, force=True)
-    torch.manual_seed(torch.initial_seed())
-    if "numpy" in sys.modules:
-        sys.modules["numpy"].random.seed()
-    threads = cfg.get("threads")
-    if threads:
-        torch.set_num_threads(threads)
-    for key, value in (cfg.get("env") or {}).items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    if cfg.get("exact_gpu_math"):
-        from mgpu.devices import set_exact_gpu_math
-
-        set_exact_gpu_math()
-
-
-def _redirect_output(folder: str, tag: str, rank: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    for fd, name in ((1, "out"), (2, "err")):
-        f = os.open(os.path.join(folder, f"{tag}-rank{rank}.{name}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(f, fd)
-        os.close(f)
-
-
-def _leave_process_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        try:
-            dist.barrier()
-            dist.destroy_process_group()
-        except Exception:
-            pass
-
-
-def run_rank(cfg: dict) -> dict:
-    """Run the script in this rank, recording; save the record; return a summary."""
-    rank = int(os.environ.get("RANK", "0"))
-    started = time.time()
-    _redirect_output(cfg["folder"], cfg["tag"], rank)
-    _fresh_process_state(cfg)
-    os.chdir(cfg.get("cwd") or os.getcwd())  # the launcher's: the fork server's may be older
-    recorder = Recorder(cfg)
-    if cfg.get("module"):
-        sys.argv = [cfg["module"], *cfg["args"]]
-        sys.path[0:1] = [os.getcwd()]
-    else:
-        sys.argv = [cfg["script"], *cfg["args"]]
-        sys.path[0:1] = [os.path.dirname(os.path.abspath(cfg["script"]))]
-    exit_code = 0
-    recorder.install()
-    script_start = time.time()
-    try:
-        if cfg.get("module"):
-            runpy.run_module(cfg["module"], run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(cfg["script"], run_name="__main__")
-    except StopScript:
-        pass
-    except SystemExit as e:
-        exit_code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if exit_code:
-            if not isinstance(e.code, int):
-                print(e.code, file=sys.stderr)
-            raise
-    finally:
-        recorder.uninstall()
-        sys.stdout.flush()
-        sys.stderr.flush()
-    script_end = time.time()
-    result = recorder.result()
-    result.update(rank=rank, world=int(os.environ.get("WORLD_SIZE", "1")),
-                  timing={"start": started, "script_start": script_start, "script_end": script_end,
-                          "first_forward": recorder.first_forward, "steps": recorder.step_times})
-    torch.save(result, os.path.join(cfg["folder"], f"{cfg['tag']}-rank{rank}.pt"))
-    _leave_process_group()
-    return {"rank": rank, "steps": len(result["records"])}

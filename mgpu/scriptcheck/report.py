@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
 
-from mgpu.scriptcheck.compare import Divergence, WorldComparison
-from mgpu.scriptcheck.launch import RankFailure, WorldRun
+from mgpu.scriptcheck.divergence import Divergence, WorldComparison
 
 __all__ = ["ScriptReport", "findings_of", "timings_of"]
 

@@ -163,7 +163,8 @@ def one_decision(baseline: Path, candidate: Path, name: str, spec: dict, family:
             "rounds": len(result.samples["baseline"]), "seconds": time.perf_counter() - start,
             "samples": result.samples, "reason": result.reason, "plans": result.plans,
             "ops_per_sample": result.ops_per_sample, "counted": result.counted.verdict,
-            "count_changes": result.counted.changes, "count_reason": result.counted.reason, "count_s": result.count_s}  # every round, to replay the decision under another rule
+            "count_changes": result.counted.changes, "count_reason": result.counted.reason, "count_s": result.count_s,
+            "round_s": result.round_s}  # every round, to replay the decision under another rule
 
 
 def whole_set(candidate: Path, baseline: Path, out: Path, settings: Settings) -> dict:

@@ -1,0 +1,156 @@
+"""The data of a step at world N against world 1's: which examples every root-model forward consumed,
+over all ranks, as per-example digests (padding stripped, the batch dimension found from the
+shapes), and what a difference means (no sampler, a per-device batch size, a partial last batch,
+another order).
+
+    sd = step_data(world_1_record, world_n_records, n)
+    divergence = data_divergence(step, sd, n, "Net", arg_hint)    # None: the same examples
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from mgpu.scriptcheck.divergence import Divergence
+from mgpu.scriptcheck.inputs import tensor_digest
+
+__all__ = ["StepData", "step_data", "data_divergence", "example_digests"]
+
+
+def _batch_dims(forwards_1: list, forwards_n: list, n: int) -> dict:
+    """slot -> the dimension along which its examples lie: the one whose size at world 1 is N times
+    world N's (the global batch split over the ranks); dim 0 when none is (or cannot be told)."""
+    dims = {}
+    for f1 in forwards_1[:1]:
+        for fn in forwards_n[:1]:
+            for key, t1 in f1["tensors"].items():
+                tn = fn["tensors"].get(key)
+                if not isinstance(t1, torch.Tensor) or not isinstance(tn, torch.Tensor) or t1.dim() != tn.dim():
+                    continue
+                hits = [d for d in range(t1.dim()) if t1.shape[d] == n * tn.shape[d] and tn.shape[d] > 0]
+                if hits and 0 not in hits:
+                    dims[key] = hits[0]
+    return dims
+
+
+def _pads(forwards: list, dims: dict) -> dict:
+    """slot -> (value stripped from the end of each example, value stripped from its start), for 2-D
+    integer and bool tensors (token ids, masks, labels): the most common last and first element,
+    which is the padding where a batch is padded to its longest example, and harmless otherwise."""
+    ends, starts = collections.defaultdict(collections.Counter), collections.defaultdict(collections.Counter)
+    for f in forwards:
+        for key, t in f["tensors"].items():
+            if isinstance(t, torch.Tensor) and t.dim() == 2 and not t.is_floating_point() and not t.is_complex():
+                rows = t if dims.get(key, 0) == 0 else t.t()
+                if rows.shape[1]:
+                    ends[key].update(rows[:, -1].tolist())
+                    starts[key].update(rows[:, 0].tolist())
+    return {k: (ends[k].most_common(1)[0][0], starts[k].most_common(1)[0][0]) for k in ends}
+
+
+def _strip(row: torch.Tensor, pad: tuple) -> torch.Tensor:
+    end, start = pad
+    n = row.numel()
+    hi = n
+    vals = row.tolist()
+    while hi > 0 and vals[hi - 1] == end:
+        hi -= 1
+    lo = 0
+    while lo < hi and vals[lo] == start:
+        lo += 1
+    return row[lo:hi]
+
+
+def example_digests(forward: dict, dims: dict, pads: dict) -> list[str]:
+    """One digest per example of a forward: its rows of every batched data tensor, padding stripped."""
+    tensors = forward["tensors"]
+    sizes = collections.Counter()
+    for key, t in tensors.items():
+        if isinstance(t, torch.Tensor):
+            if t.dim():
+                sizes[t.shape[dims.get(key, 0)]] += 1
+        else:
+            sizes[len(t[1])] += 1
+    if not sizes:
+        return [tensor_digest(torch.stack([t for t in tensors.values() if isinstance(t, torch.Tensor)]))]
+    count = sizes.most_common(1)[0][0]
+    hashes = [hashlib.sha1() for _ in range(count)]
+    for key in sorted(tensors):
+        t = tensors[key]
+        if isinstance(t, torch.Tensor):
+            if not t.dim() or t.shape[dims.get(key, 0)] != count:
+                continue
+            rows = t.movedim(dims.get(key, 0), 0)
+            for i in range(count):
+                row = rows[i]
+                if key in pads and row.dim() == 1:
+                    row = _strip(row, pads[key])
+                hashes[i].update(key.encode() + tensor_digest(row).encode())
+        elif len(t[1]) == count:
+            for i in range(count):
+                hashes[i].update(key.encode() + t[1][i].encode())
+    return [h.hexdigest() for h in hashes]
+
+
+@dataclass
+class StepData:
+    world_1: list            # digests, in order
+    ranks: list              # per rank: digests, in order
+    forwards_1: int
+    forwards_n: list         # per rank: forwards in this step
+
+
+def step_data(rec_1: dict, recs_n: list, n: int) -> StepData:
+    f1 = rec_1["forwards"]
+    fn_all = [r["forwards"] for r in recs_n]
+    dims = _batch_dims(f1, fn_all[0] if fn_all else [], n)
+    pads = _pads(f1 + [f for fs in fn_all for f in fs], dims)
+    d1 = [d for f in f1 for d in example_digests(f, dims, pads)]
+    dn = [[d for f in fs for d in example_digests(f, dims, pads)] for fs in fn_all]
+    return StepData(d1, dn, len(f1), [len(fs) for fs in fn_all])
+
+
+def data_divergence(step: int, sd: StepData, n: int, root: str, arg_hint: str,
+                     previous_1: int | None = None) -> Divergence | None:
+    """The data of one step at world N against world 1's; `previous_1`: world 1's examples in the step
+    before (a smaller step after it is an epoch's partial last batch)."""
+    c1 = collections.Counter(sd.world_1)
+    union = collections.Counter()
+    for r in sd.ranks:
+        union.update(r)
+    if union == c1:
+        return None
+    total_1, total_n = sum(c1.values()), sum(union.values())
+    shared = sum((union & c1).values())
+    tensor = f"inputs of {root}"
+    per_rank = [len(r) for r in sd.ranks]
+    sizes = f"world 1 took {total_1} example(s) in {sd.forwards_1} forward(s); world {n} took {total_n} " \
+            f"({' + '.join(map(str, per_rank))} on ranks 0..{n - 1})"
+    same_everywhere = n > 1 and all(collections.Counter(r) == collections.Counter(sd.ranks[0]) for r in sd.ranks[1:]) \
+        and sd.ranks[0]
+    if same_everywhere:
+        return Divergence(step, "data", None, None, None, None, None,
+                          "every rank saw the same examples: the data are not sharded over the ranks; give the "
+                          "DataLoader a DistributedSampler (or shard the dataset by rank), and keep the global "
+                          "batch the same at every world size", detail=f"{tensor}: {sizes}")
+    if total_n != total_1 and previous_1 is not None and total_1 < previous_1:
+        return Divergence(step, "data", None, None, None, None, None,
+                          f"the last, partial batch of an epoch: world 1 took {total_1} of the {previous_1} a step "
+                          f"holds, world {n} {total_n}: its sampler pads the epoch's end to whole per-rank batches by "
+                          "repeating examples (DistributedSampler's padding, accelerate's even_batches); "
+                          "drop_last=True keeps every step's global batch the same, or check fewer --steps",
+                          detail=f"{tensor}: {sizes}")
+    if total_n != total_1:
+        hint = ("each rank took a whole world-1 batch: " if total_n == n * total_1 else "")
+        return Divergence(step, "data", None, None, None, None, None,
+                          f"the global batch changed size: {hint}per-device batch size? Keep the global batch "
+                          f"fixed, e.g. {arg_hint}", detail=f"{tensor}: {sizes}")
+    return Divergence(step, "data", None, None, None, None, None,
+                      f"the global batch holds other examples than world 1's ({shared} of {total_1} shared): the "
+                      "order of the data depends on the world size or the rank (a sampler or shuffle seeded by "
+                      "rank, a DistributedSampler at one world size only, random augmentation drawn per rank?)",
+                      detail=f"{tensor}: {sizes}")

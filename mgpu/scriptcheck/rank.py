@@ -1,0 +1,104 @@
+"""The rank's entry: what mgpu.launch.spawn runs in every rank of a check-script run. It makes the
+process look as a fresh `python SCRIPT` would, runs the script under the Recorder (recorder.py) up to
+step K, and saves the record for the launcher (launch.py)."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import time
+
+import torch
+
+from mgpu.scriptcheck.recorder import Recorder, StopScript
+
+__all__ = ["run_rank"]
+
+
+def _fresh_process_state(cfg: dict) -> None:
+    import multiprocessing
+
+    # A rank forked from the fork server inherits its start method ("forkserver"): a fresh `python
+    # SCRIPT` has the platform's default (fork on Linux before Python 3.14), so that a DataLoader's
+    # workers are forked from the rank, as under torchrun, not started from the server.
+    multiprocessing.set_start_method(None, force=True)
+    torch.manual_seed(torch.initial_seed())
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    threads = cfg.get("threads")
+    if threads:
+        torch.set_num_threads(threads)
+    for key, value in (cfg.get("env") or {}).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    if cfg.get("exact_gpu_math"):
+        from mgpu.devices import set_exact_gpu_math
+
+        set_exact_gpu_math()
+
+
+def _redirect_output(folder: str, tag: str, rank: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, name in ((1, "out"), (2, "err")):
+        f = os.open(os.path.join(folder, f"{tag}-rank{rank}.{name}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(f, fd)
+        os.close(f)
+
+
+def _leave_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.barrier()
+            dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def run_rank(cfg: dict) -> dict:
+    """Run the script in this rank, recording; save the record; return a summary."""
+    rank = int(os.environ.get("RANK", "0"))
+    started = time.time()
+    _redirect_output(cfg["folder"], cfg["tag"], rank)
+    _fresh_process_state(cfg)
+    os.chdir(cfg.get("cwd") or os.getcwd())  # the launcher's: the fork server's may be older
+    recorder = Recorder(cfg)
+    if cfg.get("module"):
+        sys.argv = [cfg["module"], *cfg["args"]]
+        sys.path[0:1] = [os.getcwd()]
+    else:
+        sys.argv = [cfg["script"], *cfg["args"]]
+        sys.path[0:1] = [os.path.dirname(os.path.abspath(cfg["script"]))]
+    exit_code = 0
+    recorder.install()
+    script_start = time.time()
+    try:
+        if cfg.get("module"):
+            runpy.run_module(cfg["module"], run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(cfg["script"], run_name="__main__")
+    except StopScript:
+        pass
+    except SystemExit as e:
+        exit_code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if exit_code:
+            if not isinstance(e.code, int):
+                print(e.code, file=sys.stderr)
+            raise
+    finally:
+        recorder.uninstall()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    script_end = time.time()
+    result = recorder.result()
+    result.update(rank=rank, world=int(os.environ.get("WORLD_SIZE", "1")),
+                  timing={"start": started, "script_start": script_start, "script_end": script_end,
+                          "first_forward": recorder.first_forward, "steps": recorder.step_times})
+    torch.save(result, os.path.join(cfg["folder"], f"{cfg['tag']}-rank{rank}.pt"))
+    _leave_process_group()
+    return {"rank": rank, "steps": len(result["records"])}
