@@ -346,3 +346,37 @@ def test_validate_counts_plants_parse_and_bad_input_is_one_line(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--plants", "host-read,nope"])
     assert exit_info.value.code == 2 and "unknown plant 'nope'" in capsys.readouterr().err
+
+
+def test_validate_gate_plants_a_slower_forward_that_computes_the_same(tmp_path):
+    """`validate-gate --set-forward P`: the copy's ResNet-18 forward busy-waits P % of its own time
+    (in forward hooks, so in every process that builds the model) and returns what it returned."""
+    import importlib.util
+    import time
+    from pathlib import Path
+
+    from mgpu import models
+    from mgpu_perf.gate.validate import PLANTED_FORWARD
+
+    root = Path(__file__).resolve().parents[1]
+    planted_file = tmp_path / "models.py"
+    planted_file.write_text((root / "mgpu" / "models.py").read_text() + PLANTED_FORWARD.format(fraction=1.0))
+    spec = importlib.util.spec_from_file_location("planted_forward_models", planted_file)
+    planted = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(planted)
+    x = torch.randn(8, 1, 28, 28)
+    outs, seconds = [], []
+    for module in (models, planted):
+        torch.manual_seed(0)
+        model = module.resnet18(width=4)
+        model(x)  # warm-up
+        times = []
+        for _ in range(5):  # the fastest of five: a moment of the machine's drift decides nothing
+            began = time.perf_counter()
+            out = model(x)
+            times.append(time.perf_counter() - began)
+        outs.append(out)
+        seconds.append(min(times))
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0, msg="the planted forward computes another result")
+    # Twice its own time, by construction; 1.3 leaves room for a machine whose speed drifts.
+    assert seconds[1] > 1.3 * seconds[0], f"forward {seconds[0] * 1e3:.1f} ms, planted {seconds[1] * 1e3:.1f} ms"

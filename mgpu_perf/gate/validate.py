@@ -4,6 +4,7 @@
     python -m mgpu_perf validate-gate --quick        # a smaller version (about 5 minutes)
     python -m mgpu_perf validate-gate --threshold 5  # the gate at --ab-threshold 5 against a 5 % slower step
     python -m mgpu_perf validate-gate --threshold 5 --workers 2   # ... with two worker processes an arm
+    python -m mgpu_perf validate-gate --runs 0 --set-runs 2 --set-forward 50   # the set against a slower forward
 
 Run it from a checkout of mgpu with nothing else on the machine; it is not part of CI. It copies
 the tree three times into a temporary folder (so the checkout may change while it runs): `same`
@@ -20,7 +21,9 @@ would). Then:
    strictest Holm step).
 2. The whole gated set, `pytest perf --ab-baseline <same> --ab-threshold T`: `--set-runs` runs from
    the unchanged tree (no `slower` anywhere) and from the T % candidate (every training benchmark
-   `slower`, the kernel not), with the time per run.
+   `slower`, the kernel not), with the time per run. `--set-forward P`: that candidate's model forward
+   takes P % longer instead (a busy-wait in forward hooks, in every process: ddp's and fsdp's
+   ranks too), a slowdown of part of the step, as a real one would be.
 
 Writes gate-validation.json into --out and prints the rates; exits 1 if the targets (at most 1
 false `slower` in 20 and at least 19 detections in 20 at T %, scaled to --runs) are missed.
