@@ -28,7 +28,8 @@ test: $(VENV)/.installed
 	$(PY) -m pytest correctness perf examples --benchmark-disable -q -m "not slow"
 	$(ROUNDING_PATH) $(PY) -m pytest correctness -m "rounding and not slow" -q -p no:cacheprovider
 
-# What `make test` leaves out to stay within CI's time: check-script at 1 vs 3 ranks, HF Trainer's loops.
+# What `make test` leaves out to stay within CI's time (marker `slow`): check-script at 1 vs 3 ranks, HF Trainer's
+# loops, some example models and loops, the GPU workflow's rehearsal (perf/test_workflow.py), perf --model timed.
 test-slow: $(VENV)/.installed
 	$(PY) -m pytest correctness perf examples --benchmark-disable -q -m slow
 

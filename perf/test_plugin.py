@@ -430,6 +430,7 @@ def test_bench_bad_input_is_one_line_and_exit_2(args, message, capsys):
 
 # -- pytest perf --model ----------------------------------------------------------------------------------
 
+@pytest.mark.slow  # 10 s of real timings: `make test-slow`
 @pytest.mark.multiprocess
 def test_the_perf_suite_times_a_users_model_with_model(tmp_path):
     """`pytest perf --model MODULE:FUNCTION`: the training step benchmarks (and the interleaved

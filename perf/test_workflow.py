@@ -173,6 +173,7 @@ def pushes(clone):
         yield pool.submit(two_pushes, clone)
 
 
+@pytest.mark.slow  # about 40 s with the pushes beside it: `make test-slow` (CI's time)
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
 def test_a_pull_request_runs_the_gate_against_its_merge_base(clone, pushes):
@@ -211,6 +212,7 @@ def test_a_pull_request_runs_the_gate_against_its_merge_base(clone, pushes):
     assert compare.returncode == 0 and "test_train_step" in compare.stdout, compare.stdout + compare.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_pushes_to_main_store_their_timings_and_compare_with_the_last_stored_run(clone, pushes):
     first, stored, second, stored_after_second = pushes.result(timeout=280)
