@@ -330,18 +330,12 @@ def compare_counts(base: StepCounts, cand: StepCounts) -> list[CountChange]:
                                        f"{kind.rstrip('_')} bytes {_size(b['bytes'])} → {_size(c['bytes'])} a step"))
     if base.flops != cand.flops:
         changes.append(CountChange("flops", base.flops, cand.flops, True, f"FLOPs {_pct(base.flops, cand.flops)}"))
-    if base.allocated_bytes != cand.allocated_bytes:
-        delta = cand.allocated_bytes - base.allocated_bytes
-        changes.append(CountChange("allocated_bytes", base.allocated_bytes, cand.allocated_bytes, True,
-                                   f"bytes allocated by the step's ops {'+' if delta > 0 else '-'}{_size(abs(delta))} "
-                                   f"a step ({_size(base.allocated_bytes)} → {_size(cand.allocated_bytes)}, "
-                                   f"{_pct(base.allocated_bytes, cand.allocated_bytes)})"))
-    if base.written_bytes != cand.written_bytes:
-        delta = cand.written_bytes - base.written_bytes
-        changes.append(CountChange("written_bytes", base.written_bytes, cand.written_bytes, True,
-                                   f"bytes written in place by the step's ops {'+' if delta > 0 else '-'}"
-                                   f"{_size(abs(delta))} a step ({_size(base.written_bytes)} → "
-                                   f"{_size(cand.written_bytes)}, {_pct(base.written_bytes, cand.written_bytes)})"))
+    for what, label in (("allocated_bytes", "bytes allocated by the step's ops"),
+                        ("written_bytes", "bytes written in place by the step's ops")):
+        b, c = getattr(base, what), getattr(cand, what)
+        if b != c:
+            changes.append(CountChange(what, b, c, True, f"{label} {'+' if c > b else '-'}{_size(abs(c - b))} a step "
+                                                         f"({_size(b)} → {_size(c)}, {_pct(b, c)})"))
     if base.graph_breaks != cand.graph_breaks:
         reasons = sorted(set((cand.compile or {}).get("graph_breaks", {})) - set((base.compile or {}).get("graph_breaks", {})))
         changes.append(CountChange("graph_breaks", base.graph_breaks, cand.graph_breaks, True,
