@@ -21,17 +21,18 @@ train: $(VENV)/.installed
 ROUNDING_PATH := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
 KERNEL_PATHS ?= default:SSE41 avx2:AVX2 $(if $(shell grep -m1 -o avx512f /proc/cpuinfo 2>/dev/null),avx512:AVX512_CORE)
 
-# Everything CI runs: the correctness suite, every benchmark once as a smoke test, and the
+# Everything CI runs: the correctness suite, every benchmark once as a smoke test, the harness's and
+# the A/B gate's own tests (mgpu_perf_tests/), the examples, and the
 # comparisons that rounding could break (marker `rounding`) again under the generic kernels, so that
 # a test tuned to this CPU's rounding goes red here before it reaches another machine.
 test: $(VENV)/.installed
-	$(PY) -m pytest correctness perf examples --benchmark-disable -q -m "not slow"
+	$(PY) -m pytest correctness perf mgpu_perf_tests examples --benchmark-disable -q -m "not slow"
 	$(ROUNDING_PATH) $(PY) -m pytest correctness -m "rounding and not slow" -q -p no:cacheprovider
 
 # What `make test` leaves out to stay within CI's time (marker `slow`): check-script at 1 vs 3 ranks, HF Trainer's
-# loops, some example models and loops, the GPU workflow's rehearsal (perf/test_workflow.py), perf --model timed.
+# loops, some example models and loops, the GPU workflow's rehearsal (mgpu_perf_tests/test_workflow.py), perf --model timed.
 test-slow: $(VENV)/.installed
-	$(PY) -m pytest correctness perf examples --benchmark-disable -q -m slow
+	$(PY) -m pytest correctness perf mgpu_perf_tests examples --benchmark-disable -q -m slow
 
 # The whole correctness suite under every kernel path this CPU has (a few minutes each).
 test-kernels: $(VENV)/.installed
@@ -68,6 +69,7 @@ gpu-check:
 	PYTHONPATH=. $(GPU_PY) -m pytest correctness/test_sync_budget.py -p no:cacheprovider -q -rs
 	mkdir -p $(GPU_OUT)  # --benchmark-json does not create its folder
 	PYTHONPATH=. $(GPU_PY) -m pytest perf -p no:cacheprovider -q --perf-out $(GPU_OUT) --benchmark-json $(GPU_OUT)/benchmark.json
+	PYTHONPATH=. $(GPU_PY) -m pytest mgpu_perf_tests -m "not slow" -p no:cacheprovider -q -rs
 	PYTHONPATH=. $(GPU_PY) -m mgpu train --model resnet18 --width 64 --epochs 1 --batch-size 256 --lr 0.1 \
 		--data-on-device --amp bf16 --channels-last --no-progress --out runs/gpu-check
 

@@ -10,13 +10,12 @@ Options: `--devices N|LIST` (or MGPU_PERF_DEVICES) overrides the device counts t
 machine; `--perf-out DIR` (mgpu's plugin; or MGPU_PERF_OUT, default perf-results/) is where
 scaling.json and scaling.png go; `--model MODULE:FUNCTION` (the root conftest's) runs the training
 step benchmarks on that model and deselects the rest. The harness and the A/B gate are the
-installed package `mgpu_perf` (its pytest plugin); this folder is the suite.
+installed package `mgpu_perf` (its pytest plugin); this folder is the suite, and the harness's and
+the gate's own tests are in mgpu_perf_tests/.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import os
 from pathlib import Path
 
 import pytest
@@ -33,32 +32,6 @@ from mgpu_perf.sweep import CLOCKS_KEY, ROWS_KEY, SWEEP_KEY, make_sweep
 MODEL_BENCHMARKS = ("test_train_step", "test_rank_scaling_interleaved")
 
 
-def _plugin_installed() -> bool:
-    return any(ep.name == "mgpu_perf.plugin" for ep in importlib.metadata.entry_points(group="pytest11"))
-
-
-@pytest.fixture
-def absolute_pythonpath(monkeypatch, pytestconfig):
-    """PYTHONPATH's relative folders made absolute from where pytest was started. Without the install
-    (`PYTHONPATH=. pytest perf`, the way `make gpu-check` runs) mgpu is found through `.` alone, and a
-    test that moves into its own folder before starting the gate's workers would lose it."""
-    entries = os.environ.get("PYTHONPATH")
-    if entries:
-        start = pytestconfig.invocation_params.dir  # fixtures such as pytester may have moved by now
-        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(str((start / e).resolve()) if e else e
-                                                         for e in entries.split(os.pathsep)))
-
-
-@pytest.fixture
-def pytester(pytester, monkeypatch, absolute_pythonpath):
-    """pytester with mgpu_perf's plugin, as a user who installed mgpu has it. A run without the install
-    has no entry point: there the plugin is named in PYTEST_PLUGINS (and the runs, which start in
-    pytester's folder, get an absolute PYTHONPATH)."""
-    if not _plugin_installed():
-        monkeypatch.setenv("PYTEST_PLUGINS", "mgpu_perf.plugin")  # in-process runs and subprocesses alike
-    return pytester
-
-
 def pytest_addoption(parser):
     group = parser.getgroup("mgpu perf")
     group.addoption("--devices", default=None, metavar="N|LIST",
@@ -67,10 +40,6 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    if not any(ep.value == "mgpu_perf.cli" for ep in importlib.metadata.entry_points(group="mgpu.commands")):
-        # Not installed (`PYTHONPATH=. pytest perf`, as make gpu-check runs): `mgpu bench` and `mgpu gate`
-        # are added by name, in this process and in those it starts (mgpu/cli.py, COMMANDS_ENV).
-        os.environ.setdefault("MGPU_COMMANDS", "mgpu_perf.cli")
     try:
         config.stash[SWEEP_KEY] = make_sweep(config.getoption("--devices"))
     except ValueError as e:

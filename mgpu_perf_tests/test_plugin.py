@@ -2,7 +2,7 @@
 model at two commits, the plugin run on it with pytester; its cost in unrelated runs; the marker's
 fields; `python -m mgpu gate` and `python -m mgpu bench` on the same model.
 
-    pytest perf/test_plugin.py
+    pytest mgpu_perf_tests/test_plugin.py
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The GPU workflow (.github/workflows/gpu-regression.yml), rehearsed where CI runs: no GPU runner has
 ever run it, so a renamed option, a missing make target or a wrong path would first show there.
 
-    pytest perf/test_workflow.py
+    pytest mgpu_perf_tests/test_workflow.py
 
 A fresh clone of this repository's committed HEAD (its `.venv` is this one's, so nothing is
 installed) runs the

@@ -2,7 +2,7 @@
 events beside host time) and CUDA-graph steps (harness/graphs.py), on simulated samples, stand-in
 workers and one real tiny workload with injected jitter; `python -m mgpu_perf calibrate`.
 
-    pytest perf/test_gate_sizing.py
+    pytest mgpu_perf_tests/test_gate_sizing.py
 """
 
 from __future__ import annotations

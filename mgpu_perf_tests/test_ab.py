@@ -1,17 +1,16 @@
 """The A/B gate (mgpu_perf/gate/): its statistics on synthetic samples, the order of
 the arms, worker failures, bad input, and a smoke run of the whole gate against HEAD.
 
-    pytest perf/test_ab.py
+    pytest mgpu_perf_tests/test_ab.py
 
 The smoke run of the whole gate (every gated workload set up in both arms, three rounds, the
-reports written) is perf/test_workflow.py's pull request: the GPU workflow's gate step against the
+reports written) is mgpu_perf_tests/test_workflow.py's pull request: the GPU workflow's gate step against the
 previous commit, in a fresh clone, so a broken gate or workflow fails CI.
 The gate's rates on real timings are measured by `python -m mgpu_perf validate-gate` (docs/notes/perf.md).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import subprocess
@@ -552,20 +551,3 @@ def test_the_run_says_when_the_candidate_has_uncommitted_changes(tmp_path):
     run = GateRun(parse_settings(), repo, "HEAD")
     assert "WITH uncommitted changes to model.py" in run.candidate_desc, run.candidate_desc
     assert any("WITH uncommitted changes to model.py" in line for line in run.summary_lines())
-
-
-def test_the_suite_gates_exactly_the_gated_set(request, sweep):
-    """mgpu_perf/gated.py is the one definition: the benchmarks this session collected with an `mgpu_gate`
-    marker are its set, with its specs (a benchmark marked elsewhere, or a spec that differs from
-    the one validate-gate measures the rates with, fails here)."""
-    items = request.session.items
-    if not {"test_training.py", "test_kernels.py"} <= {Path(str(item.path)).name for item in items}:
-        pytest.skip("needs the whole perf folder collected (pytest perf)")
-    collected = {item.name for item in items}
-    if any(name not in collected for name, _ in gated_set(sweep)):
-        pytest.skip("a -k or -m selection left part of the gated set out")
-    marked = {(item.name, json.dumps(item.get_closest_marker("mgpu_gate").args[0], sort_keys=True))
-              for item in items if item.get_closest_marker("mgpu_gate")}
-    expected = {(name, json.dumps(spec, sort_keys=True)) for name, spec in gated_set(sweep)}
-    assert marked == expected, f"marked but not in the set: {sorted(marked - expected)}; in the set but not marked: " \
-                               f"{sorted(expected - marked)}"

@@ -1,7 +1,7 @@
 """The arithmetic and plumbing behind the perf reports: interleaved DDP timing, scaling rows, the
 scaling table, and `python -m mgpu_perf ddp-scaling` end to end (tiny network) and on bad input.
 
-    pytest perf/test_reporting.py
+    pytest mgpu_perf_tests/test_reporting.py
 """
 
 from __future__ import annotations
