@@ -21,6 +21,9 @@ convolutions. What is counted:
   Python makes them (`.item()`, `.tolist()`, `float(t)`, `if t:`, `print(t)`, through a
   TorchFunctionMode, since on a CPU tensor `.tolist()` dispatches no op), and at dispatch for a
   copy from a GPU to the host and a read made inside an op;
+* `storage_reads`: tensors whose storage Python took hold of (`Tensor.untyped_storage()`, which
+  `torch.save` and pickling call for every tensor they write): a checkpoint saved every step
+  raises it, where no aten op runs on a CPU;
 * `compile`: under torch.compile, the graphs compiled and the graph breaks (by reason) since
   the workload began, and graphs compiled during the counted step (a recompile at steady state);
 * `cuda`, in a process that uses a GPU: kernels launched (torch.profiler) and the step's peak of
@@ -47,7 +50,7 @@ __all__ = ["StepCounts", "CountChange", "CompileWatch", "count_step", "count_ses
 
 # Increases of these fail the gate as `slower (counted)`; the rest are reported.
 GUARDED = ("host_reads", "collective_calls", "collective_bytes", "flops", "allocated_bytes", "written_bytes",
-           "graph_breaks", "recompiles")
+           "storage_reads", "graph_breaks", "recompiles")
 
 _HOST_READ_OPS = {"aten._local_scalar_dense", "aten.item", "aten.is_nonzero"}
 # Tensor methods that hand a value to Python. On a CPU tensor some dispatch no aten op at all
@@ -66,6 +69,7 @@ class StepCounts:
     compile: dict[str, Any] | None = None   # {"graphs": n, "graph_breaks": {reason: n}, "recompiles": n}
     written_bytes: int = 0                  # by in-place and out= ops, into tensors that exist
     cuda: dict[str, int] | None = None      # on a GPU: {"kernels": launches, "peak_bytes": the step's peak}
+    storage_reads: int = 0                  # tensors whose storage Python took (torch.save, pickling)
 
     @property
     def collective_calls(self) -> int:
@@ -98,7 +102,8 @@ class StepCounts:
         """The guarded counts as numbers: what the perf suite stores in each benchmark's extra_info."""
         out = {"flops": self.flops, "allocated_bytes": self.allocated_bytes, "written_bytes": self.written_bytes,
                "collectives": self.collective_calls,
-               "collective_bytes": self.collective_bytes, "host_reads": self.host_reads, "aten_ops": sum(self.ops.values())}
+               "collective_bytes": self.collective_bytes, "host_reads": self.host_reads,
+               "storage_reads": self.storage_reads, "aten_ops": sum(self.ops.values())}
         if self.compile is not None:
             out.update(graphs=self.compile.get("graphs", 0), graph_breaks=self.graph_breaks)
         if self.cuda is not None:
@@ -113,14 +118,18 @@ class StepCounts:
 
 class _HostReads(TorchFunctionMode):
     """Reads of a tensor's value by Python (`.item()`, `.tolist()`, `float(t)`, `if t:`, `print(t)`):
-    one each, whatever aten ops they dispatch (the step counter leaves those out while one runs)."""
+    one each, whatever aten ops they dispatch (the step counter leaves those out while one runs).
+    Also the tensors whose storage Python takes (`storages`): torch.save's and pickling's way in."""
 
     def __init__(self):
         super().__init__()
-        self.count, self.inside = 0, 0
+        self.count, self.inside, self.storages = 0, 0, 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") not in _HOST_READ_METHODS:
+        name = getattr(func, "__name__", "")
+        if name == "untyped_storage":
+            self.storages += 1
+        if name not in _HOST_READ_METHODS:
             return func(*args, **(kwargs or {}))
         self.count += 1
         self.inside += 1
@@ -131,7 +140,7 @@ class _HostReads(TorchFunctionMode):
 
 
 class _NoHostReads:
-    count, inside = 0, 0
+    count, inside, storages = 0, 0, 0
 
     def __enter__(self):
         return self
@@ -245,7 +254,7 @@ def count_step(step: Callable[[], Any], compile_watch: CompileWatch | None = Non
     gc.collect()  # the counters' garbage now, not in the rounds timed after them
     return StepCounts(ops=dict(sorted(counter.ops.items())), flops=int(flops.get_total_flops()),
                       allocated_bytes=int(counter.allocated), written_bytes=int(counter.written), collectives=dict(sorted(counter.collectives.items())),
-                      host_reads=counter.host_reads + python_reads.count,
+                      host_reads=counter.host_reads + python_reads.count, storage_reads=python_reads.storages,
                       compile=compile_watch.since_start(before) if compile_watch else None, cuda=cuda.result)
 
 
@@ -328,6 +337,10 @@ def compare_counts(base: StepCounts, cand: StepCounts) -> list[CountChange]:
                                        f"{delta:+d} {kind.rstrip('_')} a step ({'+' if c['bytes'] >= b['bytes'] else '-'}"
                                        f"{_size(abs(c['bytes'] - b['bytes']))})" if delta else
                                        f"{kind.rstrip('_')} bytes {_size(b['bytes'])} → {_size(c['bytes'])} a step"))
+    if base.storage_reads != cand.storage_reads:
+        changes.append(CountChange("storage_reads", base.storage_reads, cand.storage_reads, True,
+                                   f"tensor storages taken by Python (torch.save, pickling) {base.storage_reads} → "
+                                   f"{cand.storage_reads} a step"))
     if base.flops != cand.flops:
         changes.append(CountChange("flops", base.flops, cand.flops, True, f"FLOPs {_pct(base.flops, cand.flops)}"))
     for what, label in (("allocated_bytes", "bytes allocated by the step's ops"),
