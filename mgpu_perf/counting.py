@@ -18,9 +18,10 @@ convolutions. What is counted:
   (`zero_`, `copy_`, an optimizer's `add_`): `zero_grad(set_to_none=False)` raises it;
 * `collectives`: by kind, with count and bytes (the tensors handed to the collective);
 * `host_reads`: reads of a tensor's value by the host, each a device sync on a GPU: counted where
-  Python makes them (`.item()`, `.tolist()`, `float(t)`, `if t:`, `print(t)`, through a
-  TorchFunctionMode, since on a CPU tensor `.tolist()` dispatches no op), and at dispatch for a
-  copy from a GPU to the host and a read made inside an op;
+  Python makes them (`.item()`, `.tolist()`, `float(t)`, `if t:`, `print(t)`, `np.asarray(t)`,
+  through a TorchFunctionMode, since on a CPU tensor `.tolist()` dispatches no op), and at dispatch
+  for a copy from a GPU to the host, a read made inside an op (`torch.equal`, `allclose`), and an op
+  whose output's size comes from the values (`nonzero`, `t[mask]`, `unique`);
 * `storage_reads`: tensors whose storage Python took hold of (`Tensor.untyped_storage()`, which
   `torch.save` and pickling call for every tensor they write): a checkpoint saved every step
   raises it, where no aten op runs on a CPU;
@@ -52,11 +53,15 @@ __all__ = ["StepCounts", "CountChange", "CompileWatch", "count_step", "count_ses
 GUARDED = ("host_reads", "collective_calls", "collective_bytes", "flops", "allocated_bytes", "written_bytes",
            "storage_reads", "graph_breaks", "recompiles")
 
-_HOST_READ_OPS = {"aten._local_scalar_dense", "aten.item", "aten.is_nonzero"}
+_HOST_READ_OPS = {"aten._local_scalar_dense", "aten.item", "aten.is_nonzero", "aten.equal", "aten.allclose"}
+# Ops whose output's shape depends on the values: on a GPU the host waits for the count to size it.
+_SHAPE_FROM_VALUES_OPS = {"aten.nonzero", "aten.argwhere", "aten.masked_select", "aten._unique", "aten._unique2",
+                          "aten.unique_dim", "aten.unique_consecutive", "aten.unique_dim_consecutive", "aten.bincount"}
+_INDEX_OPS = {"aten.index", "aten.index_put", "aten.index_put_", "aten._index_put_impl_"}
 # Tensor methods that hand a value to Python. On a CPU tensor some dispatch no aten op at all
 # (`.tolist()`, `.numpy()`, `print(t)` by way of __repr__), so they are counted where Python calls them.
 _HOST_READ_METHODS = {"item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__complex__",
-                      "__repr__", "__str__", "__format__"}
+                      "__repr__", "__str__", "__format__", "__array__", "__contains__"}
 
 
 @dataclasses.dataclass
@@ -165,8 +170,9 @@ class _StepCounter(TorchDispatchMode):
             entry = self.collectives.setdefault(name.removeprefix("c10d."), {"count": 0, "bytes": 0})
             entry["count"] += 1
             entry["bytes"] += sum(t.numel() * t.element_size() for t in _tensors((args, kwargs)))
-        elif not self.python_reads.inside and (name in _HOST_READ_OPS or _is_copy_to_host(name, args, kwargs, out)):
-            self.host_reads += 1  # .cpu() of a GPU tensor, or a read made inside an op (C++'s .item())
+        elif not self.python_reads.inside and (name in _HOST_READ_OPS or _shape_from_values(func, name, args, kwargs)
+                                               or _is_copy_to_host(name, args, kwargs, out)):
+            self.host_reads += 1  # .cpu() of a GPU tensor, a read made inside an op (C++'s .item()), t[mask]
         if not name.startswith("c10d."):
             if func._schema.is_mutable:
                 self.written += sum(t.numel() * t.element_size() for t in _tensors(_written_args(func, args, kwargs)))
@@ -197,6 +203,19 @@ def _written_args(func, args, kwargs) -> list:
 def _is_view_or_inplace(func) -> bool:
     schema = func._schema
     return any(a.alias_info is not None for a in schema.returns) or schema.is_mutable
+
+
+def _shape_from_values(func, name: str, args, kwargs) -> bool:
+    """An op whose output's size is read from the values (nonzero, `t[mask]`, `t[mask] = v`, unique,
+    repeat_interleave without output_size): a sync on a GPU, though it returns a tensor."""
+    if name in _SHAPE_FROM_VALUES_OPS:
+        return True
+    if name in _INDEX_OPS and len(args) > 1 and isinstance(args[1], (list, tuple)):
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1])
+    if name == "aten.repeat_interleave":
+        repeats = args[0] if func._overloadname == "Tensor" else args[1] if len(args) > 1 else kwargs.get("repeats")
+        return isinstance(repeats, torch.Tensor) and kwargs.get("output_size") is None
+    return False
 
 
 def _is_copy_to_host(name: str, args, kwargs, out) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -99,12 +100,25 @@ def test_collectives_are_counted_by_kind_and_bytes_ddps_reducer_included(world_o
     ("if loss > 0: pass", 1),
     ("[float(v) for v in loss.reshape(1)]", 1),
     ("loss.numpy()", 1),
+    ("np.asarray(loss)", 1),     # numpy's way in: Tensor.__array__
+    ("0.5 in loss.reshape(1)", 1),
+    ("torch.equal(loss, loss)", 1),  # a Python bool out of an op
+    ("torch.allclose(loss, loss)", 1),
+    # An output whose size comes from the values: on a GPU the host waits for the count.
+    ("v[v > 0]", 1),
+    ("v[v > 0] = 0", 1),
+    ("v.nonzero()", 1),
+    ("torch.unique(v)", 1),
+    ("torch.repeat_interleave(v, torch.tensor([1, 2]))", 1),
+    ("torch.repeat_interleave(v, torch.tensor([1, 2]), output_size=3)", 0),  # sized by the caller: no read
+    ("v[torch.tensor([0, 1])]", 0),  # integer indices: the output's size is theirs
+    ("v.masked_fill(v > 0, 0)", 0),  # the same shape out: no read
 ])
 def test_each_way_python_reads_a_tensor_is_one_host_read(read, reads, capsys):
-    loss = torch.tensor(0.5)
+    loss, v = torch.tensor(0.5), torch.tensor([0.5, -1.0])
 
     def step():
-        exec(read, {"loss": loss})
+        exec(read, {"loss": loss, "v": v.clone(), "torch": torch, "np": np})
 
     assert count_step(step).host_reads == reads, f"{read}: host reads {count_step(step).host_reads}, not {reads}"
 
