@@ -330,7 +330,7 @@ def _planted_module(tmp_path, name: str):
 
 
 @pytest.mark.parametrize("name, expected", [("copy-in-forward", "bytes allocated"), ("float64-layer", "bytes allocated"),
-                                            ("graph-break", "graph breaks 0 → 1")])
+                                            ("graph-break", "graph breaks 0 → 1"), ("mask-index", "host reads 0 → 2")])
 def test_validate_counts_model_plants_are_each_a_guarded_increase(tmp_path, name, expected):
     """`python -m mgpu_perf validate-counts` plants these in mgpu/models.py (docs/notes/gate-validation.md has
     its runs); here each, built in this process, is `slower (counted)` against the unplanted model."""

@@ -9,8 +9,8 @@ Run it from a checkout of mgpu with nothing else on the machine; it is not part 
 the tree into a temporary folder: `same` (the baseline of every run), `unchanged` (identical to
 it), and one copy per plant, each with one small structural regression appended to one of mgpu's
 files (PLANTS: an extra copy in the forward, a float64 layer, a host read a step, an extra
-all-reduce in ddp, a graph break under --compile). Each run is a whole gate decision on the
-benchmark the plant touches, with fresh workers, as `pytest perf --ab-baseline` makes it: the timed
+all-reduce in ddp, a graph break under --compile, a boolean-mask index, a checkpoint every step).
+Each run is a whole gate decision on the benchmark the plant touches, with fresh workers, as `pytest perf --ab-baseline` makes it: the timed
 verdict and the counted one. Required: every plant `slower (counted)` in every run, with the change
 named; every A/A run (the unchanged copy, rotated over the plants' benchmarks and fsdp) with no
 count difference at all. The timed verdicts are reported beside: the plants are sized so that
@@ -117,6 +117,38 @@ def resnet18(*args, **kwargs):
     model.forward = forward
     return model
 ''', "single", 1, compile=True, what="a graph break under --compile"),
+    # A boolean mask before the classifier that keeps every row: the same logits, but on a GPU the host
+    # waits for the mask's count twice a step (the forward's index, the backward's index_put).
+    "mask-index": Plant("mgpu/models.py", '''
+_built_resnet18 = resnet18
+
+
+def resnet18(*args, **kwargs):
+    model = _built_resnet18(*args, **kwargs)
+    head = model[-1]
+    unplanted_head_forward = head.forward
+
+    def forward(x):
+        return unplanted_head_forward(x[x.abs().sum(dim=1) >= 0])
+
+    head.forward = forward
+    return model
+''', "single", 1, what="a boolean-mask index in the forward (a sync on a GPU)"),
+    # The model's state saved every step (to memory): no aten op runs on a CPU, only Python's pickling.
+    "checkpoint-every-step": Plant("mgpu/trainer.py", '''
+_unplanted_step = Trainer.step
+
+
+def _step_with_a_checkpoint(self, indices, epoch=0, step=0):
+    import io
+
+    result = _unplanted_step(self, indices, epoch, step)
+    torch.save(self.strategy.modules()[0].state_dict(), io.BytesIO())
+    return result
+
+
+Trainer.step = _step_with_a_checkpoint
+''', "single", 1, what="a checkpoint saved every step"),
 }
 
 # The A/A runs rotate over these benchmarks: every plant's, and fsdp's (strategy, devices, compile).
