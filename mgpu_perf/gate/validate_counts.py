@@ -10,8 +10,8 @@ the tree into a temporary folder: `same` (the baseline of every run), `unchanged
 it), and one copy per plant, each with one small structural regression appended to one of mgpu's
 files (PLANTS: an extra copy in the forward, a float64 layer, a host read a step, an extra
 all-reduce in ddp, a graph break under --compile, a boolean-mask index, a checkpoint every step).
-Each run is a whole gate decision on the benchmark the plant touches, with fresh workers, as `pytest perf --ab-baseline` makes it: the timed
-verdict and the counted one. Required: every plant `slower (counted)` in every run, with the change
+Each run is a whole gate decision on the benchmark the plant touches, with fresh workers, as
+`pytest perf --ab-baseline` makes it: the timed verdict and the counted one. Required: every plant `slower (counted)` in every run, with the change
 named; every A/A run (the unchanged copy, rotated over the plants' benchmarks and fsdp) with no
 count difference at all. The timed verdicts are reported beside: the plants are sized so that
 timing alone cannot call them here.
