@@ -24,8 +24,8 @@ def _plugin_installed() -> bool:
 @pytest.fixture
 def absolute_pythonpath(monkeypatch, pytestconfig):
     """PYTHONPATH's relative folders made absolute from where pytest was started. Without the install
-    (`PYTHONPATH=. pytest mgpu_perf_tests`, the way `make gpu-check` runs) mgpu is found through `.` alone, and a
-    test that moves into its own folder before starting the gate's workers would lose it."""
+    (`PYTHONPATH=. pytest mgpu_perf_tests`, the way `make gpu-check` runs) mgpu is found through `.`
+    alone, and a test that moves into its own folder before starting the gate's workers would lose it."""
     entries = os.environ.get("PYTHONPATH")
     if entries:
         start = pytestconfig.invocation_params.dir  # fixtures such as pytester may have moved by now

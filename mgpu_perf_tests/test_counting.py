@@ -120,7 +120,8 @@ def test_each_way_python_reads_a_tensor_is_one_host_read(read, reads, capsys):
     def step():
         exec(read, {"loss": loss, "v": v.clone(), "torch": torch, "np": np})
 
-    assert count_step(step).host_reads == reads, f"{read}: host reads {count_step(step).host_reads}, not {reads}"
+    counted = count_step(step).host_reads
+    assert counted == reads, f"{read}: host reads {counted}, not {reads}"
 
 
 def test_a_graph_break_under_compile_is_named():

@@ -31,6 +31,7 @@ import os
 import statistics
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -53,41 +54,50 @@ class Plant:
 
 _HEADER = "\n\n# -- planted by mgpu_perf/gate/validate_counts.py: {what}\n"
 
-PLANTS = {
-    # One copy of the input batch in the forward: at width 16 a 0.1 MB copy against a step of tens of ms.
-    "copy-in-forward": Plant("mgpu/models.py", '''
+
+def _in_resnet18(body: str) -> str:
+    """Code for mgpu/models.py: `resnet18` builds the model as before, then `body` changes `model`."""
+    return """
 _built_resnet18 = resnet18
 
 
 def resnet18(*args, **kwargs):
     model = _built_resnet18(*args, **kwargs)
-    model[0].register_forward_pre_hook(lambda module, args: (args[0].clone(),))
+""" + textwrap.indent(textwrap.dedent(body).strip("\n"), "    ") + """
     return model
-''', "single", 1, what="an extra copy of the input in the forward"),
-    # The classifier computed in float64: a 10-way linear layer, a sliver of the step's work.
-    "float64-layer": Plant("mgpu/models.py", '''
-_built_resnet18 = resnet18
+"""
 
 
-def resnet18(*args, **kwargs):
-    model = _built_resnet18(*args, **kwargs)
-    head = model[-1]
-    head.forward = lambda x: torch.nn.functional.linear(x.double(), head.weight.double(), head.bias.double()).float()
-    return model
-''', "single", 1, what="the last layer in float64"),
-    # One more read of a value by the host a step (on a CPU nearly free; on a GPU a device sync).
-    "host-read": Plant("mgpu/trainer.py", '''
+def _after_trainer_step(body: str) -> str:
+    """Code for mgpu/trainer.py: `Trainer.step` steps as before, then runs `body` (with `self`)."""
+    return """
 _unplanted_step = Trainer.step
 
 
-def _step_with_a_host_read(self, indices, epoch=0, step=0):
+def _planted_step(self, indices, epoch=0, step=0):
     result = _unplanted_step(self, indices, epoch, step)
-    next(self.strategy.modules()[0].parameters()).detach().flatten()[0].item()
+""" + textwrap.indent(textwrap.dedent(body).strip("\n"), "    ") + """
     return result
 
 
-Trainer.step = _step_with_a_host_read
-''', "single", 1, what="a host read a step"),
+Trainer.step = _planted_step
+"""
+
+
+PLANTS = {
+    # One copy of the input batch in the forward: at width 16 a 0.1 MB copy against a step of tens of ms.
+    "copy-in-forward": Plant("mgpu/models.py", _in_resnet18("""
+        model[0].register_forward_pre_hook(lambda module, args: (args[0].clone(),))
+    """), "single", 1, what="an extra copy of the input in the forward"),
+    # The classifier computed in float64: a 10-way linear layer, a sliver of the step's work.
+    "float64-layer": Plant("mgpu/models.py", _in_resnet18("""
+        head = model[-1]
+        head.forward = lambda x: torch.nn.functional.linear(x.double(), head.weight.double(), head.bias.double()).float()
+    """), "single", 1, what="the last layer in float64"),
+    # One more read of a value by the host a step (on a CPU nearly free; on a GPU a device sync).
+    "host-read": Plant("mgpu/trainer.py", _after_trainer_step("""
+        next(self.strategy.modules()[0].parameters()).detach().flatten()[0].item()
+    """), "single", 1, what="a host read a step"),
     # One more all-reduce of a single number a step.
     "extra-all-reduce": Plant("mgpu/strategies/ddp.py", '''
 _unplanted_optimizer_step = DistributedDataParallel.optimizer_step
@@ -103,52 +113,26 @@ DistributedDataParallel.optimizer_step = _optimizer_step_with_an_all_reduce
     # A graph break at the top of the forward: the graph after it is the whole network, as before.
     # (One in a layer's hook, inside nn.Sequential's loop, makes dynamo run the loop eagerly: 1.5
     # times the step under inductor on this CPU, which timing calls.)
-    "graph-break": Plant("mgpu/models.py", '''
-_built_resnet18 = resnet18
+    "graph-break": Plant("mgpu/models.py", _in_resnet18("""
+        def forward(x):
+            torch._dynamo.graph_break()
+            return torch.nn.Sequential.forward(model, x)
 
-
-def resnet18(*args, **kwargs):
-    model = _built_resnet18(*args, **kwargs)
-
-    def forward(x):
-        torch._dynamo.graph_break()
-        return torch.nn.Sequential.forward(model, x)
-
-    model.forward = forward
-    return model
-''', "single", 1, compile=True, what="a graph break under --compile"),
+        model.forward = forward
+    """), "single", 1, compile=True, what="a graph break under --compile"),
     # A boolean mask before the classifier that keeps every row: the same logits, but on a GPU the host
     # waits for the mask's count twice a step (the forward's index, the backward's index_put).
-    "mask-index": Plant("mgpu/models.py", '''
-_built_resnet18 = resnet18
-
-
-def resnet18(*args, **kwargs):
-    model = _built_resnet18(*args, **kwargs)
-    head = model[-1]
-    unplanted_head_forward = head.forward
-
-    def forward(x):
-        return unplanted_head_forward(x[x.abs().sum(dim=1) >= 0])
-
-    head.forward = forward
-    return model
-''', "single", 1, what="a boolean-mask index in the forward (a sync on a GPU)"),
+    "mask-index": Plant("mgpu/models.py", _in_resnet18("""
+        head = model[-1]
+        unplanted_head_forward = head.forward
+        head.forward = lambda x: unplanted_head_forward(x[x.abs().sum(dim=1) >= 0])
+    """), "single", 1, what="a boolean-mask index in the forward (a sync on a GPU)"),
     # The model's state saved every step (to memory): no aten op runs on a CPU, only Python's pickling.
-    "checkpoint-every-step": Plant("mgpu/trainer.py", '''
-_unplanted_step = Trainer.step
+    "checkpoint-every-step": Plant("mgpu/trainer.py", _after_trainer_step("""
+        import io
 
-
-def _step_with_a_checkpoint(self, indices, epoch=0, step=0):
-    import io
-
-    result = _unplanted_step(self, indices, epoch, step)
-    torch.save(self.strategy.modules()[0].state_dict(), io.BytesIO())
-    return result
-
-
-Trainer.step = _step_with_a_checkpoint
-''', "single", 1, what="a checkpoint saved every step"),
+        torch.save(self.strategy.modules()[0].state_dict(), io.BytesIO())
+    """), "single", 1, what="a checkpoint saved every step"),
 }
 
 # The A/A runs rotate over these benchmarks: every plant's, and fsdp's (strategy, devices, compile).
