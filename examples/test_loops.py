@@ -111,7 +111,7 @@ def test_planted_defects_fail_at_their_step_with_their_diagnosis(script, args, w
     print(report.summary())
 
 
-# -- a user's own test, as docs/check-script.md shows it (the GitHub workflow runs this one) -----------
+# -- a user's own test, as docs/guide/check-script.md shows it (the GitHub workflow runs this one) -----------
 
 def test_my_training_script():
     check_script(os.path.join(LOOPS, "ddp_sampler.py"), args=["--batch-size", "{32 // world_size}"],
