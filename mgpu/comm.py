@@ -6,8 +6,8 @@
 `allreduce` is the chapter's: sum onto the first device, copy the sum back to the others.
 `ring_allreduce` is what NCCL and gloo do at scale: a reduce-scatter then an all-gather around
 a ring, each device sending 2(n-1)/n of the message instead of the first device receiving n-1 copies.
-`all_sum` / `all_max` wrap `torch.distributed.all_reduce` for the DDP strategy and are identity
-outside a process group, so callers never ask which world they run in.
+`all_sum` wraps `torch.distributed.all_reduce` for the DDP strategy and is the identity outside a
+process group, so callers never ask which world they run in.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch.distributed as dist
 from mgpu.devices import to_device
 from mgpu.errors import ConfigError, ShapeError
 
-__all__ = ["shard_sizes", "shard_bounds", "split_batch", "allreduce", "ring_allreduce", "all_sum", "all_max"]
+__all__ = ["shard_sizes", "shard_bounds", "split_batch", "allreduce", "ring_allreduce", "all_sum"]
 
 
 def shard_sizes(batch_size: int, n: int) -> list[int]:
@@ -115,17 +115,8 @@ def ring_allreduce(tensors: Sequence[torch.Tensor]) -> None:
                 t.copy_(f.view_as(t))
 
 
-def _all_reduce(t: torch.Tensor, op) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, op=op)
-    return t
-
-
 def all_sum(t: torch.Tensor) -> torch.Tensor:
     """Sum over all ranks, in place; identity outside a process group."""
-    return _all_reduce(t, dist.ReduceOp.SUM)
-
-
-def all_max(t: torch.Tensor) -> torch.Tensor:
-    """Maximum over all ranks, in place; identity outside a process group."""
-    return _all_reduce(t, dist.ReduceOp.MAX)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t

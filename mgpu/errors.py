@@ -10,7 +10,6 @@ also derives from the builtin a Python caller would expect (ValueError, FileNotF
 import argparse
 
 # The exit codes of every mgpu command (mgpu/cli.py's docstring says when each is used).
-EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
