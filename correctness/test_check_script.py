@@ -283,7 +283,7 @@ def test_dataloader_workers_are_forked_from_the_rank_as_under_torchrun(tmp_path)
 # -- stochastic depth, switched off with dropout (check and check-script) ---------------------------------
 
 def test_stochastic_depth_is_switched_off_with_dropout():
-    from mgpu.parity.dropout import DropoutOff, random_layer_modules
+    from mgpu.check.dropout import DropoutOff, random_layer_modules
 
     tv_ops = pytest.importorskip("torchvision.ops", reason="needs torchvision (an mgpu dependency)")
     x = torch.randn(6, 4, 3)

@@ -82,6 +82,38 @@ def test_mgpu_never_imports_mgpu_perf():
     assert not offenders, f"mgpu imports mgpu_perf (mgpu_perf adds its commands through mgpu.cli's hook): {offenders}"
 
 
+def test_the_two_check_sources_never_import_each_other():
+    """`check` (mgpu.parity) and `check-script` (mgpu.scriptcheck) are two sources of one check core
+    (mgpu.check): what they share lives there, and the core imports neither."""
+    sources = ("mgpu.parity", "mgpu.scriptcheck")
+    within = lambda module, package: module == package or module.startswith(package + ".")  # noqa: E731
+    crossings = {m: sorted(t for t in ts if any(within(t, other) for other in sources if not within(m, other)))
+                 for m, ts in _imports().items() if any(within(m, s) for s in (*sources, "mgpu.check"))}
+    crossings = {m: ts for m, ts in crossings.items() if ts}
+    assert not crossings, f"a check source (or the core) imports another source: {crossings}"
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    """A function that needs more is handed an options object (not **kwargs to dodge the count)."""
+    crowded = []
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    a = node.args
+                    names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+                    count = len(names) + (a.vararg is not None) + (a.kwarg is not None) - (names[:1] in (["self"], ["cls"]))
+                    if count > 8:
+                        crowded.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({count})")
+    assert not crowded, f"functions with more than 8 parameters: {crowded}"
+
+
+def test_no_module_is_longer_than_400_lines():
+    long = [f"{p.relative_to(ROOT)} ({n})" for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 400]
+    assert not long, f"modules over 400 lines (split them by job): {long}"
+
+
 def test_no_import_circles():
     cycle = _cycle(_without_package_inits(_imports()))
     assert cycle is None, f"an import circle: {' -> '.join(cycle)}"

@@ -3,34 +3,32 @@
     python -m mgpu check MODULE:FUNCTION                  # the command (docs/guide/check.md)
     >>> from mgpu.parity import check_data_parallel
     >>> check_data_parallel("examples/tiny_lm.py:spec")    # in a pytest test: AssertionError on a divergence
-    >>> from mgpu.parity import check_script              # your own training script (mgpu/scriptcheck/)
-    >>> check_script("train.py", args=["--batch-size", "{64 // world_size}"], ranks=(1, 2), steps=4)
 
-Read in the order a check runs, one job a file:
+One of the two sources of mgpu's check core (mgpu/check/: the divergence, the tolerance rule, the
+report); the other is mgpu/scriptcheck/, a user's own training script. Read in the order a check runs:
 
-    check     run_check and check_data_parallel: the order of the steps below, and the API
-    probe     what the model does that matters (random, batch-mixing and unused layers, buffers, a mean loss)
-    plans     each run's batches, optimizer, strategy and name
-    record    a strategy's run as it happens, and the single-device reference steps
-    ranks     ddp and fsdp: one spawn of ranks per world size, their recordings gathered on rank 0
-    judge     each check's verdict against the references (the check's context and reference cache)
-    compare   the tolerances (from a float64 run, not a hand-picked atol) and the first divergence
-    findings  findings about the model, notes about the run, the command that reproduces a failure
-    report    the results, as a table, a failure message, and JSON
-    dropout   holding off the dropout a forward applies through torch's functions
+    plan      plans     each run's batches, optimizer, strategy and name
+              probe     what the model does that matters (random, batch-mixing and unused layers, buffers, a mean loss)
+    run       record    a strategy's run as it happens, and the single-device reference steps
+              ranks     ddp and fsdp: one spawn of ranks per world size, their recordings gathered on rank 0
+    judge     judge     each check's verdict against the references (the check's context and reference cache)
+              compare   a run's tensors against the references, within the core's tolerance rule
+              findings  findings about the model, notes about the run, the command that reproduces a failure
+    report    report    the results, as a table, a failure message, and JSON
+    command   command   `mgpu check`: its options from the command line, the core's command ending
+    check     check     run_check and check_data_parallel: the stages above in order, and the API
 """
 
+from mgpu.check.divergence import Divergence
 from mgpu.parity.check import CheckOptions, CheckResult, Report, check_data_parallel, run_check
-from mgpu.parity.compare import Divergence, assert_tensors_close
+from mgpu.parity.compare import assert_tensors_close
 
 __all__ = ["CheckOptions", "CheckResult", "Report", "check_data_parallel", "run_check", "Divergence",
-           "assert_tensors_close", "check_script"]
+           "assert_tensors_close"]
 
 
 def __getattr__(name: str):
-    # check_script lives in mgpu.scriptcheck, which imports this package's dropout: fetched when asked for.
-    if name == "check_script":
-        from mgpu.scriptcheck import check_script
-
-        return check_script
+    if name == "check_script":  # it lived here once; the two sources do not import each other
+        raise AttributeError("mgpu.parity has no check_script: it is mgpu.scriptcheck's "
+                             "(from mgpu.scriptcheck import check_script)")
     raise AttributeError(f"module 'mgpu.parity' has no attribute {name!r}")

@@ -39,21 +39,12 @@ from mgpu.parity.plans import label, make_optimizer, make_plans, strategy_for
 from mgpu.parity.probe import probe_model
 from mgpu.parity.ranks import RankJob, RankRuns, rank_recording, spec_blob
 from mgpu.parity.record import Plan, Recording, record_strategy, snapshot, step_timeout
-from mgpu.parity.report import CheckResult, Report, failure_message
+from mgpu.parity.report import CheckResult, Report
 from mgpu.spec import ModelSpec, builtin_spec, load_spec, validate_spec
 from mgpu.strategies import RANK_STRATEGIES  # each run of these is a spawn of its ranks
 
-# Names check.py held before it was split, still importable from here (docs/notes/measure/error_ratios.py
-# imports _Refs and _run_in_process).
-from mgpu.parity.judge import named_optimizer_state, recording_digest  # noqa: F401
-from mgpu.parity.plans import SGDFactory, run_device  # noqa: F401
-from mgpu.parity.probe import Traits  # noqa: F401
-from mgpu.parity.ranks import rank_main  # noqa: F401
-from mgpu.parity.record import state_digest  # noqa: F401
-
-_Refs = References
-
-__all__ = ["CheckOptions", "CheckResult", "Report", "run_check", "check_data_parallel", "CHECK_STRATEGIES"]
+__all__ = ["CheckOptions", "CheckResult", "Report", "run_check", "check_data_parallel", "run_in_process", "References",
+           "CHECK_STRATEGIES"]
 
 
 def run_check(spec: ModelSpec, options: CheckOptions | None = None,
@@ -81,7 +72,7 @@ def _run_check(spec: ModelSpec, options: CheckOptions | None, progress) -> Repor
         check_fsdp_supported()
     ctx = _probed(spec, options, progress or (lambda line: None))
     for finding in findings(ctx):
-        ctx.add(finding)
+        ctx.add(CheckResult.of_finding(finding))
     if ctx.traits.other_randomness:
         ctx.skip_exact = "the model draws random numbers in forward beyond dropout: the runs cannot be compared exactly"
     ranks, rank_failure = _start_rank_runs(ctx)
@@ -163,11 +154,12 @@ def _recordings(ctx: CheckContext, name: str, n: int, per_plan: list | None) -> 
         if name in RANK_STRATEGIES:
             recs[kind] = rank_recording(per_plan[list(ctx.plans).index(kind)])
         else:
-            recs[kind] = _run_in_process(ctx.spec, ctx.model, name, n, plan, ctx.options)
+            recs[kind] = run_in_process(ctx.spec, ctx.model, name, n, plan, ctx.options)
     return recs
 
 
-def _run_in_process(spec, model, name: str, n: int, plan: Plan, options: CheckOptions) -> Recording:
+def run_in_process(spec, model, name: str, n: int, plan: Plan, options: CheckOptions) -> Recording:
+    """Strategy `name` on n devices in this process (not a rank strategy), `plan` recorded from a copy of `model`."""
     strategy = strategy_for(name, n, options)
     strategy.use_objective(spec.objective)
     strategy.setup(copy.deepcopy(model), make_optimizer(options, spec))
@@ -193,8 +185,6 @@ def check_data_parallel(spec: ModelSpec | str, strict: bool = False, input_shape
         spec = builtin_spec(spec) if ":" not in spec else load_spec(spec, input_shape=input_shape, classes=classes)
     opts = replace(CheckOptions(), **options)
     report = run_check(spec, opts)
-    failing = report.failures or (([] if report.verified else report.skipped_comparisons[:1]) + report.findings
-                                  if strict else [])
-    if failing:
-        raise ParityError(failure_message(report, failing[0]), report)
+    if report.failing(strict):
+        raise ParityError(report.first_failure(strict), report)
     return report

@@ -1,7 +1,7 @@
 """What a check says in words besides its verdicts: findings about the model, notes about the run,
 and the command that reproduces a failing run.
 
-    findings(ctx)                      # [CheckResult(status="finding")]: unused parameters, dropout, ...
+    findings(ctx)                      # [Finding]: unused parameters, dropout, ...
     notes(options)                     # ["--compile: every strategy's model ran under torch.compile ..."]
     reproducer(spec, options)("manual", 2, plan)   # "python -m mgpu check MODULE:FUNCTION --strategies manual ..."
 
@@ -15,22 +15,22 @@ import shlex
 import torch
 
 from mgpu import devices as devmod
+from mgpu.check.divergence import Finding
 from mgpu.config import CheckOptions
 from mgpu.parity.compare import error, worst
 from mgpu.parity.judge import CheckContext
 from mgpu.parity.probe import Traits
 from mgpu.parity.record import Plan
-from mgpu.parity.report import CheckResult
 from mgpu.spec import ModelSpec
 
 __all__ = ["findings", "notes", "reproducer"]
 
 
-def findings(ctx: CheckContext) -> list[CheckResult]:
+def findings(ctx: CheckContext) -> list[Finding]:
     """The findings of the model's traits (ctx.traits, unused parameters included), in a fixed order."""
     traits, out = ctx.traits, []
     if traits.unused:
-        out.append(CheckResult("unused-parameters", None, None, "finding", (
+        out.append(Finding("unused-parameters", (
             f"parameters with no gradient in some steps or on some devices: {_listed(traits.unused)}: DDP stops with 'Expected to have finished reduction' unless find_unused_parameters=True "
               "(the ddp runs here used it); remove the parameters if they are never used, or keep the flag (it costs "
               "a graph traversal per step)")))
@@ -39,11 +39,11 @@ def findings(ctx: CheckContext) -> list[CheckResult]:
         parts += [f"{count} call(s) to {call} in each forward" for call, count in sorted(traits.dropout_calls.items())]
         depth = any("stochastic" in call or "drop_path" in call for call in traits.dropout_calls)
         what = "dropout and stochastic depth" if depth else "dropout"
-        out.append(CheckResult("random-layers", None, None, "finding", (
+        out.append(Finding("random-layers", (
             f"{what} switched off for every check: {'; '.join(parts)}. With it on, each device draws its own "
             "masks: parity can then only be statistical, not exact")))
     if traits.other_randomness:
-        out.append(CheckResult("randomness", None, None, "finding", (
+        out.append(Finding("randomness", (
             "the forward draws random numbers outside dropout layers (two forwards of the same input differ): the "
             "comparisons with single-device training are skipped; make the randomness a module mgpu can switch "
             "off, or seed it from the input")))
@@ -51,7 +51,7 @@ def findings(ctx: CheckContext) -> list[CheckResult]:
         out.append(_batch_mixing(ctx))
     if traits.changed_buffers and not traits.mixing:
         reassigned = [b for b in traits.changed_buffers if b in traits.reassigned_buffers]
-        out.append(CheckResult("forward-buffers", None, None, "finding", (
+        out.append(Finding("forward-buffers", (
             f"buffers written by a training forward: {_listed(traits.changed_buffers)}"
             + (f" (reassigned: {_listed(reassigned)})" if reassigned else "")
             + ": each device writes them from its own shard; mgpu's strategies copy the first device's after every "
@@ -59,11 +59,11 @@ def findings(ctx: CheckContext) -> list[CheckResult]:
               "step torch's DDP ranks hold different values; where they depend on the batch, the buffers check "
               "fails")))
     if traits.mean_loss:
-        out.append(CheckResult("loss-not-a-sum", None, None, "finding", traits.mean_loss))
+        out.append(Finding("loss-not-a-sum", traits.mean_loss))
     return out
 
 
-def _batch_mixing(ctx: CheckContext) -> CheckResult:
+def _batch_mixing(ctx: CheckContext) -> Finding:
     """The layers that mix the examples of a batch, and how far the plain plan's weights on the most
     shards end from the unsharded run's."""
     traits, refs, plan, n = ctx.traits, ctx.refs, ctx.plans["plain"], max(ctx.options.devices)
@@ -73,7 +73,7 @@ def _batch_mixing(ctx: CheckContext) -> CheckResult:
     kinds = {name: type(m).__name__ for name, m in refs.model.named_modules()}
     layers = _listed([f"{name} ({kinds.get(name, '?')}{_through(traits, refs.model, name)})"
                       for name in traits.mixing_layers]) or f"(the model as a whole{_through(traits, refs.model, '')})"
-    return CheckResult("batch-mixing", None, None, "finding", (
+    return Finding("batch-mixing", (
         f"layers mix the examples of a batch: {layers}. On N devices each computes over its shard, which is by "
         f"design not the whole batch's computation: the checks compare with the single-device run over the same "
         f"shards. After {plan.steps} steps on {n} shards the weights differ from the unsharded run by up to "

@@ -25,7 +25,8 @@ from mgpu.config import CheckOptions
 from mgpu.parity.compare import Divergence, compare_bitwise, compare_to_reference, error, worst
 from mgpu.parity.plans import label, make_optimizer, run_device
 from mgpu.parity.probe import Traits
-from mgpu.parity.record import Plan, Recording, reference_run, reference_step, snapshot, state_digest
+from mgpu.parity.record import (Arithmetic, Plan, Recording, ReferenceSetup, reference_run, reference_step, snapshot,
+                                state_digest)
 from mgpu.parity.report import NO_BUFFERS, CheckResult
 from mgpu.spec import ModelSpec
 from mgpu.strategies import RANK_STRATEGIES
@@ -82,18 +83,18 @@ class References:
             return self.cache[key]
         return self._step(state, optimizer_state, plan, step, n, dtype, device, amp)
 
+    @functools.cached_property
+    def setup(self) -> ReferenceSetup:
+        return ReferenceSetup(self.spec, self.model, make_optimizer(self.options, self.spec), self.options.step_timeout)
+
     def _step(self, state, optimizer_state, plan, step, n, dtype, device, amp):
-        return reference_step(self.spec, self.model, state, optimizer_state, plan, step, n, dtype,
-                              make_optimizer(self.options, self.spec), timeout_s=self.options.step_timeout,
-                              label=f"the single-device reference ({dtype}, {n} shards)", device=device,
-                              autocast=torch.bfloat16 if amp == "bf16" else None)
+        arithmetic = Arithmetic(dtype, device, torch.bfloat16 if amp == "bf16" else None)
+        return reference_step(self.setup, state, optimizer_state, plan, step, n, arithmetic)
 
     def get(self, plan: Plan, n: int, dtype) -> Recording:
         key = (plan, n, dtype)
         if key not in self.cache:
-            self.cache[key] = reference_run(self.spec, self.model, plan, n, dtype, make_optimizer(self.options, self.spec),
-                                            timeout_s=self.options.step_timeout,
-                                            label=f"the single-device reference ({dtype}, {n} shards)")
+            self.cache[key] = reference_run(self.setup, plan, n, dtype)
         return self.cache[key]
 
 
@@ -161,8 +162,9 @@ def _judge_replicas(ctx: CheckContext, name: str, n: int, rec: Recording, reprod
     if ties:
         untied = next(((r, t) for r, t in enumerate(rec.ties) if t != ties), None)
         div = None if untied is None else Divergence(
-            None, "tied weights " + " = ".join(ties[0]), untied[0], float("inf"), float("inf"), 0.0,
-            f"the model as built, where they are one tensor (now: {untied[1] or 'none tied'})")
+            None, tensor="tied weights " + " = ".join(ties[0]), rank=untied[0], max_abs=float("inf"),
+            max_rel=float("inf"), allowed=0.0,
+            against=f"the model as built, where they are one tensor (now: {untied[1] or 'none tied'})")
         ctx.add(_result("ties", name, n, div, {}, reproduce, cause="tied weights came apart"))
 
 
@@ -319,7 +321,7 @@ def _compare_stats(step: int, got: list, r64: list, r32: list) -> Divergence | N
     if loss:
         return loss
     if abs(got[1] - r64[1]) > 1e-6 and abs(got[1] - r32[1]) > 1e-6:
-        return Divergence(step, "reported correct count", None, abs(got[1] - r32[1]),
-                          abs(got[1] - r32[1]) / max(abs(r32[1]), 1e-12), 0.0,
-                          f"the count of correct examples of the single-device run ({r32[1]:g})")
+        return Divergence(step, tensor="reported correct count", max_abs=abs(got[1] - r32[1]),
+                          max_rel=abs(got[1] - r32[1]) / max(abs(r32[1]), 1e-12), allowed=0.0,
+                          against=f"the count of correct examples of the single-device run ({r32[1]:g})")
     return None

@@ -6,7 +6,7 @@ Each probe runs copies of the model on the CPU in training mode; none changes th
   `nn.Dropout` and its family, attention dropout, and dropout that forward applies by calling
   torch's functions itself (`F.dropout`, `scaled_dot_product_attention(dropout_p=...)`, as
   transformers and timm do) can be switched off for the checks (`switch_off_dropout`,
-  mgpu/parity/dropout.py); anything random that is left is other randomness.
+  mgpu/check/dropout.py); anything random that is left is other randomness.
 * `find_mixing_layers`: modules whose output for an example depends on the other examples of the
   batch (BatchNorm, or a home-made layer that subtracts the batch mean): run on the whole batch and
   on its shards, in float64, and compared.
@@ -30,7 +30,7 @@ from torch import nn
 
 from mgpu.comm import shard_bounds
 from mgpu.parity.compare import error
-from mgpu.parity.dropout import DropoutOff, hold_dropout_off
+from mgpu.check.dropout import DropoutOff, hold_dropout_off
 from mgpu.parity.record import Plan, check_ties
 from mgpu.spec import ModelSpec, select_output, slice_inputs
 
@@ -74,7 +74,7 @@ def switch_off_dropout(model: nn.Module, calls: bool = False) -> list[str]:
     A Dropout module is put in eval mode, which mgpu's parity runs never undo; attention's dropout
     probability is set to 0. calls=True: the dropout that the model's forward applies by calling
     torch's functions itself (F.dropout, scaled_dot_product_attention's dropout_p) is held off
-    too, in every forward of the model and of its copies (mgpu.parity.dropout).
+    too, in every forward of the model and of its copies (mgpu.check.dropout).
     """
     names = []
     for name, m in _dropout_modules(model):

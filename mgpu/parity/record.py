@@ -2,7 +2,7 @@
 
     plan = Plan(batch_size=12, steps=3, seed=0)
     strategy_run = record_strategy(strategy, spec, plan)           # every replica, every step
-    reference = reference_run(spec, model, plan, devices=2, dtype=torch.float64)
+    reference = reference_run(ReferenceSetup(spec, model, make_optimizer), plan, devices=2, dtype=torch.float64)
 
 A `Recording` holds, for every replica (or DDP rank) of a run: its weights and buffers entering
 each step and after the last (`states[step][replica]`, step 0 = the start), its gradients after
@@ -33,16 +33,18 @@ import hashlib
 import signal
 import threading
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
 
+from mgpu.check.records import Recording
 from mgpu.comm import shard_bounds
 from mgpu.errors import CheckTimeout
 from mgpu.spec import ModelSpec, slice_inputs
 
-__all__ = ["Plan", "Recording", "ReferenceStep", "LocalShard", "assemble_shards", "has_shards", "snapshot",
+__all__ = ["Plan", "Recording", "ReferenceSetup", "Arithmetic", "ReferenceStep", "LocalShard", "assemble_shards", "has_shards", "snapshot",
            "state_digest", "load_snapshot", "record_strategy", "reference_step", "reference_run", "step_timeout",
            "check_ties", "device_pieces"]
 
@@ -60,16 +62,6 @@ class Plan:
     def batch(self, spec: ModelSpec, step: int) -> tuple[tuple, torch.Tensor]:
         """The global batch of step `step` (1-based; step steps + 1 is the probe after the last)."""
         return spec.batch(self.batch_size, self.seed * 1_000_003 + step)
-
-
-@dataclass
-class Recording:
-    states: list[list[dict]] = field(default_factory=list)   # [step 0..k][replica] -> {"weight a.b": t, "buffer c": t}
-    grads: list[dict] = field(default_factory=list)          # [replica] -> {param name: grad or None}, after step 1
-    optimizer_states: list = field(default_factory=list)     # [step 0..k] -> replica 0's optimizer.state_dict()
-    stats: list[list[float]] = field(default_factory=list)   # [step] -> [loss_sum, correct] over the global batch
-    ties: list[list[list[str]]] = field(default_factory=list)  # [replica] -> names still sharing one tensor (whole run)
-    shards: int = 1  # how many shards the global batch was cut into (a DataParallel pass-through: 1)
 
 
 @dataclass
@@ -283,18 +275,35 @@ class ReferenceStep:
     unused: set          # parameters some device's piece did not use
 
 
-def reference_step(spec: ModelSpec, template: nn.Module, state: dict, optimizer_state: dict, plan: Plan, step: int,
-                   devices: int, dtype: torch.dtype, make_optimizer, timeout_s: float | None = None,
-                   label: str = "reference", device="cpu",
-                   autocast: torch.dtype | None = None) -> ReferenceStep:
-    """One step of single-device plain PyTorch in `dtype`, computing what `devices` devices
-    compute (see the module docstring), from `state` (a snapshot) and `optimizer_state` (an
-    optimizer's state_dict). `template` gives the model's structure and is not changed.
+@dataclass(frozen=True)
+class ReferenceSetup:
+    """What every reference step of a check shares: the spec, the model as built (its structure,
+    which the steps never change), the optimizer's factory, and how long a step may take."""
 
-    device: where it runs (its results come back on the CPU); a float32 step on the GPU the
-    checked run used has that GPU's rounding, which a CPU's float32 does not.
-    autocast: the forward and loss under autocast to this dtype (check --amp bf16), as the strategies run them.
-    """
+    spec: ModelSpec
+    template: nn.Module
+    make_optimizer: Callable
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Arithmetic:
+    """How a reference step computes: its dtype, where it runs (its results come back on the CPU; a
+    float32 step on the GPU the checked run used has that GPU's rounding, which a CPU's float32 does
+    not), and the autocast dtype of the forward and loss (check --amp bf16), as the strategies run them."""
+
+    dtype: torch.dtype
+    device: str | torch.device = "cpu"
+    autocast: torch.dtype | None = None
+
+
+def reference_step(setup: ReferenceSetup, state: dict, optimizer_state: dict, plan: Plan, step: int, devices: int,
+                   arithmetic: Arithmetic) -> ReferenceStep:
+    """One step of single-device plain PyTorch, computing what `devices` devices compute (see the
+    module docstring), from `state` (a snapshot) and `optimizer_state` (an optimizer's state_dict)."""
+    spec, template, make_optimizer = setup.spec, setup.template, setup.make_optimizer
+    dtype, device, autocast = arithmetic.dtype, arithmetic.device, arithmetic.autocast
+    label = f"the single-device reference ({dtype}, {devices} shards)"
     model = _working_copy(template, device, dtype)
     load_snapshot(model, state)
     for p in model.parameters():
@@ -312,7 +321,7 @@ def reference_step(spec: ModelSpec, template: nn.Module, state: dict, optimizer_
     objective = spec.objective
     unused = set()
     loss_sum = correct = 0.0
-    with step_timeout(timeout_s, f"{label}: step {step}"):
+    with step_timeout(setup.timeout_s, f"{label}: step {step}"):
         for d in reversed(range(devices)):  # device 0 last: its buffers are the ones every replica keeps
             _restore_buffers(model, start_buffers)
             for start, stop in pieces[d]:
@@ -336,15 +345,14 @@ def reference_step(spec: ModelSpec, template: nn.Module, state: dict, optimizer_
                          [loss_sum, correct], unused)
 
 
-def reference_run(spec: ModelSpec, model: nn.Module, plan: Plan, devices: int, dtype: torch.dtype,
-                  make_optimizer, timeout_s: float | None = None, label: str = "reference") -> Recording:
-    """`plan.steps` reference steps, each from the last one's result (a free-running run)."""
+def reference_run(setup: ReferenceSetup, plan: Plan, devices: int, dtype: torch.dtype) -> Recording:
+    """`plan.steps` reference steps on the CPU, each from the last one's result (a free-running run)."""
+    model = setup.template
     state = snapshot(model)
-    optimizer_state = _cpu_copy(make_optimizer(list(copy.deepcopy(model).parameters())).state_dict())
+    optimizer_state = _cpu_copy(setup.make_optimizer(list(copy.deepcopy(model).parameters())).state_dict())
     rec = Recording(states=[[state]], optimizer_states=[optimizer_state])
     for step in range(1, plan.steps + 1):
-        result = reference_step(spec, model, state, optimizer_state, plan, step, devices, dtype, make_optimizer,
-                                timeout_s, label)
+        result = reference_step(setup, state, optimizer_state, plan, step, devices, Arithmetic(dtype))
         state, optimizer_state = result.state, result.optimizer_state
         if step == 1:
             rec.grads = [result.grads]

@@ -15,13 +15,11 @@ and reproduce; a non-finite float in it is null.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
+from mgpu.check.divergence import Divergence, Finding
+from mgpu.check.report import CheckReport, Verdict, write_json
 from mgpu.config import CheckOptions
-from mgpu.jsonsafe import finite_or_none
-from mgpu.parity.compare import Divergence
 from mgpu.strategies import RANK_STRATEGIES
 
 __all__ = ["CheckResult", "Report", "COMPARISONS", "NO_BUFFERS", "SKIPPED_SHARE_LIMIT", "table", "failure_message",
@@ -49,6 +47,11 @@ class CheckResult:
     first_divergence: Divergence | None = None
     reproduce: str | None = None
 
+    @classmethod
+    def of_finding(cls, finding: Finding) -> "CheckResult":
+        """A finding as the report's row: the model's, not a strategy's."""
+        return cls(finding.name, None, None, "finding", finding.text, errors=dict(finding.errors))
+
     @property
     def is_comparison(self) -> bool:
         return self.strategy is not None and self.name in COMPARISONS and self.reason != NO_BUFFERS
@@ -61,7 +64,7 @@ class CheckResult:
 
 
 @dataclass
-class Report:
+class Report(CheckReport):
     model: str
     options: CheckOptions
     results: list[CheckResult]
@@ -100,14 +103,32 @@ class Report:
                 + (f" ({'; '.join(reasons)})" if reasons else "")
                 + ": passing means only that nothing compared differed (--strict fails it)")
 
-    def exit_code(self, strict: bool = False) -> int:
-        """0 when every check passes (findings and skipped comparisons too, unless strict), 1 otherwise."""
-        return 1 if self.failures or (strict and (self.findings or not self.verified)) else 0
+    @property
+    def verdict(self) -> Verdict:
+        """FAILED when a check failed; NOT_VERIFIED when too many comparisons were skipped; else PASSED."""
+        if self.failures:
+            return Verdict.FAILED
+        return Verdict.PASSED if self.verified else Verdict.NOT_VERIFIED
+
+    def failing(self, strict: bool = False) -> list[CheckResult]:
+        """The results that fail the report: its failures; under strict also its findings, and a
+        skipped comparison when it is not verified."""
+        if self.failures or not strict:
+            return self.failures
+        return ([] if self.verified else self.skipped_comparisons[:1]) + self.findings
+
+    def first_failure(self, strict: bool = False) -> str:
+        failing = self.failing(strict)
+        return failure_message(self, failing[0]) if failing else table(self).rsplit("\n", 1)[-1]
+
+    def text(self) -> str:
+        return table(self)
 
     def to_json(self) -> dict:
         made, skipped = self.comparisons, self.skipped_comparisons
         return {"model": self.model, "options": asdict(self.options), "seconds": round(self.seconds, 3),
-                "notes": self.notes, "exit_code": self.exit_code(), "verified": self.verified,
+                "notes": self.notes, "exit_code": self.exit_code(), "verdict": self.verdict.value,
+                "verified": self.verified,
                 "comparisons": {"made": len(made) - len(skipped), "skipped": len(skipped),
                                 "skipped_share": round(len(skipped) / len(made), 4) if made else None,
                                 "limit": SKIPPED_SHARE_LIMIT},
@@ -192,18 +213,3 @@ def failure_message(report: Report, result: CheckResult) -> str:
     if others > 0:
         lines.append(f"({others} other check(s) failed too)")
     return "\n".join(lines)
-
-
-def write_json(report: Report, path: str | Path) -> None:
-    """The report as strict JSON: infinite and NaN floats as null (a relative error over a reference
-    that is zero is infinite: timm's EfficientNet zero-initialises BatchNorm weights)."""
-    text = json.dumps(finite_or_none(report.to_json()), indent=2, allow_nan=False, default=_jsonable)
-    Path(path).write_text(text + "\n")
-
-
-def _jsonable(value):
-    if isinstance(value, float):
-        return None
-    if isinstance(value, (set, tuple)):
-        return list(value)
-    return str(value)

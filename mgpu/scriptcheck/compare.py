@@ -10,15 +10,14 @@ For each step, in this order, the first thing that differs is the divergence:
    against world 1, within the tolerance;
 4. the weights after the step: the same two comparisons.
 
-**The tolerance** (documented in docs/check-script.md). World 1 runs twice: A, and B, whose every
-gradient the optimizer uses is moved by `PERTURB * (|g| + rms(g))` per element with random signs
-(launch.PERTURB = 2^-22, two float32 roundings): a difference of the size that another summation
-order makes, which is what averaging shards over ranks changes. B's distance from A, tensor by
-tensor and step by step, is how far this computation carries such a difference (through the
-optimizer, the next forwards, ReLU kinks...). World N passes a tensor when its distance from A is at
-most `FACTOR` times that, or `FACTOR` times `FLOOR_ULPS` units in the last place of the tensor's
-largest element, whichever is larger. The floor covers step 1's gradients, which B cannot perturb
-before they are computed. Bitwise between ranks of one world: they apply the same gradients.
+**The tolerance** is the check core's rule (mgpu/check/tolerance.py; docs/guide/check-script.md),
+with check-script's spread: world 1 runs twice, A, and B, whose every gradient the optimizer uses
+is moved by `PERTURB * (|g| + rms(g))` per element with random signs (launch.PERTURB = 2^-22, two
+float32 roundings): a difference of the size that another summation order makes, which is what
+averaging shards over ranks changes. B's distance from A, tensor by tensor and step by step, is how
+far this computation carries such a difference. The floor's scale is the largest element of the
+tensor's module; it covers step 1's gradients, which B cannot perturb before they are computed.
+Bitwise between ranks of one world: they apply the same gradients.
 
 A world-1 rerun that differs where no perturbation reached (the data, the weights before step 1,
 step 1's gradients) means the script has randomness of its own: nothing can be compared, the
@@ -29,48 +28,57 @@ from __future__ import annotations
 
 import collections
 import math
+from dataclasses import dataclass, field
 
 import torch
 
-from mgpu.scriptcheck.data import StepData, data_divergence, example_digests, step_data
-from mgpu.scriptcheck.divergence import Divergence, WorldComparison
+from mgpu.check.divergence import Divergence
+from mgpu.check.records import StepRecord
+from mgpu.check.tolerance import allowed_error, eps_of, error, largest
+from mgpu.scriptcheck.data import StepData, data_divergence, step_data
 from mgpu.scriptcheck.inputs import Digest, tensor_digest
 
-__all__ = ["FACTOR", "FLOOR_ULPS", "Divergence", "WorldComparison", "compare_world", "reproducibility",
-           "common_factor", "example_digests"]
+__all__ = ["ScriptFacts", "WorldComparison", "compare_world", "reproducibility", "common_factor", "module_scales"]
 
-FACTOR = 16.0
-FLOOR_ULPS = 4.0
 # A common factor is named when every tensor's least-squares ratio is within this of it, and each
 # tensor is that multiple of world 1's to within RESIDUAL (relative).
 FACTOR_AGREE = 0.005
 RESIDUAL = 0.01
 
 
+@dataclass(frozen=True)
+class ScriptFacts:
+    """What the judge learned of the script from every rank's record that explains a divergence."""
+
+    batchnorm: tuple = ()        # BatchNorm modules normalising per rank (synchronised by the check at world N)
+    random_draws: dict = field(default_factory=dict)   # torch function -> draws inside a forward, beyond dropout
+
+
+@dataclass
+class WorldComparison:
+    world: int
+    status: str                # "pass", "fail", "finding", "not-compared"
+    steps: int                 # steps compared
+    first: Divergence | None = None
+    worst: dict = field(default_factory=dict)    # kind -> {"tensor", "step", "error", "allowed"}: largest error/allowed
+    notes: list = field(default_factory=list)
+    reason: str = ""
+
+    def to_json(self) -> dict:
+        return {"world": self.world, "status": self.status, "steps_compared": self.steps,
+                "first_divergence": self.first.to_json() if self.first else None, "worst": self.worst,
+                "notes": self.notes, "reason": self.reason}
+
+
 # -- tensors -------------------------------------------------------------------------------------------
 
-def _eps(t: torch.Tensor) -> float:
-    return torch.finfo(t.dtype).eps if t.is_floating_point() else 0.0
-
-
 def _err(a, b) -> tuple[float, float]:
-    """(largest absolute difference, relative to b's largest magnitude); inf when not comparable."""
+    """The core's error of two recorded values; a Digest or a missing value is infinitely far (0 when both are missing)."""
     if a is None or b is None:
         return (0.0, 0.0) if a is None and b is None else (math.inf, math.inf)
     if isinstance(a, Digest) or isinstance(b, Digest):
         return math.inf, math.inf
-    if a.shape != b.shape:
-        return math.inf, math.inf
-    if a.numel() == 0:
-        return 0.0, 0.0
-    d = (a.double() - b.double()).abs()
-    both_nan = torch.isnan(a.double()) & torch.isnan(b.double())
-    d = torch.where(both_nan, torch.zeros_like(d), d)
-    diff = float(d.max())
-    if math.isnan(diff):
-        return math.inf, math.inf
-    scale = float(b.double().abs().nan_to_num(0.0).max())
-    return diff, (diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf))
+    return error(a, b)
 
 
 def _same(a, b) -> bool:
@@ -86,12 +94,6 @@ def _same(a, b) -> bool:
         torch.nan_to_num(b, nan=0.0) if b.is_floating_point() else b)
 
 
-def _largest(t) -> float:
-    if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
-        return 0.0
-    return float(t.double().abs().nan_to_num(0.0).max())
-
-
 def module_scales(tensors: dict) -> dict:
     """name -> the largest magnitude among the tensors of its module ('fc1.weight' and 'fc1.bias'):
     the floor's scale. A bias before a BatchNorm has an exact gradient of zero: what it holds is the
@@ -99,22 +101,17 @@ def module_scales(tensors: dict) -> dict:
     by_module: dict = {}
     for name, t in tensors.items():
         key = name.rsplit(".", 1)[0] if "." in name else name
-        by_module[key] = max(by_module.get(key, 0.0), _largest(t))
+        by_module[key] = max(by_module.get(key, 0.0), largest(t))
     return {name: by_module[name.rsplit(".", 1)[0] if "." in name else name] for name in tensors}
 
 
-def allowed_error(a: torch.Tensor, b_run, scale: float | None = None) -> float:
-    """FACTOR * max(world 1's spread between its runs A and B, FLOOR_ULPS ulps of `scale`: the largest
-    element of A's module, module_scales)."""
+def _allowance(a, b_run, scale: float = 0.0) -> float:
+    """The core's rule for world 1's tensor `a`: the spread is run B's distance from it, the floor's
+    scale the largest of `a` and its module (module_scales); 0 (bitwise) for a digest or integers."""
     if a is None or isinstance(a, Digest) or not a.is_floating_point() or a.numel() == 0:
         return 0.0
-    spread = 0.0
-    if b_run is not None and not isinstance(b_run, Digest):
-        spread, _ = _err(b_run, a)
-        if not math.isfinite(spread):
-            spread = 0.0
-    floor = FLOOR_ULPS * _eps(a) * max(_largest(a), scale or 0.0)
-    return FACTOR * max(spread, floor)
+    spread = _err(b_run, a)[0] if b_run is not None and not isinstance(b_run, Digest) else 0.0
+    return allowed_error(spread, max(largest(a), scale), eps_of(a))
 
 
 def common_factor(actual: dict, reference: dict) -> float | None:
@@ -151,8 +148,8 @@ def _name_factor(c: float, n: int) -> str | None:
 
 # -- comparison ----------------------------------------------------------------------------------------
 
-def _records(run) -> list[list[dict]]:
-    return [r["records"] for r in run.ranks]
+def _records(run) -> list[list[StepRecord]]:
+    return [r.steps for r in run.ranks]
 
 
 def _track_worst(worst: dict, kind: str, tensor: str, step: int, err: float, allowed: float) -> None:
@@ -164,7 +161,7 @@ def _track_worst(worst: dict, kind: str, tensor: str, step: int, err: float, all
         worst[kind] = {"tensor": tensor, "step": step, "error": err, "allowed": allowed, "ratio": ratio}
 
 
-def _gradient_diagnosis(step: int, got: dict, ref: dict, n: int, sd: StepData, findings: dict) -> str:
+def _gradient_diagnosis(got: dict, ref: dict, n: int, sd: StepData, facts: ScriptFacts) -> str:
     c = common_factor(got, ref)
     if c is not None and abs(c - 1) <= FACTOR_AGREE:
         c = None  # world 1's gradients, only further off than rounding: no factor to name
@@ -184,7 +181,7 @@ def _gradient_diagnosis(step: int, got: dict, ref: dict, n: int, sd: StepData, f
         return (f"every gradient is {c:.3f} x world 1's, a common factor that is no power of N: a loss scale or "
                 "normaliser that changes with the world size (a count taken per rank, clipping by a norm that "
                 "differs)?")
-    extra = _explained(findings)
+    extra = _explained(facts)
     if extra:
         return extra
     micro = max(sd.forwards_n) if sd.forwards_n else 1
@@ -200,28 +197,28 @@ def _gradient_diagnosis(step: int, got: dict, ref: dict, n: int, sd: StepData, f
             "where DDP averages")
 
 
-def _explained(findings: dict) -> str:
+def _explained(facts: ScriptFacts) -> str:
     """A known reason for world N to differ, from the findings: randomness in the forward. (BatchNorm
     is no reason: the check synchronises it over the ranks at world N, batchnorm.SyncedBatchNorm.)"""
-    if findings.get("random_draws"):
-        what = ", ".join(f"{k} ({v} calls)" for k, v in sorted(findings["random_draws"].items()))
+    if facts.random_draws:
+        what = ", ".join(f"{k} ({v} calls)" for k, v in sorted(facts.random_draws.items()))
         return (f"the forward draws random numbers beyond dropout ({what}): each rank draws its own for its shard, "
                 "so world N cannot match world 1 exactly (randomness finding)")
     return ""
 
 
-def _update_diagnosis(step: int, got_after: dict, got_before: dict, ref_after: dict, ref_before: dict, n: int,
-                      findings: dict) -> str:
+def _update_diagnosis(got: tuple[dict, dict], ref: tuple[dict, dict], n: int, facts: ScriptFacts) -> str:
+    """Why the weights part although the gradients agree; got and ref: (weights before, after) the step."""
     def upd(after, before):
         return {k: (a.double() - before[k].double()) for k, a in after.items()
                 if isinstance(a, torch.Tensor) and isinstance(before.get(k), torch.Tensor)}
-    c = common_factor(upd(got_after, got_before), upd(ref_after, ref_before))
+    c = common_factor(upd(got[1], got[0]), upd(ref[1], ref[0]))
     if c is not None and abs(c - 1) > FACTOR_AGREE:
         name = _name_factor(c, n)
         return (f"the gradients agree, but every update is {c:.3f} x world 1's" + (f" = {name}" if name else "") +
                 ": the learning rate (or another optimizer setting) changes with the world size (a linear "
                 "scaling rule?)")
-    return _explained(findings) or (
+    return _explained(facts) or (
         "the gradients agree, but the optimizer step does not: an optimizer setting, its state or the schedule "
         "depends on the world size")
 
@@ -229,114 +226,120 @@ def _update_diagnosis(step: int, got_after: dict, got_before: dict, ref_after: d
 def reproducibility(a, b) -> Divergence | None:
     """Where world 1's rerun B first differs from run A where no perturbation reached: the weights
     each model held when first called (digests taken before B's perturbation), the data of any step."""
-    ia, ib = a.ranks[0].get("init_digests", {}), b.ranks[0].get("init_digests", {})
+    ia, ib = a.ranks[0].init_digests, b.ranks[0].init_digests
     for name, d in ia.items():
         if ib.get(name) != d:
-            return Divergence(0, "start", name, None, None, 0.0, None,
-                              "two world-1 runs start from other weights: the model's initialisation is not seeded")
-    ra, rb = a.ranks[0]["records"], b.ranks[0]["records"]
+            return Divergence(0, kind="start", tensor=name, allowed=0.0,
+                              diagnosis="two world-1 runs start from other weights: the model's initialisation is "
+                                        "not seeded")
+    ra, rb = a.ranks[0].steps, b.ranks[0].steps
     for i, (x, y) in enumerate(zip(ra, rb)):
         sd = step_data(x, [y], 1)
         if collections.Counter(sd.world_1) != collections.Counter(sd.ranks[0]):
-            return Divergence(i + 1, "data", None, None, None, None, None,
-                              "two world-1 runs took other examples: the data order (or an augmentation) is not "
+            return Divergence(i + 1, kind="data",
+                              diagnosis="two world-1 runs took other examples: the data order (or an augmentation) is not "
                               "seeded", detail=f"inputs of {_root_name(x)}")
     return None
 
 
-def _root_name(rec: dict) -> str:
-    names = {f.get("root_name") for f in rec["forwards"]}
+def _root_name(rec: StepRecord) -> str:
+    names = {f.root_name for f in rec.forwards}
     return ", ".join(sorted(n for n in names if n)) or "the model"
 
 
-def _ranks_apart(rn: list, n: int, key: str, step: int) -> Divergence | None:
+def _ranks_apart(rn: list[StepRecord], n: int, key: str, step: int) -> Divergence | None:
     """Every rank's gradients ("grads") or weights after the step ("after") against rank 0's, bitwise:
     the ranks of one world apply the same update."""
     what = "gradient" if key == "grads" else "weight"
     for r in range(1, n):
-        for name, t in rn[0][key].items():
-            if not _same(rn[r][key].get(name), t):
-                e = _err(rn[r][key].get(name), t)
+        for name, t in getattr(rn[0], key).items():
+            if not _same(getattr(rn[r], key).get(name), t):
+                e = _err(getattr(rn[r], key).get(name), t)
                 why = (f"rank {r}'s gradient differs from rank 0's as the optimizer steps: the gradients are not "
                        "synchronised (no DDP, or an all_reduce missing for this parameter)" if key == "grads" else
                        f"rank {r}'s weights part from rank 0's in this step although their gradients agree: the "
                        "optimizer differs between ranks (a setting by rank, a step skipped on one rank?)")
-                return Divergence(step, "ranks", f"{what} {name}", r, e[0] if math.isfinite(e[0]) else None, 0.0,
-                                  None, why)
+                return Divergence(step, kind="ranks", tensor=f"{what} {name}", rank=r,
+                                  max_abs=e[0] if math.isfinite(e[0]) else None, allowed=0.0, diagnosis=why)
     return None
 
 
-def _start_apart(rn: list, r1: dict, n: int) -> Divergence | None:
+def _start_apart(rn: list[StepRecord], r1: StepRecord, n: int) -> Divergence | None:
     """Before step 1: the replicas against rank 0 (bitwise), then world N's rank 0 against world 1."""
     for r in range(1, n):
-        for name, t in rn[0].get("before", {}).items():
-            if not _same(rn[r].get("before", {}).get(name), t):
-                e = _err(rn[r]["before"].get(name), t)
-                return Divergence(0, "ranks", name, r, e[0] if math.isfinite(e[0]) else None, 0.0, None,
-                                  "replicas start apart: broadcast rank 0's weights before training (DDP does at "
+        for name, t in (rn[0].before or {}).items():
+            if not _same((rn[r].before or {}).get(name), t):
+                e = _err((rn[r].before or {}).get(name), t)
+                return Divergence(0, kind="ranks", tensor=name, rank=r, max_abs=e[0] if math.isfinite(e[0]) else None,
+                                  allowed=0.0, diagnosis="replicas start apart: broadcast rank 0's weights before training (DDP does at "
                                   "construction; a hand-made loop must dist.broadcast every parameter), or "
                                   "build the model from the same seed on every rank")
-    scales = module_scales(r1.get("before", {}))
-    for name, t in r1.get("before", {}).items():
-        got = rn[0].get("before", {}).get(name, "missing")
+    scales = module_scales(r1.before or {})
+    for name, t in (r1.before or {}).items():
+        got = (rn[0].before or {}).get(name, "missing")
         if isinstance(got, str):
-            return Divergence(0, "start", name, 0, None, None, None, f"world {n} has no parameter {name} in its optimizer")
+            return Divergence(0, kind="start", tensor=name, rank=0,
+                              diagnosis=f"world {n} has no parameter {name} in its optimizer")
         e = _err(got, t)
-        allowed = allowed_error(t, None, scales[name])
+        allowed = _allowance(t, None, scales[name])
         if not e[0] <= allowed:
-            return Divergence(0, "start", name, 0, e[0], allowed, e[1],
-                              f"world {n} starts from other weights than world 1: the model is built from "
+            return Divergence(0, kind="start", tensor=name, rank=0, max_abs=e[0], allowed=allowed, max_rel=e[1],
+                              diagnosis=f"world {n} starts from other weights than world 1: the model is built from "
                               "another random state at this world size; seed before building it, with "
                               "the same seed at every world size (not seed + rank), or load the same checkpoint")
     return None
 
 
-def _gradients_apart(step: int, rn: list, r1: dict, rb: dict | None, n: int, sd: StepData, findings: dict,
+def _gradients_apart(step: int, rn: list[StepRecord], refs: tuple, n: int, sd: StepData, facts: ScriptFacts,
                      worst: dict) -> Divergence | None:
-    """World N's rank 0 gradients against world 1's, within the tolerance (run B's spread)."""
-    scales = module_scales(r1["grads"])
-    for name, g1 in r1["grads"].items():
-        gn = rn[0]["grads"].get(name, "missing")
+    """World N's rank 0 gradients against world 1's (refs: run A's step and run B's, or None),
+    within the tolerance (run B's spread)."""
+    r1, rb = refs
+    scales = module_scales(r1.grads)
+    for name, g1 in r1.grads.items():
+        gn = rn[0].grads.get(name, "missing")
         if isinstance(gn, str):
-            return Divergence(step, "gradient", name, 0, None, None, None, f"world {n}'s optimizer has no parameter {name}")
+            return Divergence(step, kind="gradient", tensor=name, rank=0,
+                              diagnosis=f"world {n}'s optimizer has no parameter {name}")
         if (g1 is None) != (gn is None):
-            return Divergence(step, "gradient", name, 0, None, None, None,
-                              f"world {'1' if g1 is None else str(n)} has no gradient for it: a parameter "
-                              "unused at one world size")
+            return Divergence(step, kind="gradient", tensor=name, rank=0,
+                              diagnosis=f"world {'1' if g1 is None else str(n)} has no gradient for it: a parameter "
+                                        "unused at one world size")
         if g1 is None:
             continue
         e = _err(gn, g1)
-        allowed = allowed_error(g1, rb["grads"].get(name) if rb else None, scales[name])
+        allowed = _allowance(g1, rb.grads.get(name) if rb else None, scales[name])
         _track_worst(worst, "gradient", name, step, e[0], allowed)
         if not e[0] <= allowed:
-            return Divergence(step, "gradient", name, 0, e[0], allowed, e[1],
-                              _gradient_diagnosis(step, rn[0]["grads"], r1["grads"], n, sd, findings))
+            return Divergence(step, kind="gradient", tensor=name, rank=0, max_abs=e[0], allowed=allowed, max_rel=e[1],
+                              diagnosis=_gradient_diagnosis(rn[0].grads, r1.grads, n, sd, facts))
     return None
 
 
-def _weights_apart(i: int, recs_n: list, ref: list, rb: dict | None, n: int, findings: dict,
-                   worst: dict) -> Divergence | None:
-    """World N's rank 0 weights after step i + 1 against world 1's, within the tolerance."""
+def _weights_apart(i: int, recs_n: list, refs: tuple, n: int, facts: ScriptFacts, worst: dict) -> Divergence | None:
+    """World N's rank 0 weights after step i + 1 against world 1's (refs: run A's steps, run B's
+    step i or None), within the tolerance."""
+    ref, rb = refs
     step, rn0, r1 = i + 1, recs_n[0][i], ref[i]
-    scales = module_scales(r1["after"])
-    for name, w1 in r1["after"].items():
-        e = _err(rn0["after"].get(name), w1)
-        allowed = allowed_error(w1, rb["after"].get(name) if rb else None, scales[name])
+    scales = module_scales(r1.after)
+    for name, w1 in r1.after.items():
+        e = _err(rn0.after.get(name), w1)
+        allowed = _allowance(w1, rb.after.get(name) if rb else None, scales[name])
         _track_worst(worst, "weight", name, step, e[0], allowed)
         if not e[0] <= allowed:
-            before_n = rn0["before"] if i == 0 else recs_n[0][i - 1]["after"]
-            before_1 = r1["before"] if i == 0 else ref[i - 1]["after"]
-            return Divergence(step, "weight", name, 0, e[0], allowed, e[1],
-                              _update_diagnosis(step, rn0["after"], before_n, r1["after"], before_1, n, findings))
+            before_n = rn0.before if i == 0 else recs_n[0][i - 1].after
+            before_1 = r1.before if i == 0 else ref[i - 1].after
+            return Divergence(step, kind="weight", tensor=name, rank=0, max_abs=e[0], allowed=allowed, max_rel=e[1],
+                              diagnosis=_update_diagnosis((before_n, rn0.after), (before_1, r1.after), n, facts))
     return None
 
 
-def compare_world(run_n, run_a, run_b, findings: dict, arg_hint: str) -> WorldComparison:
+def compare_world(run_n, run_a, run_b, facts: ScriptFacts, batch_hint: str) -> WorldComparison:
     """World N (all ranks) against world 1 (run A, tolerance from run B), step by step: the start, the
     data, the gradients (between ranks, then against world 1), the weights after the step (the same)."""
     n = run_n.world
     recs_n = _records(run_n)
-    ref, per = run_a.ranks[0]["records"], run_b.ranks[0]["records"]
+    ref, per = run_a.ranks[0].steps, run_b.ranks[0].steps
     steps = min([len(ref)] + [len(r) for r in recs_n])
     out = WorldComparison(n, "pass", steps)
     if len(recs_n[0]) != len(ref):
@@ -349,21 +352,20 @@ def compare_world(run_n, run_a, run_b, findings: dict, arg_hint: str) -> WorldCo
         r1, rb = ref[i], per[i] if i < len(per) else None
         rn = [recs[i] for recs in recs_n]
         d = None
-        if (rn[0]["optimizer"], rn[0]["step"]) != (r1["optimizer"], r1["step"]):
-            d = Divergence(step, "data", None, None, None, None, None,
-                           "the optimizers step in another order at this world size",
-                           detail=f"world {n} stepped optimizer {rn[0]['optimizer']}, world 1 optimizer {r1['optimizer']}")
+        if (rn[0].optimizer, rn[0].step) != (r1.optimizer, r1.step):
+            d = Divergence(step, kind="data", diagnosis="the optimizers step in another order at this world size",
+                           detail=f"world {n} stepped optimizer {rn[0].optimizer}, world 1 optimizer {r1.optimizer}")
         if d is None and i == 0:
             d = _start_apart(rn, r1, n)
         if d is None:
             sd = step_data(r1, rn, n)
-            d = data_divergence(step, sd, n, _root_name(r1), arg_hint, previous_1)
+            d = data_divergence(step, sd, n, _root_name(r1), batch_hint, previous_1)
             previous_1 = len(sd.world_1)
-            d = (d or _ranks_apart(rn, n, "grads", step) or _gradients_apart(step, rn, r1, rb, n, sd, findings, worst)
-                 or _ranks_apart(rn, n, "after", step) or _weights_apart(i, recs_n, ref, rb, n, findings, worst))
+            d = (d or _ranks_apart(rn, n, "grads", step) or _gradients_apart(step, rn, (r1, rb), n, sd, facts, worst)
+                 or _ranks_apart(rn, n, "after", step) or _weights_apart(i, recs_n, (ref, rb), n, facts, worst))
         if d is not None:
             out.first, out.worst = d, worst
-            explained = _explained(findings)
+            explained = _explained(facts)
             finding = explained and d.kind in ("gradient", "weight") and d.diagnosis == explained
             out.status = "finding" if finding else "fail"
             return out

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mgpu.scriptcheck.divergence import Divergence
+from mgpu.check.divergence import Divergence
+from mgpu.check.records import ForwardRecord, StepRecord
 from mgpu.scriptcheck.inputs import tensor_digest
 
 __all__ = ["StepData", "step_data", "data_divergence", "example_digests"]
@@ -27,8 +28,8 @@ def _batch_dims(forwards_1: list, forwards_n: list, n: int) -> dict:
     dims = {}
     for f1 in forwards_1[:1]:
         for fn in forwards_n[:1]:
-            for key, t1 in f1["tensors"].items():
-                tn = fn["tensors"].get(key)
+            for key, t1 in f1.tensors.items():
+                tn = fn.tensors.get(key)
                 if not isinstance(t1, torch.Tensor) or not isinstance(tn, torch.Tensor) or t1.dim() != tn.dim():
                     continue
                 hits = [d for d in range(t1.dim()) if t1.shape[d] == n * tn.shape[d] and tn.shape[d] > 0]
@@ -43,7 +44,7 @@ def _pads(forwards: list, dims: dict) -> dict:
     which is the padding where a batch is padded to its longest example, and harmless otherwise."""
     ends, starts = collections.defaultdict(collections.Counter), collections.defaultdict(collections.Counter)
     for f in forwards:
-        for key, t in f["tensors"].items():
+        for key, t in f.tensors.items():
             if isinstance(t, torch.Tensor) and t.dim() == 2 and not t.is_floating_point() and not t.is_complex():
                 rows = t if dims.get(key, 0) == 0 else t.t()
                 if rows.shape[1]:
@@ -65,9 +66,9 @@ def _strip(row: torch.Tensor, pad: tuple) -> torch.Tensor:
     return row[lo:hi]
 
 
-def example_digests(forward: dict, dims: dict, pads: dict) -> list[str]:
+def example_digests(forward: ForwardRecord, dims: dict, pads: dict) -> list[str]:
     """One digest per example of a forward: its rows of every batched data tensor, padding stripped."""
-    tensors = forward["tensors"]
+    tensors = forward.tensors
     sizes = collections.Counter()
     for key, t in tensors.items():
         if isinstance(t, torch.Tensor):
@@ -104,9 +105,10 @@ class StepData:
     forwards_n: list         # per rank: forwards in this step
 
 
-def step_data(rec_1: dict, recs_n: list, n: int) -> StepData:
-    f1 = rec_1["forwards"]
-    fn_all = [r["forwards"] for r in recs_n]
+def step_data(rec_1: StepRecord, recs_n: list[StepRecord], n: int) -> StepData:
+    """The examples of one step at world 1 and on every rank at world n."""
+    f1 = rec_1.forwards
+    fn_all = [r.forwards for r in recs_n]
     dims = _batch_dims(f1, fn_all[0] if fn_all else [], n)
     pads = _pads(f1 + [f for fs in fn_all for f in fs], dims)
     d1 = [d for f in f1 for d in example_digests(f, dims, pads)]
@@ -133,24 +135,24 @@ def data_divergence(step: int, sd: StepData, n: int, root: str, arg_hint: str,
     same_everywhere = n > 1 and all(collections.Counter(r) == collections.Counter(sd.ranks[0]) for r in sd.ranks[1:]) \
         and sd.ranks[0]
     if same_everywhere:
-        return Divergence(step, "data", None, None, None, None, None,
-                          "every rank saw the same examples: the data are not sharded over the ranks; give the "
+        return Divergence(step, kind="data",
+                          diagnosis="every rank saw the same examples: the data are not sharded over the ranks; give the "
                           "DataLoader a DistributedSampler (or shard the dataset by rank), and keep the global "
                           "batch the same at every world size", detail=f"{tensor}: {sizes}")
     if total_n != total_1 and previous_1 is not None and total_1 < previous_1:
-        return Divergence(step, "data", None, None, None, None, None,
-                          f"the last, partial batch of an epoch: world 1 took {total_1} of the {previous_1} a step "
+        return Divergence(step, kind="data",
+                          diagnosis=f"the last, partial batch of an epoch: world 1 took {total_1} of the {previous_1} a step "
                           f"holds, world {n} {total_n}: its sampler pads the epoch's end to whole per-rank batches by "
                           "repeating examples (DistributedSampler's padding, accelerate's even_batches); "
                           "drop_last=True keeps every step's global batch the same, or check fewer --steps",
                           detail=f"{tensor}: {sizes}")
     if total_n != total_1:
         hint = ("each rank took a whole world-1 batch: " if total_n == n * total_1 else "")
-        return Divergence(step, "data", None, None, None, None, None,
-                          f"the global batch changed size: {hint}per-device batch size? Keep the global batch "
+        return Divergence(step, kind="data",
+                          diagnosis=f"the global batch changed size: {hint}per-device batch size? Keep the global batch "
                           f"fixed, e.g. {arg_hint}", detail=f"{tensor}: {sizes}")
-    return Divergence(step, "data", None, None, None, None, None,
-                      f"the global batch holds other examples than world 1's ({shared} of {total_1} shared): the "
+    return Divergence(step, kind="data",
+                      diagnosis=f"the global batch holds other examples than world 1's ({shared} of {total_1} shared): the "
                       "order of the data depends on the world size or the rank (a sampler or shuffle seeded by "
                       "rank, a DistributedSampler at one world size only, random augmentation drawn per rank?)",
                       detail=f"{tensor}: {sizes}")

@@ -10,6 +10,8 @@ import sys
 import torch
 from torch import nn
 
+from mgpu.check.records import ForwardRecord
+
 __all__ = ["Digest", "tensor_digest", "call_kwargs", "data_record", "KEEP_INPUT_NUMEL"]
 
 # A forward's data tensors are kept whole up to this many elements (then per-example digests only):
@@ -61,7 +63,7 @@ def call_kwargs(module: nn.Module) -> dict:
     return {}
 
 
-def data_record(args: tuple, kwargs: dict) -> dict | None:
+def data_record(args: tuple, kwargs: dict) -> ForwardRecord | None:
     """The data tensors of one forward: tensors that are no autograd result and need no gradient
     (activations passed between models are not data), by position or keyword; each kept whole when
     small (KEEP_INPUT_NUMEL in all), else as per-example digests along dim 0."""
@@ -99,4 +101,4 @@ def data_record(args: tuple, kwargs: dict) -> dict | None:
         else:
             rows = [tensor_digest(t[i]) for i in range(t.shape[0])] if t.dim() else [tensor_digest(t)]
             kept[key] = ("rows", rows, tuple(t.shape), str(t.dtype))
-    return {"tensors": kept}
+    return ForwardRecord(kept)

@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from mgpu.check.records import RankTiming
 from mgpu.scriptcheck.recorder import Recorder, StopScript
 
 __all__ = ["run_rank"]
@@ -96,9 +97,8 @@ def run_rank(cfg: dict) -> dict:
         sys.stderr.flush()
     script_end = time.time()
     result = recorder.result()
-    result.update(rank=rank, world=int(os.environ.get("WORLD_SIZE", "1")),
-                  timing={"start": started, "script_start": script_start, "script_end": script_end,
-                          "first_forward": recorder.first_forward, "steps": recorder.step_times})
+    result.rank, result.world = rank, int(os.environ.get("WORLD_SIZE", "1"))
+    result.timing = RankTiming(started, script_start, script_end, recorder.first_forward, recorder.step_times)
     torch.save(result, os.path.join(cfg["folder"], f"{cfg['tag']}-rank{rank}.pt"))
     _leave_process_group()
-    return {"rank": rank, "steps": len(result["records"])}
+    return {"rank": rank, "steps": len(result.steps)}

@@ -34,12 +34,12 @@ import math
 import os
 import threading
 import time
-from typing import Any
 
 import torch
 from torch import nn
 
-from mgpu.parity.dropout import DropoutOff, random_layer_modules, stochastic_depth_caller
+from mgpu.check.dropout import DropoutOff, random_layer_modules, stochastic_depth_caller
+from mgpu.check.records import ForwardRecord, RankRecord, StepRecord
 from mgpu.scriptcheck.batchnorm import SyncedBatchNorm
 from mgpu.scriptcheck.inputs import Digest, call_kwargs, data_record, tensor_digest
 
@@ -132,11 +132,11 @@ class Recorder:
         self.depth = _Depth()
         self.roots: dict[int, nn.Module] = {}            # id -> root module with parameters, in order seen
         self.root_params: dict[int, set[int]] = {}
-        self.pending: list[dict] = []                    # forwards since the last step
+        self.pending: list[ForwardRecord] = []           # forwards since the last step
         self.optimizers: dict[int, int] = {}             # id(optimizer) -> index, in order of first step
         self.names: dict[int, dict[int, str]] = {}       # optimizer index -> id(param) -> name
         self.counts: dict[int, int] = {}                 # optimizer index -> steps made
-        self.records: list[dict] = []                    # one per optimizer step, in order
+        self.records: list[StepRecord] = []              # one per optimizer step, in order
         self.random_draws: dict[str, int] = {}
         self.random_where: dict[str, str] = {}
         self.forwards = 0
@@ -207,9 +207,7 @@ class Recorder:
         if self.first_forward is None:
             self.first_forward = time.time()
         if record is not None:
-            record["root"] = key
-            record["root_name"] = type(module).__name__
-            record["training"] = module.training
+            record.root, record.root_name, record.training = key, type(module).__name__, module.training
             self.pending.append(record)
             self.forwards += 1
 
@@ -294,15 +292,15 @@ class Recorder:
         names = self._names(index, params)
         mine = {id(p) for p in params}
         trained = set().union(*(self.root_params.get(r, set()) for r in self.roots))
-        forwards = [f for f in self.pending if self.root_params[f["root"]] & mine]
+        forwards = [f for f in self.pending if self.root_params[f.root] & mine]
         used = {id(f) for f in forwards}
-        if any(f["training"] for f in forwards):  # an evaluation under grad between steps is no training data
-            forwards = [f for f in forwards if f["training"]]
-        self.pending = [f for f in self.pending if id(f) not in used and self.root_params[f["root"]] & trained]
-        rec: dict[str, Any] = {"optimizer": index, "step": k, "optimizer_type": type(optimizer).__name__,
-                               "forwards": forwards, "grads": {}, "after": {}}
+        if any(f.training for f in forwards):  # an evaluation under grad between steps is no training data
+            forwards = [f for f in forwards if f.training]
+        self.pending = [f for f in self.pending if id(f) not in used and self.root_params[f.root] & trained]
+        rec = StepRecord(optimizer=index, step=k, optimizer_type=type(optimizer).__name__, forwards=forwards,
+                         grads={})
         if k == 1:
-            rec["before"] = {names[id(p)]: self._keep(_full(p)) for p in params}
+            rec.before = {names[id(p)]: self._keep(_full(p)) for p in params}
         for i, p in enumerate(params):
             name = names[id(p)]
             g = None if p.grad is None else _full(p.grad)
@@ -311,7 +309,7 @@ class Recorder:
                 g = g + noise
                 with torch.no_grad():
                     _local(p.grad).add_(noise.to(p.grad.device, p.grad.dtype))
-            rec["grads"][name] = None if g is None else self._keep(g)
+            rec.grads[name] = None if g is None else self._keep(g)
         self._current = rec
 
     def _noise(self, g: torch.Tensor, step: int, i: int) -> torch.Tensor:
@@ -330,17 +328,16 @@ class Recorder:
         rec = self._current
         params = self._params(optimizer)
         names = self.names[index]
-        rec["after"] = {names[id(p)]: self._keep(_full(p)) for p in params}
-        self.counts[index] = rec["step"]
+        rec.after = {names[id(p)]: self._keep(_full(p)) for p in params}
+        self.counts[index] = rec.step
         self.records.append(rec)
         self.step_times.append(time.time())
-        if index == 0 and rec["step"] >= self.steps:
+        if index == 0 and rec.step >= self.steps:
             self.stopped = True
             raise StopScript()
 
-    def result(self) -> dict:
-        return {"records": self.records, "forwards": self.forwards, "batchnorm": self.batchnorm,
-                "init_digests": self.init_digests,
-                "random_modules": self.random_modules, "dropout_calls": dict(self.mode.calls),
-                "random_draws": dict(self.random_draws), "random_where": dict(self.random_where),
-                "optimizers": len(self.optimizers), "stopped": self.stopped}
+    def result(self) -> RankRecord:
+        return RankRecord(steps=self.records, forwards=self.forwards, batchnorm=self.batchnorm,
+                          init_digests=self.init_digests, random_modules=self.random_modules,
+                          dropout_calls=dict(self.mode.calls), random_draws=dict(self.random_draws),
+                          random_where=dict(self.random_where), optimizers=len(self.optimizers), stopped=self.stopped)

@@ -1,18 +1,22 @@
-"""What `mgpu check-script` found: the verdict, each world's comparison, the findings; as text and JSON."""
+"""The report stage of check-script: the verdict, each world's comparison, the findings; as text and JSON.
+
+    report = ScriptReport.of(target, options, runs, judgement, timings)
+    print(report.text()); report.write_json("check.json"); report.exit_code(strict=True)
+"""
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, field
 
-from mgpu.scriptcheck.divergence import Divergence, WorldComparison
+from mgpu.check.divergence import Divergence
+from mgpu.check.report import CheckReport, Verdict
+from mgpu.scriptcheck.compare import WorldComparison
 
-__all__ = ["ScriptReport", "findings_of", "timings_of"]
+__all__ = ["ScriptReport", "timings_of"]
 
 
 @dataclass
-class ScriptReport:
+class ScriptReport(CheckReport):
     target: str
     args: list
     worlds: tuple
@@ -20,31 +24,31 @@ class ScriptReport:
     runs: list = field(default_factory=list)     # WorldRun
     comparisons: list = field(default_factory=list)  # WorldComparison
     failures: list = field(default_factory=list)     # RankFailure
-    findings: list = field(default_factory=list)     # {"name", "text"}
+    findings: list = field(default_factory=list)     # Finding
     notes: list = field(default_factory=list)
     unreproducible: Divergence | None = None
     seconds: float = 0.0
     timings: dict = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, target, options, runs: list, judgement) -> "ScriptReport":
+        """The report of a judged check (judge.Judgement); seconds and timings are set by the caller."""
+        return cls(target.label(), list(target.args), options.worlds, options.steps, runs=runs,
+                   comparisons=judgement.comparisons, failures=judgement.failures, findings=judgement.findings,
+                   notes=judgement.notes, unreproducible=judgement.unreproducible)
+
     # -- verdict -----------------------------------------------------------------------------------
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> Verdict:
         if self.failures or any(c.status == "fail" for c in self.comparisons):
-            return "failed"
+            return Verdict.FAILED
         if self.unreproducible is not None or any(c.status == "finding" for c in self.comparisons):
-            return "not verified"
-        return "passed"
+            return Verdict.NOT_VERIFIED
+        return Verdict.PASSED
 
     @property
     def verified(self) -> bool:
-        return self.verdict == "passed"
-
-    def exit_code(self, strict: bool = False) -> int:
-        if self.verdict == "failed":
-            return 1
-        if strict and (self.verdict != "passed" or self.findings):
-            return 1
-        return 0
+        return self.verdict == Verdict.PASSED
 
     def first_failure(self) -> str:
         """The message of an AssertionError: what failed first, or why nothing could be verified."""
@@ -58,7 +62,7 @@ class ScriptReport:
         return self.summary()
 
     def _steps_made(self) -> int:
-        return min((len(r.ranks[0]["records"]) for r in self.runs if r.world == 1 and r.ranks), default=0)
+        return min((len(r.ranks[0].steps) for r in self.runs if r.world == 1 and r.ranks), default=0)
 
     def _unreproducible_text(self) -> str:
         d = self.unreproducible
@@ -101,11 +105,11 @@ class ScriptReport:
                  f"{', '.join(map(str, self.worlds))}, {self.steps} optimizer step(s) asked"]
         a = next((r for r in self.runs if r.world == 1 and r.run == "A" and r.ranks), None)
         if a is not None:
-            recs = a.ranks[0]["records"]
+            recs = a.ranks[0].steps
             if recs:
-                kinds = sorted({r["optimizer_type"] for r in recs})
+                kinds = sorted({r.optimizer_type for r in recs})
                 lines.append(f"  world 1 recorded {len(recs)} step(s) of {', '.join(kinds)} over "
-                             f"{len(recs[0]['grads'])} parameter(s), {a.ranks[0]['forwards']} model forward(s)")
+                             f"{len(recs[0].grads)} parameter(s), {a.ranks[0].forwards} model forward(s)")
         for f in self.failures:
             lines.append("  " + f.describe())
         if self.unreproducible is not None:
@@ -114,7 +118,7 @@ class ScriptReport:
             lines.append("  " + _comparison_line(c))
             lines.extend(f"    note: {n}" for n in c.notes)
         for f in self.findings:
-            lines.append(f"  finding {f['name']}: {f['text']}")
+            lines.append(f"  finding {f.name}: {f.text}")
         lines.extend(f"  note: {n}" for n in self.notes)
         if self.timings:
             lines.append("  time: " + _timing_line(self.timings))
@@ -123,32 +127,17 @@ class ScriptReport:
 
     def to_json(self) -> dict:
         return {"script": self.target, "args": list(self.args), "worlds": list(self.worlds), "steps": self.steps,
-                "verdict": self.verdict, "verified": self.verified, "exit_code": self.exit_code(),
+                "verdict": self.verdict.value, "verified": self.verified, "exit_code": self.exit_code(),
                 "summary": self.summary(),
                 "failures": [{"world": f.world, "rank": f.rank, "kind": f.kind, "message": f.message,
                               "tail": f.tail} for f in self.failures],
                 "unreproducible": self.unreproducible.to_json() if self.unreproducible else None,
                 "comparisons": [c.to_json() for c in self.comparisons],
-                "findings": self.findings, "notes": self.notes,
+                "findings": [f.to_json() for f in self.findings], "notes": self.notes,
                 "runs": [{"world": r.world, "run": r.run or None, "device": r.device, "args": r.args,
-                          "seconds": round(r.seconds, 3), "steps": len(r.ranks[0]["records"]) if r.ranks else None}
+                          "seconds": round(r.seconds, 3), "steps": len(r.ranks[0].steps) if r.ranks else None}
                          for r in self.runs],
                 "seconds": round(self.seconds, 3), "timings": self.timings}
-
-    def write_json(self, path: str) -> None:
-        with open(path, "w") as f:
-            json.dump(_finite(self.to_json()), f, indent=1)
-            f.write("\n")
-
-
-def _finite(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
 
 
 def _comparison_line(c: WorldComparison) -> str:
@@ -162,66 +151,6 @@ def _comparison_line(c: WorldComparison) -> str:
     return f"world {c.world} against world 1: {word} {c.first.describe(c.world)}"
 
 
-def findings_of(runs: list) -> tuple[list, dict]:
-    """The findings, from every rank's record: random-layers, randomness, batch-mixing; and the raw
-    facts compare.py uses to explain a divergence."""
-    dropout_calls, modules, draws, where, bn = {}, [], {}, {}, []
-    for run in runs:
-        for r in run.ranks:
-            for k, v in r["dropout_calls"].items():
-                dropout_calls[k] = max(dropout_calls.get(k, 0), v)
-            modules += [m for m in r["random_modules"] if m not in modules]
-            for k, v in r["random_draws"].items():
-                draws[k] = max(draws.get(k, 0), v)
-            for k, v in r["random_where"].items():
-                where.setdefault(k, v)
-            bn += [m for m in r["batchnorm"] if m not in bn]
-    out = []
-    if dropout_calls or modules:
-        parts = []
-        if modules:
-            parts.append(f"{len(modules)} module(s): {_listed(modules)}")
-        parts += [f"{v} call(s) to {k} in a run" for k, v in sorted(dropout_calls.items())]
-        out.append({"name": "random-layers", "text": (
-            "dropout and stochastic depth switched off in every process (DropoutOff, at the function level): "
-            f"{'; '.join(parts)}. With them on, each rank draws its own masks: parity can then only be statistical")})
-    if draws:
-        what = "; ".join(f"{k}: {v} call(s) in a run" + (f", first in {where[k]}" if k in where else "")
-                         for k, v in sorted(draws.items()))
-        out.append({"name": "randomness", "text": (
-            f"the forward draws random numbers beyond dropout ({what}): each rank draws its own for its shard, so "
-            "world N matches world 1 only where the draws do not matter; draw them from the input, or switch them "
-            "off for the check")})
-    if bn:
-        out.append({"name": "batch-mixing", "text": (
-            f"BatchNorm without SyncBatchNorm: {_listed(bn)}: as the script is, each rank normalises over its own "
-            "shard and world 1 over the whole batch, so its training depends on the world size. The comparison ran "
-            "it synchronised over the ranks (SyncBatchNorm's statistics, put in by the check at world N), so that the "
-            "rest of the loop is checked; for training that does not depend on the world size convert with "
-            "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) (CUDA), or use GroupNorm/LayerNorm")})
-    zero = _zero_gradients(runs)
-    if zero:
-        out.append({"name": "zero-gradients", "text": (
-            f"every gradient world 1 recorded is zero ({zero}): a loss that cannot move the weights passes any "
-            "comparison of gradients, so this one checked little (cross-entropy over a single class, a loss from "
-            "detached tensors?); give the check a loss that depends on the weights")})
-    return out, {"batchnorm": bn, "random_draws": draws}
-
-
-def _zero_gradients(runs: list) -> str:
-    """"K step(s), P parameter(s)" when world 1's first run recorded gradients and every one is zero."""
-    a = next((r for r in runs if r.world == 1 and r.run == "A" and r.failure is None and r.ranks), None)
-    records = a.ranks[0]["records"] if a is not None else []
-    grads = [g for rec in records for g in rec["grads"].values() if g is not None]
-    if not grads or any(bool(g.ne(0).any()) for g in grads):
-        return ""
-    return f"{len(records)} step(s), {len(records[0]['grads'])} parameter(s)"
-
-
-def _listed(items: list, most: int = 6) -> str:
-    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
-
-
 def timings_of(runs: list, total: float, compare_s: float, setup_s: float) -> dict:
     """Where the time went: per run, the launch (agent, rendezvous, fork: until the rank's code ran),
     the script up to its first model forward (its imports, process group, model, data), its recorded
@@ -230,10 +159,10 @@ def timings_of(runs: list, total: float, compare_s: float, setup_s: float) -> di
     for r in runs:
         row = {"run": r.name + (f" [{r.device}]" if r.device == "cuda" else ""), "seconds": round(r.seconds, 3)}
         if r.ranks:
-            t = r.ranks[0]["timing"]
-            first = t.get("first_forward") or t["script_end"]
-            row.update(launch=round(t["start"] - r.started, 3), to_first_forward=round(first - t["script_start"], 3),
-                       steps=round(t["script_end"] - first, 3), stop=round(r.ended - t["script_end"], 3))
+            t = r.ranks[0].timing
+            first = t.first_forward or t.script_end
+            row.update(launch=round(t.start - r.started, 3), to_first_forward=round(first - t.script_start, 3),
+                       steps=round(t.script_end - first, 3), stop=round(r.ended - t.script_end, 3))
         out["runs"].append(row)
     return out
 

@@ -1,5 +1,5 @@
 """How far a data-parallel float32 step is from the float64 reference step, in units of the
-single-device float32 step's own distance: the ratio that mgpu.parity.compare.ERROR_FACTOR bounds.
+single-device float32 step's own distance: the ratio that mgpu.check.tolerance.FACTOR bounds.
 
     python docs/notes/measure/error_ratios.py        # a few minutes on 2 cores; figures: docs/notes/check-runs.md
 
@@ -16,8 +16,9 @@ import time
 import torch
 
 from mgpu.models import resnet18
-from mgpu.parity.check import CheckOptions, _Refs, _run_in_process
-from mgpu.parity.compare import _EPS32, FLOOR_ULPS, error
+from mgpu.check.tolerance import FLOOR_ULPS, error
+from mgpu.parity.check import CheckOptions, References, run_in_process
+from mgpu.parity.compare import EPS32
 from mgpu.parity.probe import switch_off_dropout
 from mgpu.parity.record import Plan
 from mgpu.spec import builtin_spec, image_spec
@@ -26,8 +27,8 @@ from mgpu.spec import builtin_spec, image_spec
 def ratios(spec, seed: int, n: int, plan: Plan, options: CheckOptions) -> list[tuple]:
     model = spec.build_seeded(seed)
     switch_off_dropout(model)
-    refs = _Refs(spec, model, options)
-    rec = _run_in_process(spec, model, "manual", n, plan, options)
+    refs = References(spec, model, options)
+    rec = run_in_process(spec, model, "manual", n, plan, options)
     out = []
     for s in range(1, plan.steps + 1):
         state, opt = rec.states[s - 1][0], rec.optimizer_states[s - 1]
@@ -39,7 +40,7 @@ def ratios(spec, seed: int, n: int, plan: Plan, options: CheckOptions) -> list[t
             for name, ref in want.items():
                 if ref is None or not ref.is_floating_point():
                     continue
-                floor = FLOOR_ULPS * _EPS32 * float(ref.abs().max())
+                floor = FLOOR_ULPS * EPS32 * float(ref.abs().max())
                 ratio = error(got[name], ref)[0] / max(error(single[name], ref)[0], floor, 1e-300)
                 out.append((ratio, spec.name, seed, n, plan.batch_size, s, prefix + name))
     return out

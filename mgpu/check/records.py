@@ -1,0 +1,86 @@
+"""What a run recorded, typed: the records each source's run stage hands to its judge.
+
+`check` (mgpu/parity) drives mgpu's strategies itself and records a `Recording` per strategy run:
+every replica's (or rank's) weights and buffers entering each step and after the last, its
+gradients after step 1, the optimizer state at each step, the global [loss_sum, correct].
+
+`check-script` (mgpu/scriptcheck) runs a user's script and records, in every rank, a `RankRecord`:
+one `StepRecord` per optimizer step (the gradients the optimizer saw, the weights after it, the
+`ForwardRecord`s of the data the step consumed) and what the script does that the judge must know
+(BatchNorm, dropout, random draws). A rank saves it with torch.save for the launcher.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Recording", "ForwardRecord", "StepRecord", "RankTiming", "RankRecord"]
+
+
+# -- check: a strategy's run ---------------------------------------------------------------------------
+
+@dataclass
+class Recording:
+    states: list[list[dict]] = field(default_factory=list)   # [step 0..k][replica] -> {"weight a.b": t, "buffer c": t}
+    grads: list[dict] = field(default_factory=list)          # [replica] -> {param name: grad or None}, after step 1
+    optimizer_states: list = field(default_factory=list)     # [step 0..k] -> replica 0's optimizer.state_dict()
+    stats: list[list[float]] = field(default_factory=list)   # [step] -> [loss_sum, correct] over the global batch
+    ties: list[list[list[str]]] = field(default_factory=list)  # [replica] -> names still sharing one tensor (whole run)
+    shards: int = 1  # how many shards the global batch was cut into (a DataParallel pass-through: 1)
+
+
+# -- check-script: a rank of a script's run ------------------------------------------------------------
+
+@dataclass
+class ForwardRecord:
+    """The data of one training forward of a root model (a module with parameters called outside
+    any other module's forward): each data tensor by its slot ("arg0", "input_ids"), whole, or as
+    ("rows", per-example digests, shape, dtype) where whole would cost too much."""
+
+    tensors: dict
+    root: int = 0             # id() of the root model in its rank
+    root_name: str = ""       # its class name
+    training: bool = True     # the model's training flag then (an evaluation between steps is no training data)
+
+
+@dataclass
+class StepRecord:
+    """One optimizer step as a rank saw it: per parameter name, a tensor (or a Digest above a size)."""
+
+    optimizer: int                     # which optimizer stepped (index, in order of first step)
+    step: int                          # that optimizer's k-th step
+    optimizer_type: str                # "AdamW"
+    forwards: list[ForwardRecord]      # the training forwards since the last step that fed this optimizer
+    grads: dict                        # name -> the gradient the optimizer used (None: no gradient)
+    after: dict = field(default_factory=dict)          # name -> the weight after the step
+    before: dict | None = None         # name -> the weight before step 1 (step 1 only)
+
+
+@dataclass
+class RankTiming:
+    """time.time() marks of a rank: spawned, the script's first line, its first model forward, its end."""
+
+    start: float
+    script_start: float
+    script_end: float
+    first_forward: float | None = None
+    steps: list[float] = field(default_factory=list)  # each recorded step's end
+
+
+@dataclass
+class RankRecord:
+    """What one rank of a check-script run recorded."""
+
+    steps: list[StepRecord] = field(default_factory=list)  # every optimizer step, in order, up to --steps
+    forwards: int = 0                          # training forwards of root models seen
+    batchnorm: list[str] = field(default_factory=list)       # un-synchronised BatchNorm modules in training mode
+    init_digests: dict = field(default_factory=dict)         # name -> digest of each weight when first called
+    random_modules: list[str] = field(default_factory=list)  # dropout / stochastic-depth modules switched off
+    dropout_calls: dict = field(default_factory=dict)        # call -> count, of dropout switched off
+    random_draws: dict = field(default_factory=dict)         # torch function -> draws inside a forward
+    random_where: dict = field(default_factory=dict)         # torch function -> the module of its first draw
+    optimizers: int = 0
+    stopped: bool = False                      # stopped after --steps (else the script ended first)
+    rank: int = 0
+    world: int = 1
+    timing: RankTiming | None = None

@@ -1,0 +1,81 @@
+"""One report for both checks: the verdict, the exit code, the first failure, and JSON.
+
+    report.verdict                 # Verdict.PASSED | FAILED | NOT_VERIFIED ("passed", "failed", "not verified")
+    report.exit_code(strict=True)  # 0 or 1, by `exit_code` below
+    report.write_json("check.json")
+
+Each source's report (`mgpu.parity.report.Report`, `mgpu.scriptcheck.report.ScriptReport`) derives
+from `CheckReport` and says what it judged: its verdict, its findings, its first failure as a
+sentence, its text and its JSON record. What a verdict means for CI is written here, once.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from pathlib import Path
+
+from mgpu.errors import EXIT_FAILED
+from mgpu.jsonsafe import finite_or_none
+
+__all__ = ["Verdict", "exit_code", "CheckReport", "write_json"]
+
+
+class Verdict(str, enum.Enum):
+    """What a check concluded. A str, so that a verdict compares with and writes as its words."""
+
+    PASSED = "passed"              # everything compared agreed
+    FAILED = "failed"              # something differs beyond rounding, or a run crashed or hung
+    NOT_VERIFIED = "not verified"  # nothing differed, but too little could be compared to say so
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def exit_code(verdict: Verdict, has_findings: bool, strict: bool = False) -> int:
+    """1 for FAILED; under strict also for NOT_VERIFIED and for any finding; else 0."""
+    if verdict == Verdict.FAILED:
+        return EXIT_FAILED
+    if strict and (verdict != Verdict.PASSED or has_findings):
+        return EXIT_FAILED
+    return 0
+
+
+class CheckReport:
+    """The base of both reports. A subclass gives `verdict` (a Verdict) and `findings` (a list:
+    fields or properties), `first_failure()`, `text()` and `to_json()`; the exit code and the JSON
+    file follow from them the same way for both."""
+
+    verdict: Verdict
+    findings: list
+
+    def first_failure(self) -> str:
+        """What failed first (or why nothing could be verified), as the message of an AssertionError."""
+        raise NotImplementedError
+
+    def text(self) -> str:
+        raise NotImplementedError
+
+    def to_json(self) -> dict:
+        raise NotImplementedError
+
+    def exit_code(self, strict: bool = False) -> int:
+        return exit_code(self.verdict, bool(self.findings), strict)
+
+    def write_json(self, path: str | Path) -> None:
+        write_json(self, path)
+
+
+def write_json(report: CheckReport, path: str | Path) -> None:
+    """The report as strict JSON: an infinite or NaN float as null (a relative error over a reference
+    that is zero is infinite: timm's EfficientNet zero-initialises BatchNorm weights)."""
+    text = json.dumps(finite_or_none(report.to_json()), indent=2, allow_nan=False, default=_jsonable)
+    Path(path).write_text(text + "\n")
+
+
+def _jsonable(value):
+    if isinstance(value, float):
+        return None
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)

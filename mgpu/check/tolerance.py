@@ -1,0 +1,68 @@
+"""How far apart two runs may be: one rule for `check` and `check-script`, and one error function.
+
+A floating-point run never equals the exact result, so the tolerance is no hand-picked atol. Each
+check measures how far an *honest* difference carries in this computation, tensor by tensor and
+step by step (the spread), and allows
+
+    allowed = FACTOR * max(spread, FLOOR_ULPS * eps * scale)
+
+where eps is the tensor's dtype's machine epsilon and scale its largest magnitude (check-script:
+the largest of its module's tensors). The floor covers a tensor the spread happens to get almost
+exactly. Each source supplies its spread:
+
+* `check` (mgpu/parity): the single-device float32 (or bf16) step's distance from the float64 step;
+  docs/design/check-tolerance.md says how the factor was measured;
+* `check-script` (mgpu/scriptcheck): world 1's rerun, whose gradients are moved by a rounding-sized
+  perturbation, against world 1's plain run (docs/guide/check-script.md).
+
+A real bug is off by orders of magnitude more than FACTOR times rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["FACTOR", "FLOOR_ULPS", "error", "allowed_error", "largest", "eps_of"]
+
+# A data-parallel run may be this many times further from the reference than the spread.
+FACTOR = 16.0
+# A tensor the spread gets (almost) exactly still allows this many units in the last place of its scale.
+FLOOR_ULPS = 4.0
+
+
+def eps_of(t: torch.Tensor) -> float:
+    """Machine epsilon of a floating tensor's dtype (0 for integers: they must be equal)."""
+    return torch.finfo(t.dtype).eps if t.is_floating_point() else 0.0
+
+
+def largest(t) -> float:
+    """The largest finite-or-not magnitude of a floating tensor, NaN read as 0; 0.0 for anything else."""
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
+        return 0.0
+    return float(t.double().abs().nan_to_num(0.0).max())
+
+
+def error(actual: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
+    """(largest absolute difference, that over the reference's largest magnitude). NaN where both
+    hold NaN counts as equal; any other NaN, or another shape, is infinitely far."""
+    if actual.shape != reference.shape:
+        return math.inf, math.inf
+    if actual.numel() == 0:
+        return 0.0, 0.0
+    a, b = actual.double(), reference.double()
+    d = (a - b).abs()
+    d = torch.where(torch.isnan(a) & torch.isnan(b), torch.zeros_like(d), d)
+    diff = float(d.max())
+    if math.isnan(diff):
+        return math.inf, math.inf
+    scale = float(b.abs().nan_to_num(0.0).max())
+    return diff, (diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf))
+
+
+def allowed_error(spread: float, scale: float, eps: float) -> float:
+    """FACTOR * max(spread, FLOOR_ULPS * eps * scale): the rule of the module docstring. A spread
+    that is not finite (the spread's own run went wrong) counts as none."""
+    spread = spread if math.isfinite(spread) else 0.0
+    return FACTOR * max(spread, FLOOR_ULPS * eps * scale)

@@ -1,0 +1,141 @@
+"""The judge stage of check-script: from every run's records, what the check concludes.
+
+    judgement = judge(target, options, runs)     # ScriptCheckError when there is nothing to judge
+
+In this order: the runs that crashed or hung; the findings every rank's record supports (dropout,
+random draws, BatchNorm per rank, zero gradients) and the facts that explain a divergence; whether
+world 1 reproduces itself (its runs A and B, where no perturbation reached); then each world N
+against world 1, step by step (compare.py), unless world 1 failed or does not reproduce itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mgpu.check.divergence import Divergence, Finding
+from mgpu.scriptcheck.compare import ScriptFacts, WorldComparison, compare_world, reproducibility
+from mgpu.scriptcheck.launch import RankFailure, WorldRun
+from mgpu.scriptcheck.plan import ScriptCheckError, ScriptCheckOptions, Target, batch_hint
+
+__all__ = ["Judgement", "judge", "findings_of"]
+
+
+@dataclass
+class Judgement:
+    """What the runs show: crashes, findings, notes, world 1's irreproducibility, each world's comparison."""
+
+    failures: list[RankFailure] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    unreproducible: Divergence | None = None
+    comparisons: list[WorldComparison] = field(default_factory=list)
+
+
+def judge(target: Target, options: ScriptCheckOptions, runs: list[WorldRun]) -> Judgement:
+    """The judgement of the runs; ScriptCheckError when world 1 made no optimizer step (nothing to judge)."""
+    out = Judgement(failures=[r.failure for r in runs if r.failure is not None])
+    out.findings, facts = findings_of(runs)
+    by_kind: dict[str, dict[str, WorldRun]] = {}
+    for r in runs:
+        if r.world == 1 and r.failure is None:
+            by_kind.setdefault(r.device, {})[r.run] = r
+    a_runs = [r for r in runs if r.world == 1 and r.run == "A" and r.failure is None]
+    if a_runs and not a_runs[0].ranks[0].steps:
+        _nothing_stepped(target, a_runs[0])
+    for r in a_runs:
+        made = len(r.ranks[0].steps)
+        if made < options.steps:
+            out.notes.append(f"the script made {made} optimizer step(s) at world 1 ({r.device}), fewer than the "
+                             f"{options.steps} asked (--steps): compared on the steps it made")
+    for pair in by_kind.values():
+        if "A" in pair and "B" in pair and out.unreproducible is None:
+            out.unreproducible = reproducibility(pair["A"], pair["B"])
+    hint = batch_hint(target.args)
+    for r in runs:
+        if r.world > 1 and r.failure is None:
+            out.comparisons.append(_compare(r, by_kind.get(r.device, {}), out.unreproducible, facts, hint))
+    return out
+
+
+def _compare(run: WorldRun, world_1: dict, unreproducible, facts: ScriptFacts, hint: str) -> WorldComparison:
+    if "A" not in world_1 or "B" not in world_1:
+        return WorldComparison(run.world, "not-compared", 0, reason="world 1 failed")
+    if unreproducible is not None:
+        return WorldComparison(run.world, "not-compared", 0, reason="two world-1 runs differ (see above)")
+    if not run.ranks[0].steps:
+        return WorldComparison(run.world, "fail", 0, reason="no optimizer step", first=Divergence(
+            1, kind="data", detail="no step recorded",
+            diagnosis=f"world {run.world} made no optimizer step where world 1 did: does the script take another "
+                      "path when distributed?"))
+    return compare_world(run, world_1["A"], world_1["B"], facts, hint)
+
+
+def _nothing_stepped(target: Target, run: WorldRun) -> None:
+    rec = run.ranks[0]
+    seen = (f"it ran {rec.forwards} forward(s) of a model with parameters" if rec.forwards else
+            "it never called a model with parameters (nn.Module) either")
+    raise ScriptCheckError(
+        f"{target.label()} made no torch.optim optimizer step at world 1 ({seen}): check-script records at "
+        "torch.optim.Optimizer.step (torch's global optimizer hooks), so it needs a script that trains with a "
+        "torch.optim optimizer (or a wrapper that calls one, such as accelerate's) and steps it at least once; "
+        "check the ARGS make it train")
+
+
+def findings_of(runs: list[WorldRun]) -> tuple[list[Finding], ScriptFacts]:
+    """The findings, from every rank's record: random-layers, randomness, batch-mixing, zero-gradients;
+    and the facts compare.py uses to explain a divergence."""
+    dropout_calls, modules, draws, where, bn = {}, [], {}, {}, []
+    for run in runs:
+        for r in run.ranks:
+            for k, v in r.dropout_calls.items():
+                dropout_calls[k] = max(dropout_calls.get(k, 0), v)
+            modules += [m for m in r.random_modules if m not in modules]
+            for k, v in r.random_draws.items():
+                draws[k] = max(draws.get(k, 0), v)
+            for k, v in r.random_where.items():
+                where.setdefault(k, v)
+            bn += [m for m in r.batchnorm if m not in bn]
+    out = []
+    if dropout_calls or modules:
+        parts = []
+        if modules:
+            parts.append(f"{len(modules)} module(s): {_listed(modules)}")
+        parts += [f"{v} call(s) to {k} in a run" for k, v in sorted(dropout_calls.items())]
+        out.append(Finding("random-layers", (
+            "dropout and stochastic depth switched off in every process (DropoutOff, at the function level): "
+            f"{'; '.join(parts)}. With them on, each rank draws its own masks: parity can then only be statistical")))
+    if draws:
+        what = "; ".join(f"{k}: {v} call(s) in a run" + (f", first in {where[k]}" if k in where else "")
+                         for k, v in sorted(draws.items()))
+        out.append(Finding("randomness", (
+            f"the forward draws random numbers beyond dropout ({what}): each rank draws its own for its shard, so "
+            "world N matches world 1 only where the draws do not matter; draw them from the input, or switch them "
+            "off for the check")))
+    if bn:
+        out.append(Finding("batch-mixing", (
+            f"BatchNorm without SyncBatchNorm: {_listed(bn)}: as the script is, each rank normalises over its own "
+            "shard and world 1 over the whole batch, so its training depends on the world size. The comparison ran "
+            "it synchronised over the ranks (SyncBatchNorm's statistics, put in by the check at world N), so that the "
+            "rest of the loop is checked; for training that does not depend on the world size convert with "
+            "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) (CUDA), or use GroupNorm/LayerNorm")))
+    zero = _zero_gradients(runs)
+    if zero:
+        out.append(Finding("zero-gradients", (
+            f"every gradient world 1 recorded is zero ({zero}): a loss that cannot move the weights passes any "
+            "comparison of gradients, so this one checked little (cross-entropy over a single class, a loss from "
+            "detached tensors?); give the check a loss that depends on the weights")))
+    return out, ScriptFacts(tuple(bn), draws)
+
+
+def _zero_gradients(runs: list[WorldRun]) -> str:
+    """"K step(s), P parameter(s)" when world 1's first run recorded gradients and every one is zero."""
+    a = next((r for r in runs if r.world == 1 and r.run == "A" and r.failure is None and r.ranks), None)
+    records = a.ranks[0].steps if a is not None else []
+    grads = [g for rec in records for g in rec.grads.values() if g is not None]
+    if not grads or any(bool(g.ne(0).any()) for g in grads):
+        return ""
+    return f"{len(records)} step(s), {len(records[0].grads)} parameter(s)"
+
+
+def _listed(items: list, most: int = 6) -> str:
+    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")

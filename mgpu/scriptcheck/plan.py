@@ -1,0 +1,165 @@
+"""What a check-script run will do, before anything runs: the options (validated once), the
+target (a script or a module, with its ARGS), the `{world_size}` expressions in ARGS, and the runs.
+
+    options = ScriptCheckOptions(ranks=(1, 2), steps=4).validate()
+    target = Target("train.py", None, ("--batch-size", "{64 // world_size}")).validate()
+    plan_runs(options.worlds, gpus=0)    # [(1, "A", "cpu"), (1, "B", "cpu"), (2, "", "cpu")]
+
+World 1 runs twice on each kind of device the comparison uses: run A, plain, and run B, whose
+gradients get a rounding-sized perturbation (the tolerance's spread, compare.py), which also shows
+whether the script is reproducible at all. On a machine with GPUs, a world size up to the GPU count
+runs on the GPUs; a larger one runs on the CPU, and its world 1 with it.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from dataclasses import dataclass
+
+from mgpu.errors import MgpuError
+from mgpu.validators import number, positive_int, world_sizes
+
+__all__ = ["ScriptCheckError", "ScriptCheckOptions", "Target", "expand_args", "plan_runs", "batch_hint",
+           "DEFAULT_RANKS", "DEFAULT_STEPS", "DEFAULT_TIMEOUT"]
+
+DEFAULT_RANKS = (1, 2)
+DEFAULT_STEPS = 4
+DEFAULT_TIMEOUT = 300.0
+
+
+class ScriptCheckError(MgpuError, ValueError):
+    """The script cannot be checked as given: missing, bad ARGS expression, no optimizer step, ..."""
+
+
+@dataclass(frozen=True)
+class ScriptCheckOptions:
+    """What check-script runs: the world sizes (world 1 always runs), the optimizer steps recorded
+    and compared, and the seconds one run may take (None: no limit)."""
+
+    ranks: tuple[int, ...] = DEFAULT_RANKS
+    steps: int = DEFAULT_STEPS
+    timeout: float | None = DEFAULT_TIMEOUT
+
+    def validate(self) -> "ScriptCheckOptions":
+        """The options as given, or ScriptCheckError naming the bad one (as the command spells it)."""
+        ranks = world_sizes(self.ranks, "--ranks", error=ScriptCheckError)
+        positive_int(self.steps, "--steps", error=ScriptCheckError)
+        if self.timeout is not None:
+            number(self.timeout, "--timeout", "positive seconds", lambda v: v > 0, error=ScriptCheckError)
+        return ScriptCheckOptions(ranks, self.steps, None if self.timeout is None else float(self.timeout))
+
+    @classmethod
+    def from_text(cls, ranks: str, steps: str, timeout: str) -> "ScriptCheckOptions":
+        """The options from the command's text (`--ranks 1,2 --steps 4 --timeout 300`), validated."""
+        try:
+            steps_value = int(steps)
+        except ValueError:
+            steps_value = steps
+        return cls(world_sizes(ranks, "--ranks", error=ScriptCheckError), steps_value, timeout).validate()
+
+    @property
+    def worlds(self) -> tuple[int, ...]:
+        return tuple(sorted({1, *self.ranks}))
+
+
+@dataclass
+class Target:
+    script: str | None = None      # a path, run as `python SCRIPT`
+    module: str | None = None      # or a module, run as `python -m MODULE`
+    args: tuple[str, ...] = ()
+
+    def label(self) -> str:
+        return f"-m {self.module}" if self.module else str(self.script)
+
+    def validate(self) -> "Target":
+        if self.module:
+            import importlib.machinery
+            import sys
+
+            top = self.module.split(".")[0]
+            # Found as `python -m` finds it, from the current folder first; only the top-level package
+            # is looked up, so that nothing of it is imported in this process.
+            found = top.isidentifier() and (top in sys.builtin_module_names or importlib.machinery.PathFinder.find_spec(
+                top, [os.getcwd(), *sys.path[1:]]) is not None)
+            if not found:
+                raise ScriptCheckError(f"no module named {top!r} (from {os.getcwd()}: run check-script from the "
+                                       "folder python -m finds it from)")
+        else:
+            if not self.script:
+                raise ScriptCheckError("no script given: check-script SCRIPT [ARGS...] or -m MODULE [ARGS...]")
+            if not os.path.exists(self.script):
+                raise ScriptCheckError(f"script {self.script} not found")
+            if os.path.isdir(self.script) and not os.path.exists(os.path.join(self.script, "__main__.py")):
+                raise ScriptCheckError(f"{self.script} is a folder without __main__.py, not a script")
+        for world in (1, 2, 3):
+            expand_args(self.args, world)
+        return self
+
+
+# -- {world_size} in ARGS ------------------------------------------------------------------------------
+
+_BRACES = re.compile(r"\{([^{}]*)\}")
+_ALLOWED = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Name, ast.Load, ast.Add, ast.Sub, ast.Mult,
+            ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.USub, ast.UAdd, ast.Call)
+
+
+def _evaluate(expr: str, world: int):
+    tree = ast.parse(expr.strip(), mode="eval")
+    for node in ast.walk(tree):
+        if not isinstance(node, _ALLOWED):
+            raise ValueError(f"{type(node).__name__} is not allowed")
+        if isinstance(node, ast.Name) and node.id not in ("world_size", "min", "max", "int", "round"):
+            raise ValueError(f"unknown name {node.id!r}")
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and not node.keywords):
+            raise ValueError("only min, max, int, round may be called")
+    names = {"world_size": world, "min": min, "max": max, "int": int, "round": round}
+    value = eval(compile(tree, "<args>", "eval"), {"__builtins__": {}}, names)  # noqa: S307 - checked above
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value
+
+
+def expand_args(args, world: int) -> list[str]:
+    """Each `{expression of world_size}` in ARGS evaluated for this world size:
+    `--batch-size={64 // world_size}` -> `--batch-size=32` at 2 ranks. Braces that do not mention
+    world_size are left as they are (JSON, format strings); `{{` and `}}` are literal braces."""
+    out = []
+    for arg in args:
+        def replace(m):
+            expr = m.group(1)
+            if "world_size" not in expr:
+                return m.group(0)
+            try:
+                return str(_evaluate(expr, world))
+            except (SyntaxError, ValueError, TypeError, ZeroDivisionError) as e:
+                raise ScriptCheckError(f"cannot evaluate {{{expr}}} in argument {arg!r} at world size {world}: "
+                                       f"{e} (use arithmetic on world_size, e.g. {{64 // world_size}})") from None
+        text = arg.replace("{{", "\0").replace("}}", "\1")
+        out.append(_BRACES.sub(replace, text).replace("\0", "{").replace("\1", "}"))
+    return out
+
+
+def batch_hint(args) -> str:
+    """How to keep the global batch, in the script's own batch-size argument where there is one."""
+    if any("world_size" in a for a in args):
+        return "an ARGS expression of world_size that keeps the global batch (check the one given)"
+    for i, a in enumerate(args):
+        if "batch" in a.lower():
+            value = a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
+            if value.isdigit():
+                flag = a.split("=", 1)[0]
+                return f"{flag} {{{value} // world_size}} in ARGS"
+    return "--batch-size {64 // world_size} in ARGS (an expression of world_size, evaluated per run)"
+
+
+# -- the runs ------------------------------------------------------------------------------------------
+
+def plan_runs(worlds: tuple[int, ...], gpus: int) -> list[tuple[int, str, str]]:
+    """(world, run, device) of every run: world 1 twice (A, B) on each device kind a comparison uses."""
+    kind = lambda n: "cuda" if gpus and n <= gpus else "cpu"  # noqa: E731
+    others = [n for n in worlds if n > 1]
+    kinds = sorted({kind(n) for n in others} or {kind(1)}, reverse=True)
+    plan = [(1, run, k) for k in kinds for run in ("A", "B")]
+    return plan + [(n, "", kind(n)) for n in others]
