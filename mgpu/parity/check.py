@@ -35,7 +35,7 @@ from mgpu.devices import exact_gpu_math, torch_threads
 from mgpu.errors import MgpuError, ParityError, SpecError, one_line
 from mgpu.parity.findings import findings, notes, reproducer
 from mgpu.parity.judge import CheckContext, References, judge_run
-from mgpu.parity.plans import label, make_optimizer, make_plans, strategy_for
+from mgpu.parity.plans import label, make_optimizer, plan_check, strategy_for
 from mgpu.parity.probe import probe_model
 from mgpu.parity.ranks import RankJob, RankRuns, rank_recording, spec_blob
 from mgpu.parity.record import Plan, Recording, record_strategy, snapshot, step_timeout
@@ -77,7 +77,7 @@ def _run_check(spec: ModelSpec, options: CheckOptions | None, progress) -> Repor
         ctx.skip_exact = "the model draws random numbers in forward beyond dropout: the runs cannot be compared exactly"
     ranks, rank_failure = _start_rank_runs(ctx)
     _run_and_judge(ctx, ranks, rank_failure)
-    order = {run: i for i, run in enumerate(options.runs())}  # the report in the options' order, as judged or not
+    order = {run: i for i, run in enumerate(ctx.runs)}  # the report in the options' order, as judged or not
     ctx.results.sort(key=lambda r: -1 if r.strategy is None else order.get((r.strategy, r.devices), len(order)))
     return Report(spec.name, options, ctx.results, seconds=time.perf_counter() - start_time, notes=notes(options))
 
@@ -85,21 +85,21 @@ def _run_check(spec: ModelSpec, options: CheckOptions | None, progress) -> Repor
 def _probed(spec: ModelSpec, options: CheckOptions, say: Callable[[str], None]) -> CheckContext:
     """The check's context: the spec validated, the model built and probed, the references ready,
     and the parameters that some device's shard leaves without a gradient found."""
-    plans = make_plans(options)
+    plan = plan_check(options)
     with step_timeout(options.step_timeout and 4 * options.step_timeout, f"{spec.name}: the first forwards (probing the model)"):
         validate_spec(spec, batch_size=min(options.batch_size, 4), seed=options.seed)
         model = spec.build_seeded(options.seed)
-        traits = probe_model(spec, model, plans["plain"], n=max(options.devices))
+        traits = probe_model(spec, model, plan.plans["plain"], plan.probe_shards)
     refs = References(spec, model, options)
     # Unused parameters: some device's shard leaves them without a gradient on some step's batch
     # (float32 steps from the initial weights: which parameters a batch uses depends on the data).
     initial, fresh_optimizer = refs.initial, refs.fresh_optimizer_state()
-    for n in sorted({n for _, n in options.runs()} | {1}):
-        for plan in (plans["plain"], plans["uneven"]):
-            for step in range(1, plan.steps + 1):
-                unused = refs.step(initial, fresh_optimizer, plan, step, n, torch.float32).unused
+    for n in sorted({n for _, n in plan.runs} | {1}):
+        for kind in ("plain", "uneven"):
+            for step in range(1, plan.plans[kind].steps + 1):
+                unused = refs.step(initial, fresh_optimizer, plan.plans[kind], step, n, torch.float32).unused
                 traits.unused.extend(sorted(set(unused) - set(traits.unused)))
-    return CheckContext(spec, model, options, plans, traits, refs, reproducer(spec, options), say)
+    return CheckContext(spec, model, options, plan.plans, traits, refs, reproducer(spec, options), say, runs=plan.runs)
 
 
 def _start_rank_runs(ctx: CheckContext) -> tuple[RankRuns | None, str | None]:
@@ -107,7 +107,7 @@ def _start_rank_runs(ctx: CheckContext) -> tuple[RankRuns | None, str | None]:
     start (the spec cannot reach the ranks), or None."""
     blob, rank_failure = spec_blob(ctx.spec)
     jobs: dict[int, list[str]] = {}
-    for name, n in ctx.options.runs():
+    for name, n in ctx.runs:
         if name in RANK_STRATEGIES:
             jobs.setdefault(n, []).append(name)
     if rank_failure or not jobs:
@@ -123,7 +123,7 @@ def _start_rank_runs(ctx: CheckContext) -> tuple[RankRuns | None, str | None]:
 def _run_and_judge(ctx: CheckContext, ranks: RankRuns | None, rank_failure: str | None) -> None:
     """Each strategy and device count: its runs (in this process, or the ranks' from `ranks`), judged.
     Rank runs whose ranks have finished go first, in-process runs fill the time until they do."""
-    pending = list(ctx.options.runs())
+    pending = list(ctx.runs)
     while pending:
         name, n = next((run for run in pending if run[0] in RANK_STRATEGIES and ranks and ranks.ready(run[1])),
                        next((run for run in pending if run[0] not in RANK_STRATEGIES), pending[0]))

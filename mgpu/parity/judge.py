@@ -111,6 +111,7 @@ class CheckContext:
     refs: References
     reproduce: Callable[[str, int, Plan], str]  # the command that reproduces a run (findings.reproducer)
     say: Callable[[str], None]                  # a progress line
+    runs: tuple = ()                            # (strategy, devices) to run, in the options' order (CheckPlan.runs)
     skip_exact: str | None = None               # why no run can be compared with the references, if none can
     results: list[CheckResult] = field(default_factory=list)
 

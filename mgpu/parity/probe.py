@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from mgpu.comm import shard_bounds
 from mgpu.parity.compare import error
 from mgpu.check.dropout import DropoutOff, hold_dropout_off
 from mgpu.parity.record import Plan, check_ties
@@ -131,18 +130,17 @@ def _clone(value):
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
-def _mixes(module: nn.Module, args: tuple, kwargs: dict, output, batch: int, n: int) -> bool | None:
+def _mixes(module: nn.Module, args: tuple, kwargs: dict, output, batch: int, shards) -> bool | None:
     """Whether `module`'s output on the whole batch differs from the concatenation of its outputs
-    on n shards (keyword arguments, such as an attention mask, passed along); None when that cannot
-    be told (outputs not batch-first, or it fails on shards)."""
+    on the shards ([start, stop) each; keyword arguments, such as an attention mask, passed along);
+    None when that cannot be told (outputs not batch-first, or it fails on shards)."""
     outs = flatten_output(output)
     if not outs or any(o.dim() == 0 or o.shape[0] != batch or not o.is_floating_point() for o in outs):
         return None
     try:
         parts = []
         with torch.no_grad():
-            for i in range(n):
-                start, stop = shard_bounds(batch, n, i)
+            for start, stop in shards:
                 shard_args = tuple(_cut(a, batch, start, stop) for a in args)
                 shard_kwargs = {k: _cut(v, batch, start, stop) for k, v in kwargs.items()}
                 parts.append(flatten_output(copy.deepcopy(module)(*shard_args, **shard_kwargs)))
@@ -153,7 +151,7 @@ def _mixes(module: nn.Module, args: tuple, kwargs: dict, output, batch: int, n: 
     return any(error(torch.cat([p[j] for p in parts]), outs[j])[1] > MIXING_REL_TOL for j in range(len(outs)))
 
 
-def find_mixing_layers(model: nn.Module, inputs: tuple, n: int = 2) -> tuple[bool, list[str]]:
+def find_mixing_layers(model: nn.Module, inputs: tuple, shards) -> tuple[bool, list[str]]:
     """(whether the model's output mixes the examples of a batch, the innermost modules that do).
 
     In float64 and training mode, on copies; a module is named when it mixes and none of its
@@ -165,7 +163,7 @@ def find_mixing_layers(model: nn.Module, inputs: tuple, n: int = 2) -> tuple[boo
     switch_off_dropout(model)  # train() switched them back on
     batch = inputs[0].shape[0]
     inputs = tuple(t.double() if t.is_floating_point() else t for t in inputs)
-    if batch < n:
+    if any(stop <= start for start, stop in shards):  # a shard without examples: nothing to compare
         return False, []
     work = copy.deepcopy(model)
     seen: dict[str, tuple] = {}
@@ -185,9 +183,9 @@ def find_mixing_layers(model: nn.Module, inputs: tuple, n: int = 2) -> tuple[boo
         m.register_forward_hook(after, with_kwargs=True)
     with torch.no_grad():
         whole = work(*inputs)
-    mixes_overall = _mixes(model, inputs, {}, whole, batch, n)
+    mixes_overall = _mixes(model, inputs, {}, whole, batch, shards)
     mixing = {name for name, (module, args, kwargs, output) in seen.items()
-              if name and _mixes(module, args, kwargs, output, batch, n)}
+              if name and _mixes(module, args, kwargs, output, batch, shards)}
     innermost = [name for name in mixing if not any(o != name and o.startswith(name + ".") for o in mixing)]
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}
     return bool(mixes_overall) or bool(innermost), sorted(innermost, key=lambda name: order.get(name, 0))
@@ -266,13 +264,14 @@ class Traits:
     unused: list[str] = field(default_factory=list)
 
 
-def probe_model(spec: ModelSpec, model: nn.Module, plan: Plan, n: int) -> Traits:
-    """Every probe on step 1's batch of `plan` (mixing: over n shards); `model`'s dropout is left off."""
+def probe_model(spec: ModelSpec, model: nn.Module, plan: Plan, shards) -> Traits:
+    """Every probe on step 1's batch of `plan` (mixing: over `shards`, [start, stop) each, as the plan
+    cuts the batch on the most devices); `model`'s dropout is left off."""
     inputs, target = plan.batch(spec, 1)
     dropout, calls, other = find_random_layers(spec, model, inputs)
     switch_off_dropout(model, calls=bool(calls))  # the model every run copies: held off in all of them
     with DropoutOff():  # the probes below also run the model's modules on their own, outside its forward
-        mixing, layers = (False, []) if other else find_mixing_layers(model, inputs, n=n)
+        mixing, layers = (False, []) if other else find_mixing_layers(model, inputs, shards=shards)
         changed, reassigned = find_buffer_updates(model, inputs)
         mean_loss = loss_is_a_sum(spec, model, inputs, target)
     return Traits(dropout, calls, other, mixing, layers, changed, reassigned, mean_loss, check_ties(model))
