@@ -28,6 +28,7 @@ from torch.nn import functional as F
 from mgpu.devices import check_fits, to_device
 from mgpu.errors import ConfigError, DataError, DataNotFoundError
 from mgpu.errors import one_line as _one_line
+from mgpu.validators import positive_int
 
 __all__ = ["ImageDataset", "BatchLoader", "load_fashion_mnist", "synthetic_fashion_mnist", "FASHION_MNIST_FILES",
            "make_loaders", "check_data_fits"]
@@ -90,8 +91,7 @@ class BatchLoader:
 
     def __init__(self, dataset: ImageDataset, batch_size: int, shuffle: bool = False,
                  seed: int = 0, drop_last: bool = False):
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ConfigError(f"batch size must be a positive integer, got {batch_size!r}")
+        positive_int(batch_size, "batch size")
         if len(dataset) == 0:
             raise DataError("the dataset is empty")
         self.dataset, self.batch_size, self.shuffle = dataset, batch_size, shuffle
@@ -246,8 +246,8 @@ def load_fashion_mnist(batch_size: int, root: str | Path = "data", download: boo
         raise DataNotFoundError(
             f"Fashion-MNIST not found in {raw_dir} (missing {', '.join(m + '[.gz]' for m in missing)}); "
             "pass --download (download=True) to fetch it, or use the synthetic data")
-    if resize is not None and (not isinstance(resize, int) or resize < 1):
-        raise ConfigError(f"resize must be a positive integer, got {resize!r}")
+    if resize is not None:
+        positive_int(resize, "resize")
     with _torchvision_root(root, raw_dir) as (tv_root, sources):
         train, test = _load_split(tv_root, sources, train=True), _load_split(tv_root, sources, train=False)
     train.resize = test.resize = resize
@@ -282,8 +282,7 @@ def synthetic_fashion_mnist(batch_size: int, train_size: int = 60_000, test_size
     Same arguments give bitwise the same data. The batch order seed is `seed` too.
     """
     for name, value in (("train_size", train_size), ("test_size", test_size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        positive_int(value, name)
     g = torch.Generator().manual_seed(seed)
     coarse = (torch.rand(10, 1, 7, 7, generator=g) > 0.5).float()
     templates = F.interpolate(coarse, size=(28, 28), mode="bilinear", align_corners=False)

@@ -13,6 +13,7 @@ from torch.nn import functional as F
 
 from mgpu.config import MODEL_NAMES
 from mgpu.errors import ConfigError
+from mgpu.validators import positive_int
 
 __all__ = ["Residual", "resnet18", "lenet", "init_chapter_weights", "build_model"]
 
@@ -46,8 +47,7 @@ def _stage(in_channels: int, out_channels: int, first: bool) -> nn.Sequential:
 def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64) -> nn.Sequential:
     """d2l's ResNet-18 variant: 3x3 stride-1 stem and no max-pool, since the images are tiny."""
     for name, value in (("num_classes", num_classes), ("in_channels", in_channels), ("width", width)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"resnet18 {name} must be a positive integer, got {value!r}")
+        positive_int(value, f"resnet18 {name}")
     w = width
     return nn.Sequential(
         nn.Conv2d(in_channels, w, kernel_size=3, stride=1, padding=1),  # (B, w, H, W)

@@ -19,6 +19,7 @@ from torch import nn
 from mgpu.errors import SpecError, one_line
 from mgpu.spec.contract import ModelSpec, select_output
 from mgpu.spec.validation import describe_output, forward_check
+from mgpu.validators import positive_int
 
 
 # -- specs for images --------------------------------------------------------------------------------
@@ -51,8 +52,7 @@ def image_spec(build: Callable[[], nn.Module], input_shape: Sequence[int], class
     """A spec for a classifier of images: batches of uniform [0, 1) images of `input_shape`
     (C, H, W) with labels 0..classes-1, cross-entropy."""
     shape = parse_input_shape(input_shape)
-    if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
-        raise SpecError(f"classes must be a positive integer, got {classes!r}")
+    positive_int(classes, "classes", error=SpecError)
     return ModelSpec(build=build, draw=ImageBatches(shape, classes), name=name,
                      options={"input_shape": ",".join(map(str, shape)), "classes": classes}, **kwargs)
 
@@ -122,8 +122,7 @@ def load_spec(target: str, input_shape: str | Sequence[int] | None = None, class
     if input_shape is not None:
         options["input_shape"] = ",".join(map(str, parse_input_shape(input_shape)))
     if classes is not None:
-        if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
-            raise SpecError(f"classes must be a positive integer, got {classes!r}")
+        positive_int(classes, "classes", error=SpecError)
         options["classes"] = classes
     if isinstance(result, ModelSpec):
         if options:
