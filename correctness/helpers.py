@@ -279,10 +279,10 @@ class EvalCase:
 
 def evaluate(strategy, model: nn.Module, loader: BatchLoader) -> float:
     """Accuracy as a training run measures it: the Trainer's evaluate over the strategy's devices."""
-    from mgpu.trainer import Trainer
+    from mgpu.trainer import LoopSettings, Trainer
 
     strategy.setup(copy.deepcopy(model), sgd())
-    return Trainer(strategy, loader, loader, epochs=0, progress=False, log=lambda _: None).evaluate(loader)
+    return Trainer(strategy, loader, loader, LoopSettings(epochs=0, progress=False), log=lambda _: None).evaluate(loader)
 
 
 # -- DDP runs, shared by the suite -------------------------------------------------------------
@@ -327,7 +327,7 @@ class EvalJob:
         cfg = run_config(self.strategy, int(os.environ["WORLD_SIZE"]))
         model = lenet()
         model.load_state_dict(self.state_dict)
-        strategy = get_strategy(self.strategy).create(cfg)
+        strategy = get_strategy(self.strategy).create(cfg.devices, cfg.strategy_settings())
         try:
             return [evaluate(strategy, model, case.loader()) for case in self.cases]
         finally:
@@ -458,7 +458,7 @@ def syncbn_gradients_in_rank(args) -> dict:
     devmod.set_exact_gpu_math()  # for the rank's life: ranks don't get the fixture
     cfg = run_config("ddp", int(os.environ["WORLD_SIZE"]), model="resnet18", width=RESNET_WIDTH, sync_bn=True,
                      require_gpus=True)
-    strategy = DistributedDataParallel.create(cfg)
+    strategy = DistributedDataParallel.create(cfg.devices, cfg.strategy_settings())
     try:
         model = resnet18(num_classes=10, in_channels=1, width=RESNET_WIDTH)
         model.load_state_dict(model_state)

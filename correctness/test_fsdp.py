@@ -99,7 +99,7 @@ def test_bf16_under_fsdp_computes_in_bf16_and_keeps_fp32_weights_and_gradients()
 
         def run(self, new_group=None):
             cfg = run_config("fsdp", 1, amp=self.amp)
-            s = FullyShardedDataParallel.create(cfg)
+            s = FullyShardedDataParallel.create(cfg.devices, cfg.strategy_settings())
             try:
                 s.use_speed_options(self.amp)
                 model = build_model("lenet", seed=0)

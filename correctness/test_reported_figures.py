@@ -42,7 +42,7 @@ from mgpu.faults import FAULT_ENV
 from mgpu.models import build_model
 from mgpu.strategies import get_strategy
 from mgpu.run import train
-from mgpu.trainer import Trainer
+from mgpu.trainer import LoopSettings, Trainer
 
 pytestmark = pytest.mark.rounding  # the rounding-sensitive part: make test runs it under other CPU kernels too
 
@@ -162,10 +162,11 @@ def recount(model: torch.nn.Module, X: torch.Tensor, y: torch.Tensor) -> tuple[i
 def trainer_for(strategy_name: str, n: int, model: torch.nn.Module, images, labels, batch_size: int,
                 shuffle: bool = False) -> Trainer:
     """A Trainer over (images, labels) for a strategy holding a copy of `model`, SGD with momentum."""
-    strategy = get_strategy(strategy_name).create(run_config(strategy_name, n, model="lenet"))
+    cfg = run_config(strategy_name, n, model="lenet")
+    strategy = get_strategy(strategy_name).create(cfg.devices, cfg.strategy_settings())
     strategy.setup(copy.deepcopy(model), sgd(lr=0.05, momentum=0.9))
     loader = BatchLoader(ImageDataset(images, labels), batch_size, shuffle=shuffle, seed=5, drop_last=True)
-    return Trainer(strategy, loader, loader, epochs=1, progress=False, log=lambda _: None)
+    return Trainer(strategy, loader, loader, LoopSettings(epochs=1, progress=False), log=lambda _: None)
 
 
 @pytest.mark.parametrize("strategy, n", IN_PROCESS)

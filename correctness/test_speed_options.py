@@ -67,7 +67,7 @@ def test_channels_last_trains_the_same_within_float32_rounding(strategy, n, tmp_
 def test_channels_last_places_weights_and_inputs_in_that_layout():
     from mgpu.strategies import get_strategy
 
-    strategy = get_strategy("single").create(BASE)
+    strategy = get_strategy("single").create(BASE.devices, BASE.strategy_settings())
     strategy.use_speed_options("off", channels_last=True)
     strategy.setup(__import__("mgpu.models", fromlist=["build_model"]).build_model("resnet18", width=4), lambda p: None)
     # The first convolution has one input channel (both layouts coincide there): take the next.

@@ -24,7 +24,7 @@ from mgpu.models import build_model
 from mgpu.strategies import get_strategy
 from mgpu.data import make_loaders
 from mgpu.run import make_optimizer_factory
-from mgpu.trainer import Trainer
+from mgpu.trainer import LoopSettings, Trainer
 
 # The GPU workflow's correctness step selects this module by its marker, in the same run as the
 # GPU-gated properties (one pytest start instead of two).
@@ -113,12 +113,12 @@ def session(request, monkeypatch):
     cfg = TrainConfig(strategy=name, devices=n, model="resnet18", width=4, batch_size=12, train_size=12 * STEPS,
                       test_size=30, epochs=1, out=None, progress=False).validate()
     with torch_threads():  # ddp's create() takes the cores it would share with other ranks: not here
-        strategy = get_strategy(name).create(cfg)
+        strategy = get_strategy(name).create(cfg.devices, cfg.strategy_settings())
     try:
         train_loader, test_loader = make_loaders(cfg)
         strategy.setup(build_model("resnet18", width=4, seed=0), make_optimizer_factory(cfg))
         test_loader = BatchLoader(test_loader.dataset, batch_size=8)  # 4 test batches, the last of 6
-        trainer = Trainer(strategy, train_loader, test_loader, epochs=1, progress=False, log=lambda _: None)
+        trainer = Trainer(strategy, train_loader, test_loader, LoopSettings(epochs=1, progress=False), log=lambda _: None)
         recorder = Recorder()
         recorder.install(monkeypatch, strategy.modules())
         yield strategy, trainer, recorder
@@ -159,7 +159,7 @@ def test_the_instrumentation_sees_a_read_planted_between_replicas(monkeypatch):
     the next (what mgpu did before) is caught."""
     cfg = TrainConfig(strategy="manual", devices=2, model="lenet", batch_size=8, train_size=16, epochs=1, out=None,
                       progress=False).validate()
-    strategy = get_strategy("manual").create(cfg)
+    strategy = get_strategy("manual").create(cfg.devices, cfg.strategy_settings())
     strategy.setup(build_model("lenet", seed=0), make_optimizer_factory(cfg))
     recorder = Recorder()
     recorder.install(monkeypatch, strategy.modules())
@@ -171,7 +171,7 @@ def test_the_instrumentation_sees_a_read_planted_between_replicas(monkeypatch):
         return out
     monkeypatch.setattr(type(strategy.replicas[0]), "forward", forward_then_read)
     train_loader, test_loader = make_loaders(cfg)
-    trainer = Trainer(strategy, train_loader, test_loader, epochs=1, progress=False, log=lambda _: None)
+    trainer = Trainer(strategy, train_loader, test_loader, LoopSettings(epochs=1, progress=False), log=lambda _: None)
     recorder.on = True
     trainer.step(next(iter(train_loader.index_batches())))
     events = recorder.take()
@@ -185,7 +185,7 @@ def test_a_cuda_step_syncs_only_for_its_one_read(name):
     n = torch.cuda.device_count() if name != "single" else 1
     cfg = TrainConfig(strategy=name, devices=n, model="resnet18", width=8, batch_size=16, train_size=48, epochs=1,
                       out=None, progress=False, require_gpus=True).validate()
-    strategy = get_strategy(name).create(cfg)
+    strategy = get_strategy(name).create(cfg.devices, cfg.strategy_settings())
     strategy.setup(build_model("resnet18", width=8, seed=0), make_optimizer_factory(cfg))
     train_loader, _ = make_loaders(cfg)
     for indices in train_loader.index_batches():

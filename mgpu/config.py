@@ -1,16 +1,20 @@
 """Settings of one training run, shared by the CLI, the API and every strategy.
 
 `TrainConfig.validate` holds every rule a setting must follow, and its messages: the CLI only
-turns text into numbers and reports `validate`'s ConfigError as its one-line error.
+turns text into numbers and reports `validate`'s ConfigError as its one-line error. A run hands
+its parts only what they use: the strategy its `StrategySettings` (`cfg.strategy_settings()`),
+the Trainer its `LoopSettings` (`cfg.loop_settings()`).
+
+Imports nothing heavy (no torch): the CLI checks its options before torch is imported.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import asdict, dataclass
 
 from mgpu.errors import ConfigError
+from mgpu.validators import finite_number, is_int, non_negative_int, positive_int
 
 STRATEGY_NAMES = ("single", "manual", "dataparallel", "ddp", "fsdp")
 MODEL_NAMES = ("resnet18", "lenet")
@@ -21,6 +25,40 @@ DEVICE_KINDS = ("auto", "cpu", "cuda")  # GPUs when there are enough else the CP
 EXACT_GPU_MATH_ENV = "MGPU_EXACT_GPU_MATH"  # "1": every run (CLI, ranks) computes with exact_gpu_math, as --exact-gpu-math
 SHARD_MODES = ("block", "model")   # fsdp: a fully_shard per block, then the root; or the root only
 RESHARD_MODES = ("on", "off")      # fsdp: free the gathered parameters after forward (gather again in backward)
+
+
+@dataclass(frozen=True)
+class StrategySettings:
+    """What a strategy is built with (`Strategy.create(devices, settings)`), besides its device count.
+
+    Every strategy gets all of them and reads those it uses (the comments say which); the defaults
+    are `mgpu train`'s. The values are taken as given: TrainConfig.validate (or the command that
+    builds them) has checked them. The speed options (--amp, --channels-last, --compile) are not
+    here: they are set with `Strategy.use_speed_options`, which checks them against the devices.
+    """
+
+    device: str = "auto"                  # all: auto | cpu | cuda, where the devices are (mgpu.devices.place)
+    require_gpus: bool = False            # all: fail instead of emulating when GPUs are short
+    timeout: float = 60.0                 # ddp, fsdp: seconds a rank waits for the others
+    port: int | None = None               # ddp, fsdp: rendezvous port of the ranks mgpu starts (None: a free one)
+    sync_bn: bool = False                 # ddp: BatchNorm converted to SyncBatchNorm (fsdp refuses it)
+    find_unused_parameters: bool = False  # ddp: for models with parameters some steps leave without a gradient
+    shard: str = "block"                  # fsdp: block (fully_shard each block, then the root) | model (the root)
+    reshard_after_forward: bool = True    # fsdp: free the gathered weights after forward (gather again in backward)
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """How the Trainer's loop runs (mgpu/trainer.py). An `accumulate` that is no positive integer is
+    a ConfigError here, when the settings are made: a Trainer never holds one."""
+
+    epochs: int                           # passes over the training set by `fit` (0: evaluation only)
+    on_nonfinite: str = "error"           # NaN/Inf loss: stop with NonFiniteLossError, or skip that step's update
+    progress: bool = True                 # a tqdm bar per epoch on stderr (the main process only)
+    accumulate: int = 1                   # micro-steps per global batch, gradients synchronised on the last
+
+    def __post_init__(self):
+        positive_int(self.accumulate, "accumulate")
 
 
 @dataclass
@@ -73,16 +111,15 @@ class TrainConfig:
         _choice("shard", self.shard, SHARD_MODES)
         _choice("reshard_after_forward", self.reshard_after_forward, RESHARD_MODES)
         for name in ("devices", "epochs", "batch_size", "width", "accumulate"):
-            _positive_int(name, getattr(self, name))
+            positive_int(getattr(self, name), _words(name))
         for name in ("resize", "train_size", "test_size"):
             if getattr(self, name) is not None:
-                _positive_int(name, getattr(self, name))
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
-        _finite("lr", self.lr, lowest=0.0, inclusive=False)
-        _finite("momentum", self.momentum, lowest=0.0, inclusive=True)
-        _finite("weight_decay", self.weight_decay, lowest=0.0, inclusive=True)
-        _finite("timeout", self.timeout, lowest=0.0, inclusive=False)
+                positive_int(getattr(self, name), _words(name))
+        non_negative_int(self.seed, "seed")
+        finite_number(self.lr, "lr", lowest=0.0, inclusive=False)
+        finite_number(self.momentum, "momentum", lowest=0.0, inclusive=True)
+        finite_number(self.weight_decay, _words("weight_decay"), lowest=0.0, inclusive=True)
+        finite_number(self.timeout, "timeout", lowest=0.0, inclusive=False)
         if self.momentum >= 1:
             raise ConfigError(f"momentum must be below 1, got {self.momentum}")
         if self.batch_size < self.devices:
@@ -116,22 +153,26 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def strategy_settings(self) -> StrategySettings:
+        """What this run's strategy is built with."""
+        return StrategySettings(device=self.device, require_gpus=self.require_gpus, timeout=self.timeout,
+                                port=self.port, sync_bn=self.sync_bn, shard=self.shard,
+                                reshard_after_forward=self.reshard_after_forward == "on")
+
+    def loop_settings(self) -> LoopSettings:
+        """How this run's Trainer loops."""
+        return LoopSettings(epochs=self.epochs, on_nonfinite=self.on_nonfinite, progress=self.progress,
+                            accumulate=self.accumulate)
+
 
 def _choice(name, value, allowed):
     if value not in allowed:
         raise ConfigError(f"unknown {name} {value!r}: choose one of {', '.join(allowed)}")
 
 
-def _positive_int(name, value):
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{name.replace('_', ' ')} must be a positive integer, got {value!r}")
-
-
-def _finite(name, value, lowest, inclusive):
-    ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok_type or not math.isfinite(value) or value < lowest or (value == lowest and not inclusive):
-        bound = f">= {lowest:g}" if inclusive else f"> {lowest:g}"
-        raise ConfigError(f"{name.replace('_', ' ')} must be a finite number {bound}, got {value!r}")
+def _words(name: str) -> str:
+    """A field's name as messages write it: batch_size -> batch size."""
+    return name.replace("_", " ")
 
 
 # -- `python -m mgpu check` -------------------------------------------------------------------------
@@ -168,11 +209,8 @@ class CheckOptions:
         _choice("device", self.device, DEVICE_KINDS)
         _choice("amp", self.amp, AMP_MODES)
         for name in ("batch_size", "steps", "accumulate"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name.replace('_', ' ')} must be a positive integer, got {value!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+            positive_int(getattr(self, name), _words(name))
+        non_negative_int(self.seed, "seed")
         if not self.strategies:
             raise ConfigError("no strategies to check")
         for s in self.strategies:
@@ -181,7 +219,7 @@ class CheckOptions:
         if not self.devices:
             raise ConfigError("no device counts to check")
         for n in self.devices:
-            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            if not is_int(n) or n < 1:
                 raise ConfigError(f"device counts must be positive integers, got {n!r}")
         most = max(self.devices)
         if self.batch_size < most:

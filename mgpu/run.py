@@ -7,10 +7,12 @@
     >>> result.summary_line()
     'test acc: 0.93, 1.9 sec/epoch on [cpu (emulated 0), cpu (emulated 1)]'
 
-`train` validates the settings once, lets the strategy check what it alone needs
+`train` validates the settings once, checks once what every rank would find for itself (the
+data, and what it needs of the ranks' devices), lets the strategy check what it alone needs
 (`Strategy.preflight`) and start its processes (`Strategy.launch`); in each process it builds
-the strategy, data, model and optimizer, resumes from a checkpoint if asked, runs the `Trainer`
-(mgpu/trainer.py) with its callbacks, and writes the results. It never names a strategy.
+the strategy (from `cfg.strategy_settings()`), data, model and optimizer, resumes from a
+checkpoint if asked, runs the `Trainer` (mgpu/trainer.py, with `cfg.loop_settings()`) with its
+callbacks, and writes the results. It never names a strategy.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from mgpu.models import build_model
 from mgpu.spec import builtin_spec
 from mgpu.results import EpochStats, RunResult
 from mgpu.strategies import Strategy, get_strategy
+from mgpu.strategies.base import check_amp
 from mgpu.trainer import Callback, Trainer
 
 __all__ = ["train", "make_optimizer_factory", "check_model_input", "CheckpointSaver"]
@@ -97,7 +100,7 @@ def _run_in_process(cfg: TrainConfig, fault: Fault | None = None) -> RunResult |
     devmod.keep_freed_memory()  # activation buffers reused across steps, not faulted in anew
     if cfg.exact_gpu_math or os.environ.get(EXACT_GPU_MATH_ENV) == "1":
         devmod.set_exact_gpu_math()  # for this process's life: the CLI's, or a rank's (the ranks get cfg and the env)
-    strategy = get_strategy(cfg.strategy).create(cfg)
+    strategy = get_strategy(cfg.strategy).create(cfg.devices, cfg.strategy_settings())
     try:
         log = print if strategy.is_main else (lambda _: None)
         for note in strategy.notes():
@@ -114,8 +117,7 @@ def _run_in_process(cfg: TrainConfig, fault: Fault | None = None) -> RunResult |
         callbacks = [fault] if fault is not None else []
         if cfg.checkpoint_dir:
             callbacks.append(CheckpointSaver(cfg, done))
-        trainer = Trainer(strategy, train_loader, test_loader, cfg.epochs, on_nonfinite=cfg.on_nonfinite,
-                          progress=cfg.progress, log=log, callbacks=callbacks, accumulate=cfg.accumulate)
+        trainer = Trainer(strategy, train_loader, test_loader, cfg.loop_settings(), log=log, callbacks=callbacks)
         history = done + trainer.fit(start_epoch)
         result = RunResult(config=cfg.to_dict(), devices=strategy.describe_devices(), notes=strategy.notes(),
                            epochs=history, versions=results.versions(), state_dict=strategy.model_state_dict(),
@@ -171,8 +173,24 @@ def train(cfg: TrainConfig) -> RunResult:
         elif checkpoint.checkpoint_path(cfg.checkpoint_dir).exists():
             raise CheckpointError(f"{checkpoint.checkpoint_path(cfg.checkpoint_dir)} already exists: pass --resume "
                                   "to continue that run, or choose an empty --checkpoint-dir")
-    strategy_cls.preflight(cfg)
-    return strategy_cls.launch(_Job(cfg, fault), cfg)
+    if strategy_cls.spawns_ranks and not launch.under_launcher():
+        _check_before_ranks(cfg)
+    settings = cfg.strategy_settings()
+    strategy_cls.preflight(cfg.devices, settings)
+    return strategy_cls.launch(_Job(cfg, fault), cfg, cfg.devices, settings)
+
+
+def _check_before_ranks(cfg: TrainConfig) -> None:
+    """What each rank of a strategy that starts ranks (`spawns_ranks`) would find for itself, found
+    here once, before they start: missing, corrupt or too few Fashion-MNIST files (or their download),
+    --amp bf16 on devices without bfloat16, and --data-on-device datasets too large for a rank's GPU
+    (every rank holds them on its own device). Under torchrun, where every rank runs `train`, nothing."""
+    loaders = make_loaders(cfg) if cfg.data == "fashion-mnist" else None
+    # The devices the ranks will take:
+    node = devmod.devices(cfg.devices, require_gpus=cfg.require_gpus, kind=cfg.device)
+    check_amp(cfg.amp, node)
+    if cfg.data_on_device and node[0].type == "cuda":
+        check_data_fits(loaders or make_loaders(cfg), node)
 
 
 class _Job:

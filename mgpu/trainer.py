@@ -1,6 +1,6 @@
 """The one training loop: a `Trainer` built from a strategy, two loaders and callbacks.
 
-    trainer = Trainer(strategy, train_loader, test_loader, epochs=2, callbacks=[CheckpointSaver(...)])
+    trainer = Trainer(strategy, train_loader, test_loader, LoopSettings(epochs=2), callbacks=[CheckpointSaver(...)])
     history = trainer.fit()                      # every epoch: train, evaluate, callbacks
     result = trainer.step(indices)               # or one global batch at a time (benchmarks do)
 
@@ -22,14 +22,15 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import torch
 from tqdm import tqdm
 
-from mgpu.errors import ConfigError, NonFiniteLossError
+from mgpu.config import LoopSettings
+from mgpu.errors import NonFiniteLossError
 from mgpu.results import EpochStats
 
 if TYPE_CHECKING:  # for the hints only: the loop imports no strategy
     from mgpu.data import BatchLoader
     from mgpu.strategies.base import Strategy
 
-__all__ = ["Callback", "StepResult", "Trainer"]
+__all__ = ["Callback", "LoopSettings", "StepResult", "Trainer"]
 
 
 class Callback:
@@ -58,15 +59,11 @@ class StepResult:
 class Trainer:
     """Runs steps and epochs of a strategy over global batches; the strategy does all device work."""
 
-    def __init__(self, strategy: "Strategy", train_loader: "BatchLoader", test_loader: "BatchLoader", epochs: int,
-                 on_nonfinite: str = "error", progress: bool = True, log: Callable[[str], None] = print,
-                 callbacks: Sequence[Callback] = (), accumulate: int = 1):
-        if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
-            raise ConfigError(f"accumulate must be a positive integer, got {accumulate!r}")
+    def __init__(self, strategy: "Strategy", train_loader: "BatchLoader", test_loader: "BatchLoader",
+                 settings: LoopSettings, log: Callable[[str], None] = print, callbacks: Sequence[Callback] = ()):
         self.strategy, self.train_loader, self.test_loader = strategy, train_loader, test_loader
-        self.epochs, self.on_nonfinite = epochs, on_nonfinite
-        self.accumulate = accumulate  # micro-steps per global batch; gradients synchronised on the last
-        self.progress = progress and strategy.is_main
+        self.settings = settings
+        self.progress = settings.progress and strategy.is_main  # bars on the main process only
         self.log = log if strategy.is_main else (lambda _: None)
         self.callbacks = list(callbacks)
 
@@ -78,9 +75,9 @@ class Trainer:
             X = callback.before_step(self, epoch, step, X)
         # The step's one host read, after every replica's backward has been launched (see
         # mgpu/strategies/base.py: the sync budget); the NaN/Inf check rides on it.
-        loss_sum, correct = s.all_sum(s.forward_backward(X, y, len(indices), self.accumulate)).tolist()
+        loss_sum, correct = s.all_sum(s.forward_backward(X, y, len(indices), self.settings.accumulate)).tolist()
         if not math.isfinite(loss_sum):
-            if self.on_nonfinite == "error":
+            if self.settings.on_nonfinite == "error":
                 raise NonFiniteLossError(f"loss is {loss_sum} at epoch {epoch + 1}, step {step + 1}: training stopped "
                                          "(lower the learning rate, or pass --on-nonfinite skip to skip such steps)")
             s.skip_step()
@@ -95,7 +92,7 @@ class Trainer:
         s.train_mode()
         loss_sum = correct = seen = 0.0
         skipped = 0
-        bar = tqdm(total=len(self.train_loader), desc=f"epoch {epoch + 1}/{self.epochs}", unit="batch",
+        bar = tqdm(total=len(self.train_loader), desc=f"epoch {epoch + 1}/{self.settings.epochs}", unit="batch",
                    file=sys.stderr, leave=False, disable=not self.progress, dynamic_ncols=True)
         s.synchronize()
         start = time.perf_counter()
@@ -141,11 +138,12 @@ class Trainer:
     def fit(self, start_epoch: int = 0) -> list[EpochStats]:
         """Epochs start_epoch+1 .. epochs (1-based), each followed by the callbacks' on_epoch_end."""
         history = []
-        for epoch in range(start_epoch, self.epochs):
+        epochs = self.settings.epochs
+        for epoch in range(start_epoch, epochs):
             stats = self.run_epoch(epoch)
             history.append(stats)
             skipped = f", {stats.skipped_steps} step(s) skipped (non-finite loss)" if stats.skipped_steps else ""
-            self.log(f"epoch {stats.epoch}/{self.epochs}: loss {stats.loss:.4f}, train acc {stats.train_acc:.3f}, "
+            self.log(f"epoch {stats.epoch}/{epochs}: loss {stats.loss:.4f}, train acc {stats.train_acc:.3f}, "
                      f"test acc {stats.test_acc:.3f}, {stats.seconds:.1f} s ({stats.images_per_sec:.0f} img/s){skipped}")
             for callback in self.callbacks:
                 callback.on_epoch_end(self, epoch, stats)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mgpu.config import CheckOptions, TrainConfig
+from mgpu.config import CheckOptions, StrategySettings
 from mgpu.devices import devices
 from mgpu.parity.record import Plan
 from mgpu.spec import ModelSpec
@@ -47,12 +47,14 @@ class SGDFactory:
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
 
-def strategy_for(name: str, n: int, options: CheckOptions):
+def strategy_for(name: str, n: int, options: CheckOptions, find_unused: bool = False):
     """Strategy `name` on n devices (or ranks), created as the check runs it: its step timeout, its
-    device kind, and the speed options (--amp bf16: the forward and loss under bfloat16 autocast;
-    --compile: the (wrapped) model under torch.compile)."""
-    strategy = get_strategy(name).create(TrainConfig(strategy=name, devices=n, out=None, progress=False,
-                                                     timeout=options.step_timeout or 60.0, device=options.device))
+    device kind, DDP's find_unused_parameters (for a model some steps leave parameters of unused),
+    and the speed options (--amp bf16: the forward and loss under bfloat16 autocast; --compile: the
+    (wrapped) model under torch.compile)."""
+    settings = StrategySettings(timeout=options.step_timeout or 60.0, device=options.device,
+                                find_unused_parameters=find_unused)
+    strategy = get_strategy(name).create(n, settings)
     strategy.use_speed_options(amp=options.amp, compile=options.compile)
     return strategy
 

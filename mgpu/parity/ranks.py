@@ -78,7 +78,7 @@ def rank_main(job: RankJob):
     try:
         for name in job.strategies:
             # The strategies share the process group: the second one's create() finds it set up.
-            strategy = strategy_for(name, world, job.options)
+            strategy = strategy_for(name, world, job.options, find_unused=job.find_unused)
             out[name] = _rank_plans(job, spec, strategy)
         # Bytes, not tensors: torch's multiprocessing would pass each tensor as a file descriptor to
         # the launcher, and a model of a few hundred tensors runs out of them.
@@ -92,7 +92,6 @@ def _rank_plans(job: RankJob, spec: ModelSpec, strategy) -> list | None:
     """Every plan under one strategy; on rank 0, [plan][rank] recordings."""
     import torch.distributed as dist
 
-    strategy.find_unused_parameters = job.find_unused
     rank, world = strategy.rank, strategy.world_size
     out = []
     for plan in job.plans:

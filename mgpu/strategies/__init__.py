@@ -1,6 +1,9 @@
-"""One module per strategy; `get_strategy(name)` returns its class."""
+"""One module per strategy; `get_strategy(name)` returns its class.
 
-from mgpu.config import STRATEGY_NAMES
+    strategy = get_strategy("manual").create(2, StrategySettings())   # a run's: cfg.strategy_settings()
+"""
+
+from mgpu.config import STRATEGY_NAMES, StrategySettings
 from mgpu.errors import ConfigError
 from mgpu.strategies.base import Strategy
 from mgpu.strategies.dataparallel import DataParallel
@@ -23,5 +26,5 @@ def get_strategy(name: str) -> type[Strategy]:
         raise ConfigError(f"unknown strategy {name!r}: choose one of {', '.join(STRATEGIES)}") from None
 
 
-__all__ = ["Strategy", "STRATEGIES", "RANK_STRATEGIES", "get_strategy", "SingleDevice", "Manual", "DataParallel",
-           "DistributedDataParallel", "FullyShardedDataParallel"]
+__all__ = ["Strategy", "StrategySettings", "STRATEGIES", "RANK_STRATEGIES", "get_strategy", "SingleDevice", "Manual",
+           "DataParallel", "DistributedDataParallel", "FullyShardedDataParallel"]

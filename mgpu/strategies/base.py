@@ -18,6 +18,10 @@ and the count of correct examples (mgpu.spec.Objective; cross-entropy over class
 default), and X is one tensor or a tuple of tensors, the model's positional arguments.
 Gradient accumulation (`micro_steps` K): each device's part of the global batch is cut into K
 contiguous pieces, run one after the other, and gradients are synchronised once, after the last.
+
+A strategy is built from a device count and the settings it uses, which it keeps as they were given:
+
+    strategy = get_strategy("ddp").create(2, StrategySettings(timeout=30.0))   # or cfg.strategy_settings()
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from torch import nn
 
 from mgpu import devices as devmod
 from mgpu.comm import shard_bounds
+from mgpu.config import StrategySettings
 from mgpu.devices import to_device
 from mgpu.errors import DeviceError
 from mgpu.spec import Objective, as_inputs, batch_length, slice_inputs
@@ -74,8 +79,9 @@ class Strategy(ABC):
     name: ClassVar[str] = "base"
     spawns_ranks: ClassVar[bool] = False  # whether `launch` starts processes of its own
 
-    def __init__(self, devices: devmod.DeviceList):
+    def __init__(self, devices: devmod.DeviceList, settings: StrategySettings = StrategySettings()):
         self.devices = devices
+        self.settings = settings  # what it was built with: read, never changed (frozen)
         self.rank, self.world_size = 0, 1  # processes, not devices: only DDP has more than one
         self.autocast_dtype: torch.dtype | None = None             # --amp bf16: torch.bfloat16
         self.memory_format: torch.memory_format = torch.contiguous_format  # --channels-last
@@ -119,17 +125,19 @@ class Strategy(ABC):
 
     # -- lifecycle -----------------------------------------------------------------------------
     @classmethod
-    def preflight(cls, cfg) -> None:
+    def preflight(cls, devices: int, settings: StrategySettings) -> None:
         """Checks only this strategy needs, run once by `train()` before `launch` (none here)."""
 
     @classmethod
-    def launch(cls, fn: Callable, cfg):
-        """Run fn(cfg) where this strategy needs it run; in this process for all but DDP."""
-        return fn(cfg)
+    def launch(cls, fn: Callable, job, devices: int, settings: StrategySettings):
+        """Run fn(job) where this strategy needs it run: in this process, for all but those that
+        start ranks of their own (`spawns_ranks`), where it runs in each of `devices` ranks."""
+        return fn(job)
 
     @classmethod
-    def create(cls, cfg) -> "Strategy":
-        return cls(devmod.devices(cfg.devices, require_gpus=cfg.require_gpus, kind=cfg.device))
+    def create(cls, devices: int, settings: StrategySettings = StrategySettings()) -> "Strategy":
+        """This strategy on `devices` devices, built with `settings`."""
+        return cls(devmod.devices(devices, require_gpus=settings.require_gpus, kind=settings.device), settings)
 
     @abstractmethod
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:

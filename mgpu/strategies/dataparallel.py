@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from mgpu import devices as devmod
+from mgpu.config import StrategySettings
 from mgpu.strategies.single import SingleDevice
 
 
@@ -28,12 +29,16 @@ class _AutocastForward(nn.Module):
 class DataParallel(SingleDevice):
     name = "dataparallel"
 
+    def __init__(self, devices: devmod.DeviceList, settings: StrategySettings = StrategySettings(),
+                 requested: int = 1):
+        super().__init__(devices, settings)
+        self.requested = requested  # the device count asked for, which the pass-through note names
+
     @classmethod
-    def create(cls, cfg) -> "DataParallel":
-        requested = devmod.devices(cfg.devices, require_gpus=cfg.require_gpus, kind=cfg.device)
-        strategy = cls(requested if requested[0].type == "cuda" else devmod.DeviceList([torch.device("cpu")]))
-        strategy.requested = cfg.devices
-        return strategy
+    def create(cls, devices: int, settings: StrategySettings = StrategySettings()) -> "DataParallel":
+        found = devmod.devices(devices, require_gpus=settings.require_gpus, kind=settings.device)
+        return cls(found if found[0].type == "cuda" else devmod.DeviceList([torch.device("cpu")]), settings,
+                   requested=devices)
 
     @property
     def passthrough(self) -> bool:
@@ -53,5 +58,5 @@ class DataParallel(SingleDevice):
     def notes(self) -> list[str]:
         if self.passthrough:
             return [f"dataparallel: nn.DataParallel needs CUDA devices; ran as a pass-through on one CPU "
-                    f"device, not on {getattr(self, 'requested', 1)} devices"]
+                    f"device, not on {self.requested} devices"]
         return super().notes()

@@ -28,10 +28,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu import devices as devmod
 from mgpu import launch
-from mgpu.data import check_data_fits, make_loaders
 from mgpu.comm import all_sum, shard_bounds
+from mgpu.config import StrategySettings
 from mgpu.errors import ConfigError, DeviceError, LaunchError
-from mgpu.strategies.base import OptimizerFactory, check_amp
+from mgpu.strategies.base import OptimizerFactory
 from mgpu.strategies.single import SingleDevice
 
 
@@ -78,42 +78,45 @@ class DistributedDataParallel(SingleDevice):
     name = "ddp"
     spawns_ranks = True
 
-    @classmethod
-    def launch(cls, fn, cfg):
-        if launch.under_launcher():
-            return fn(cfg)  # torchrun (or our own spawn) already started this rank
-        devmod.devices(cfg.devices, require_gpus=cfg.require_gpus, kind=cfg.device)  # fail here, once, not in every rank
-        return launch.spawn(fn, cfg, nprocs=cfg.devices, port=cfg.port)
+    def __init__(self, devices: devmod.DeviceList, settings: StrategySettings = StrategySettings(), *,
+                 rank: int, world_size: int, rank_devices: list[str]):
+        super().__init__(devices, settings)
+        self.rank, self.world_size = rank, world_size
+        self.rank_devices = rank_devices  # every rank's device, by rank (describe_devices)
 
     @classmethod
-    def preflight(cls, cfg) -> None:
-        """Checked once before the ranks start, not in every rank (nothing to do inside torchrun's ranks)."""
+    def launch(cls, fn, job, devices: int, settings: StrategySettings):
+        if launch.under_launcher():
+            return fn(job)  # torchrun (or our own spawn) already started this rank
+        # Fail here, once, not in every rank:
+        devmod.devices(devices, require_gpus=settings.require_gpus, kind=settings.device)
+        return launch.spawn(fn, job, nprocs=devices, port=settings.port)
+
+    @classmethod
+    def preflight(cls, devices: int, settings: StrategySettings) -> None:
+        """Checked once before the ranks start, not in every rank (nothing to do inside torchrun's ranks).
+        What the run's data and speed options need of the ranks' devices the run checks (mgpu/run.py)."""
         if launch.under_launcher():
             return
-        loaders = None
-        if cfg.data == "fashion-mnist":
-            loaders = make_loaders(cfg)  # missing, corrupt or too few files fail (or download) once, before the ranks
-        node = devmod.devices(cfg.devices, require_gpus=cfg.require_gpus, kind=cfg.device)  # the devices the ranks will take
-        check_amp(cfg.amp, node)
-        if cfg.data_on_device and node[0].type == "cuda":  # every rank holds the datasets on its own device
-            check_data_fits(loaders or make_loaders(cfg), node)
-        if cfg.sync_bn and devmod.gpu_count() < cfg.devices:
-            raise DeviceError(f"--sync-bn needs a CUDA device per rank: {cfg.devices} ranks, "
+        if settings.sync_bn and devmod.gpu_count() < devices:
+            raise DeviceError(f"--sync-bn needs a CUDA device per rank: {devices} ranks, "
                               f"{devmod.gpu_count()} CUDA device(s) found")
-        if cfg.port is not None:
+        if settings.port is not None:
             try:
-                launch.check_port_free(cfg.port)
+                launch.check_port_free(settings.port)
             except LaunchError as e:
                 raise ConfigError(str(e)) from None
 
     @classmethod
-    def create(cls, cfg) -> "DistributedDataParallel":
+    def create(cls, devices: int, settings: StrategySettings = StrategySettings()) -> "DistributedDataParallel":
+        """This rank's strategy, inside ranks a launcher started: the world is the launcher's (WORLD_SIZE),
+        so `devices` is not read, nor is `settings.port` (the launcher's MASTER_PORT is)."""
         if not launch.under_launcher():
             raise ConfigError("the ddp strategy runs inside ranks: start it with DistributedDataParallel.launch, "
                               "`python -m mgpu train --strategy ddp`, or torchrun")
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
-        device, backend = rank_device(local_rank, local_world, cfg.require_gpus, cfg.device)
+        device, backend = rank_device(local_rank, local_world, settings.require_gpus, settings.device)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         else:
@@ -121,16 +124,13 @@ class DistributedDataParallel(SingleDevice):
             # as taskset, cgroups or a batch scheduler set it): oversubscribing them would serialise the ranks.
             torch.set_num_threads(max(1, len(devmod.usable_cores()) // local_world))
         if not dist.is_initialized():  # else a strategy before this one in the same ranks set it up (mgpu check)
-            setup_process_group(backend, cfg.timeout)
-        strategy = cls(devmod.DeviceList([device]))
-        strategy.rank, strategy.world_size = dist.get_rank(), dist.get_world_size()
-        strategy.sync_bn = cfg.sync_bn
-        strategy.find_unused_parameters = False  # set before setup for models with parameters some steps leave unused
-        strategy.rank_devices = check_gpu_per_rank(device, strategy.rank, strategy.world_size)
-        return strategy
+            setup_process_group(backend, settings.timeout)
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        return cls(devmod.DeviceList([device]), settings, rank=rank, world_size=world_size,
+                   rank_devices=check_gpu_per_rank(device, rank, world_size))
 
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:
-        if self.sync_bn:
+        if self.settings.sync_bn:
             if self.devices[0].type != "cuda":
                 raise DeviceError("SyncBatchNorm needs CUDA devices; it refuses CPU tensors")
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -142,7 +142,7 @@ class DistributedDataParallel(SingleDevice):
         # Gradients as views into DDP's buckets: no copy into and out of the buckets each step
         # (the figure it bought on 2 CPU cores is in docs/notes/perf.md).
         return DDP(model, device_ids=[device] if device.type == "cuda" else None, gradient_as_bucket_view=True,
-                   find_unused_parameters=getattr(self, "find_unused_parameters", False))
+                   find_unused_parameters=self.settings.find_unused_parameters)
 
     def teardown(self) -> None:
         if dist.is_initialized():

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mgpu.config import StrategySettings
 from mgpu.errors import ConfigError, SpecError
 from mgpu.strategies.ddp import DistributedDataParallel
 
@@ -123,21 +124,21 @@ def _by_name(state: dict, names: list[list[str]]) -> dict:
 
 
 class FullyShardedDataParallel(DistributedDataParallel):
+    """DDP's ranks, sharded per `settings.shard`, gathered weights freed after forward per
+    `settings.reshard_after_forward`."""
+
     name = "fsdp"
+    mp_policy = None  # --amp bf16: FSDP's MixedPrecisionPolicy, from use_speed_options (None: fp32 throughout)
 
     @classmethod
-    def preflight(cls, cfg) -> None:
+    def preflight(cls, devices: int, settings: StrategySettings) -> None:
         check_fsdp_supported()
-        super().preflight(cfg)
+        super().preflight(devices, settings)
 
     @classmethod
-    def create(cls, cfg) -> "FullyShardedDataParallel":
+    def create(cls, devices: int, settings: StrategySettings = StrategySettings()) -> "FullyShardedDataParallel":
         check_fsdp_supported()
-        strategy = super().create(cfg)
-        strategy.shard = cfg.shard
-        strategy.reshard_after_forward = cfg.reshard_after_forward == "on"
-        strategy.mp_policy = None
-        return strategy
+        return super().create(devices, settings)
 
     def use_speed_options(self, amp: str = "off", channels_last: bool = False, compile: bool = False) -> None:
         super().use_speed_options(amp, channels_last, compile)
@@ -150,7 +151,7 @@ class FullyShardedDataParallel(DistributedDataParallel):
             self.autocast_dtype = None
 
     def setup(self, model: nn.Module, make_optimizer) -> None:
-        if self.sync_bn:
+        if self.settings.sync_bn:
             raise ConfigError("--sync-bn is not supported with the fsdp strategy (it converts BatchNorm for ddp only)")
         super().setup(model, make_optimizer)
         self.fsdp = self.wrapped
@@ -167,10 +168,11 @@ class FullyShardedDataParallel(DistributedDataParallel):
                 dist.broadcast(t.data, src=0)
         mesh = init_device_mesh(device.type, (self.world_size,))
         policy = self.mp_policy or MixedPrecisionPolicy()
-        if self.shard == "block":
+        reshard = self.settings.reshard_after_forward
+        if self.settings.shard == "block":
             for unit in shard_units(model):
-                fully_shard(unit, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
-        fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
+                fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
         return model
 
     def gradient_sync(self, last_micro_step: bool):
@@ -197,7 +199,7 @@ class FullyShardedDataParallel(DistributedDataParallel):
         for m in self._fsdp_modules():
             m.reshard()
             if m is not self.fsdp:  # the root keeps its parameters after forward (FSDP's own choice)
-                m.set_reshard_after_forward(self.reshard_after_forward, recurse=False)
+                m.set_reshard_after_forward(self.settings.reshard_after_forward, recurse=False)
 
     def evaluation_net(self) -> nn.Module:
         return self.model
@@ -205,7 +207,7 @@ class FullyShardedDataParallel(DistributedDataParallel):
     def notes(self) -> list[str]:
         if self.devices[0].type == "cpu" and self.world_size > 1:
             return [f"fsdp: {self.world_size} gloo processes on the CPU, {torch.get_num_threads()} thread(s) each, "
-                    f"sharded per {self.shard}"]
+                    f"sharded per {self.settings.shard}"]
         return []
 
     # -- state: full and unsharded, through torch's distributed-checkpoint helpers ------------------

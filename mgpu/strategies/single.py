@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from mgpu import devices as devmod
+from mgpu.config import StrategySettings
 from mgpu.devices import to_device
 from mgpu.spec import batch_length
 from mgpu.strategies.base import OptimizerFactory, Strategy, micro_batches
@@ -23,9 +24,9 @@ class SingleDevice(Strategy):
     name = "single"
 
     @classmethod
-    def create(cls, cfg) -> "SingleDevice":
-        # --devices is ignored here on purpose: "single" always means the first device.
-        return cls(devmod.devices(1, require_gpus=cfg.require_gpus, kind=cfg.device))
+    def create(cls, devices: int, settings: StrategySettings = StrategySettings()) -> "SingleDevice":
+        # `devices` is ignored here on purpose: "single" always means the first device.
+        return cls(devmod.devices(1, require_gpus=settings.require_gpus, kind=settings.device), settings)
 
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:
         self.model = self.place(model, self.devices[0])

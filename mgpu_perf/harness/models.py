@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ModelBench", "ModelSession", "module_file", "use_speed_options"]
+__all__ = ["ModelBench", "ModelSession", "module_file", "use_speed_options", "create_strategy"]
 
 
 @dataclass
@@ -45,11 +45,16 @@ class ModelBench:
         return self.per_device_batch * self.devices
 
     def train_config(self):
-        """mgpu's TrainConfig for the strategy and devices (validated: mgpu's rules and messages)."""
+        """mgpu's TrainConfig for the strategy and devices, validated: the bench's settings checked by
+        mgpu's own rules, with its messages."""
         from mgpu.config import TrainConfig
 
         return TrainConfig(strategy=self.strategy, devices=self.devices, batch_size=self.global_batch, lr=self.lr,
                            seed=self.seed, epochs=1, out=None, progress=False).validate()
+
+    def create_strategy(self):
+        """The bench's strategy on its devices, with mgpu's default settings (a rank's, in a rank)."""
+        return create_strategy(self.train_config())
 
     def spec(self):
         from mgpu.spec import load_spec
@@ -58,6 +63,18 @@ class ModelBench:
 
     def open(self, strategy=None) -> "ModelSession":
         return ModelSession(self, strategy)
+
+
+def create_strategy(cfg):
+    """The strategy of a TrainConfig, built as the mgpu this process imports builds one: from the
+    settings it uses (`cfg.strategy_settings()`), or, in a baseline arm whose mgpu predates them,
+    from the whole TrainConfig."""
+    from mgpu.strategies import get_strategy
+
+    strategy_cls = get_strategy(cfg.strategy)
+    if not hasattr(cfg, "strategy_settings"):  # an older mgpu: Strategy.create(cfg)
+        return strategy_cls.create(cfg)
+    return strategy_cls.create(cfg.devices, cfg.strategy_settings())
 
 
 def use_speed_options(strategy, amp: str = "off", channels_last: bool = False, compile: bool = False) -> None:
@@ -84,12 +101,11 @@ class ModelSession:
     def __init__(self, bench: ModelBench, strategy=None):
         from mgpu import devices as devmod
         from mgpu.spec import slice_inputs
-        from mgpu.strategies import get_strategy
 
         spec = bench.spec()
         self.bench, self.origin = bench, module_file(bench.model)
         devmod.keep_freed_memory()  # as `python -m mgpu train` does
-        self.strategy = strategy or get_strategy(bench.strategy).create(bench.train_config())
+        self.strategy = strategy or bench.create_strategy()
         if self.strategy.devices[0].type == "cpu" and bench.threads_per_device:
             torch.set_num_threads(bench.threads_per_device)  # the same share of the cores at every count
         self.strategy.use_objective(spec.objective)

@@ -5,7 +5,9 @@
 
 This module reaches mgpu only through its public API (TrainConfig, get_strategy, build_model,
 make_loaders, make_optimizer_factory, Trainer): the A/B gate runs it in workers whose `mgpu` comes
-from another tree (the baseline), as asv runs today's benchmarks against each commit.
+from another tree (the baseline), as asv runs today's benchmarks against each commit. Where that API
+changed, both forms are used: a strategy built from its settings or from the TrainConfig
+(`create_strategy`), a Trainer given LoopSettings or keywords (`_trainer`).
 
 Scaling here is weak scaling: the per-device batch is fixed, the global batch grows with the device
 count. On a CPU every emulated device (replica or rank) gets the same share of the cores at every
@@ -56,6 +58,12 @@ class TrainBench:
         """A session of this benchmark (in a rank of a pool: with that rank's strategy)."""
         return TrainSession(self, strategy)
 
+    def create_strategy(self):
+        """The benchmark's strategy, built from its TrainConfig's settings (a rank's, in a rank)."""
+        from mgpu_perf.harness.models import create_strategy
+
+        return create_strategy(self.train_config())
+
     def train_config(self):
         """The TrainConfig of this benchmark, validated (mgpu's own rules and messages)."""
         from mgpu.config import TrainConfig
@@ -80,16 +88,14 @@ class TrainSession:
     def __init__(self, bench: TrainBench, strategy=None):
         from mgpu import devices as devmod
         from mgpu.models import build_model
-        from mgpu.strategies import get_strategy
-        from mgpu.trainer import Trainer
+
+        from mgpu_perf.harness.models import create_strategy, use_speed_options
 
         make_loaders, make_optimizer_factory = run_builders()
         cfg = bench.train_config()
         devmod.keep_freed_memory()  # as `python -m mgpu train` does
         self.bench = bench
-        self.strategy = strategy or get_strategy(cfg.strategy).create(cfg)
-        from mgpu_perf.harness.models import use_speed_options
-
+        self.strategy = strategy or create_strategy(cfg)
         use_speed_options(self.strategy, bench.amp, bench.channels_last, bench.compile)
         train_loader, test_loader = make_loaders(cfg)
         model = build_model(cfg.model, width=cfg.width, seed=cfg.seed)
@@ -98,7 +104,7 @@ class TrainSession:
         reset_peak = getattr(self.strategy, "reset_peak_memory", None)  # a baseline arm's mgpu may predate it
         if reset_peak is not None:
             reset_peak()
-        self.trainer = Trainer(self.strategy, train_loader, test_loader, epochs=1, progress=False, log=lambda _: None)
+        self.trainer = _trainer(self.strategy, train_loader, test_loader)
         self.batches = list(train_loader.index_batches())
         self.dataset = train_loader.dataset
         self.steps = self.epochs = 0
@@ -163,6 +169,18 @@ class TrainSession:
 
     def close(self) -> None:
         self.strategy.teardown()
+
+
+def _trainer(strategy, train_loader, test_loader):
+    """mgpu's Trainer over the strategy for one quiet epoch: given LoopSettings, or, in a baseline
+    arm whose mgpu predates them, the same settings as keywords."""
+    from mgpu.trainer import Trainer
+
+    try:
+        from mgpu.trainer import LoopSettings
+    except ImportError:  # an older mgpu: Trainer(..., epochs=1, progress=False)
+        return Trainer(strategy, train_loader, test_loader, epochs=1, progress=False, log=lambda _: None)
+    return Trainer(strategy, train_loader, test_loader, LoopSettings(epochs=1, progress=False), log=lambda _: None)
 
 
 # -- bare PyTorch: the same steps with no mgpu code in the loop ----------------------------------
