@@ -149,7 +149,7 @@ def _add_train_parser(commands) -> None:
 
 
 def _add_check_script_parser(commands) -> None:
-    from mgpu.scriptcheck import add_arguments
+    from mgpu.scriptcheck.command import add_arguments
 
     p = commands.add_parser("check-script", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             help="run your own training script at world size 1 and at N ranks and find the first "
@@ -158,7 +158,7 @@ def _add_check_script_parser(commands) -> None:
 
 
 def _check_script_main(parser: argparse.ArgumentParser, args) -> int:
-    from mgpu.scriptcheck import run_main
+    from mgpu.scriptcheck.command import run_main
 
     return run_main(parser, args)
 
@@ -182,6 +182,8 @@ def _command_providers() -> list:
 
 
 def _add_check_parser(commands) -> None:
+    from mgpu.check.command import add_report_arguments
+
     d = CheckOptions()
     c = commands.add_parser("check", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             help="check that data-parallel training of your model computes what one device computes")
@@ -210,14 +212,14 @@ def _add_check_parser(commands) -> None:
     c.add_argument("--compile", action="store_true",
                    help="every strategy's model under torch.compile (inductor), against the eager single-device "
                         "reference; a compiled run that diverges from eager fails with its first divergence")
-    c.add_argument("--json", default=None, metavar="PATH", help="write one record per check here")
-    c.add_argument("--strict", action="store_true", help="findings fail the check too (exit 1), and so does a check that is not verified "
-                        "(more than 10 %% of its comparisons skipped)")
+    add_report_arguments(c, json_help="write one record per check here",
+                         strict_help="findings fail the check too (exit 1), and so does a check that is not verified "
+                                     "(more than 10 %% of its comparisons skipped)")
+
 
 def _check_main(parser: argparse.ArgumentParser, args) -> int:
-    """`python -m mgpu check`: the table on stdout, a progress line per check on stderr, --json."""
-    import os
-
+    """`python -m mgpu check`: the table on stdout, a progress line per check on stderr, --json;
+    the ending (exit codes, one-line errors, Ctrl-C) is the check core's (mgpu/check/command.py)."""
     def int_list(text: str, what: str) -> tuple[int, ...]:
         try:
             return tuple(int(p) for p in text.split(","))
@@ -232,27 +234,19 @@ def _check_main(parser: argparse.ArgumentParser, args) -> int:
                                compile=args.compile).validate()
     except ConfigError as e:
         parser.error(one_line(e))
-    if args.json is not None:
-        folder = os.path.dirname(os.path.abspath(args.json))
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            parser.error(f"cannot write --json {args.json}: folder {folder} does not exist or is not writable")
+    from mgpu.check.command import run_check_command
     from mgpu.parity.check import run_check
-    from mgpu.parity.report import table, write_json
     from mgpu.spec import builtin_spec, load_spec
 
-    try:
+    def run():
         if ":" not in args.model and args.input_shape is None and args.classes is None and args.model in MODEL_NAMES:
             spec = builtin_spec(args.model, width=16 if args.model == "resnet18" else 64)
         else:
             spec = load_spec(args.model, input_shape=args.input_shape, classes=args.classes)
-        report = run_check(spec, options, progress=lambda line: print(line, file=sys.stderr, flush=True))
-    except MgpuError as e:
-        print(f"mgpu: error: {one_line(e)}", file=sys.stderr)
-        return EXIT_USAGE
-    print(table(report))
-    if args.json is not None:
-        write_json(report, args.json)
-    return report.exit_code(strict=args.strict)
+        return run_check(spec, options, progress=lambda line: print(line, file=sys.stderr, flush=True))
+
+    return run_check_command(parser, args, run)
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()

@@ -1,5 +1,6 @@
 """What each run of a check is: its plans, its optimizer, the strategy it drives, its name and first device.
 
+    plan = plan_check(options)           # CheckPlan: the plans, the runs, the probe's shards
     plans = make_plans(options)          # {"plain": Plan, "uneven": Plan, "accumulate": Plan}
     strategy = strategy_for("manual", 2, options)
     label("ddp", 2)                      # "ddp on 2 ranks", as timeouts and progress lines name a run
@@ -14,13 +15,31 @@ from dataclasses import dataclass
 
 import torch
 
+from mgpu.comm import shard_bounds
 from mgpu.config import CheckOptions, StrategySettings
 from mgpu.devices import devices
 from mgpu.parity.record import Plan
 from mgpu.spec import ModelSpec
 from mgpu.strategies import RANK_STRATEGIES, get_strategy  # RANK_STRATEGIES: each run is a spawn of its ranks
 
-__all__ = ["make_plans", "make_optimizer", "SGDFactory", "strategy_for", "label", "run_device"]
+__all__ = ["CheckPlan", "plan_check", "make_plans", "make_optimizer", "SGDFactory", "strategy_for", "label", "run_device"]
+
+
+@dataclass(frozen=True)
+class CheckPlan:
+    """Everything a check runs, decided from the options before anything runs: each strategy's plans,
+    the (strategy, devices) runs in the options' order, and the shards the probe cuts the plain
+    batch into (on the most devices checked: [start, stop) each)."""
+
+    plans: dict
+    runs: tuple
+    probe_shards: tuple
+
+
+def plan_check(options: CheckOptions) -> CheckPlan:
+    plans = make_plans(options)
+    n, batch = max(options.devices), plans["plain"].batch_size
+    return CheckPlan(plans, tuple(options.runs()), tuple(shard_bounds(batch, n, i) for i in range(n)))
 
 
 def make_plans(options: CheckOptions) -> dict[str, Plan]:

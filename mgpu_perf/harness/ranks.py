@@ -174,12 +174,10 @@ class _RankServer:
     session (`bench.open`: a TrainSession of mgpu's ResNet, or a ModelSession of a user's model)."""
 
     def __init__(self, bench):
-        from mgpu.strategies import get_strategy
-
         from mgpu_perf.counting import CompileWatch
 
         self.compile_watch = CompileWatch() if bench.compile else None  # graphs and breaks from the start
-        strategy = get_strategy(bench.strategy).create(bench.train_config())
+        strategy = bench.create_strategy()
         if strategy.devices[0].type == "cpu" and bench.threads_per_device:
             # create() gives each rank cores // ranks threads; a benchmark wants the same share at every count.
             torch.set_num_threads(bench.threads_per_device)

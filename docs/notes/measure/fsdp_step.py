@@ -34,9 +34,7 @@ class _ProfiledRank:
     def __init__(self, bench: TrainBench):
         import torch
 
-        from mgpu.strategies import get_strategy
-
-        strategy = get_strategy(bench.strategy).create(bench.train_config())
+        strategy = bench.create_strategy()
         torch.set_num_threads(bench.threads_per_device)
         self.session = TrainSession(bench, strategy)
 
