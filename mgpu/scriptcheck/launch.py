@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from mgpu.check.records import RankRecord
 from mgpu.errors import LaunchError
-from mgpu.scriptcheck.plan import ScriptCheckError, ScriptCheckOptions, Target, expand_args, plan_runs
+from mgpu.scriptcheck.plan import RankJob, ScriptCheckError, ScriptCheckOptions, Target, expand_args, plan_runs
 
 __all__ = ["WorldRun", "RankFailure", "run_worlds", "PERTURB", "ScriptCheckError", "expand_args"]
 
@@ -113,17 +113,15 @@ def run_world(target: Target, planned: tuple[int, str, str], options: ScriptChec
     timeout = options.timeout
     tag = f"w{world}{run or 'N'}-{device}"
     args = expand_args(target.args, world)
-    env = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" and gpus else {}
-    cfg = {"script": os.path.abspath(target.script) if target.script else None, "module": target.module,
-           "cwd": os.getcwd(),
-           "args": args, "steps": options.steps, "folder": folder, "tag": tag,
-           "perturb": PERTURB if run == "B" else 0.0,
-           "threads": max(1, _cores() // world) if world > 1 else None, "env": env,
-           "exact_gpu_math": device == "cuda", "sync_batchnorm": world > 1}
+    env = (("CUDA_VISIBLE_DEVICES", ""),) if device == "cpu" and gpus else ()
+    job = RankJob(os.path.abspath(target.script) if target.script else None, target.module, os.getcwd(), tuple(args),
+                  options.steps, folder, tag, perturb=PERTURB if run == "B" else 0.0,
+                  threads=max(1, _cores() // world) if world > 1 else None, env=env,
+                  exact_gpu_math=device == "cuda", sync_batchnorm=world > 1)
     out = WorldRun(world, run, device, args)
     started = time.time()
     try:
-        spawn(run_rank, cfg, nprocs=world, deadline_s=timeout)
+        spawn(run_rank, job, nprocs=world, deadline_s=timeout)
     except LaunchError as e:
         out.failure = _failure(e, world, folder, tag, timeout)
     out.started, out.ended = started, time.time()

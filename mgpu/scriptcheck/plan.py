@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from mgpu.errors import MgpuError
 from mgpu.validators import number, positive_int, world_sizes
 
-__all__ = ["ScriptCheckError", "ScriptCheckOptions", "Target", "expand_args", "plan_runs", "batch_hint",
+__all__ = ["ScriptCheckError", "ScriptCheckOptions", "Target", "RankJob", "expand_args", "plan_runs", "batch_hint",
            "DEFAULT_RANKS", "DEFAULT_STEPS", "DEFAULT_TIMEOUT"]
 
 DEFAULT_RANKS = (1, 2)
@@ -96,6 +96,24 @@ class Target:
         for world in (1, 2, 3):
             expand_args(self.args, world)
         return self
+
+
+@dataclass(frozen=True)
+class RankJob:
+    """What every rank of one run is told (launch.py makes it, rank.py and recorder.py read it)."""
+
+    script: str | None             # the script's absolute path, or None for a module
+    module: str | None
+    cwd: str                       # the launcher's working folder (the fork server's may be older)
+    args: tuple[str, ...]          # ARGS with this world size's expressions evaluated
+    steps: int                     # stop after this many steps of the first optimizer
+    folder: str                    # where each rank writes its record and its stdout/stderr
+    tag: str                       # this run's file names: "w2N-cpu-rank1.pt"
+    perturb: float = 0.0           # run B's perturbation (launch.PERTURB); 0 for every other run
+    threads: int | None = None     # torch threads a rank (None: torch's default)
+    env: tuple = ()                # (name, value) set in each rank before the script (value None: unset)
+    exact_gpu_math: bool = False   # TF32 off, cuDNN deterministic (runs on GPUs)
+    sync_batchnorm: bool = False   # BatchNorm synchronised over the ranks (world > 1)
 
 
 # -- {world_size} in ARGS ------------------------------------------------------------------------------

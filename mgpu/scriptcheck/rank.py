@@ -12,12 +12,13 @@ import time
 import torch
 
 from mgpu.check.records import RankTiming
+from mgpu.scriptcheck.plan import RankJob
 from mgpu.scriptcheck.recorder import Recorder, StopScript
 
 __all__ = ["run_rank"]
 
 
-def _fresh_process_state(cfg: dict) -> None:
+def _fresh_process_state(job: RankJob) -> None:
     import multiprocessing
 
     # A rank forked from the fork server inherits its start method ("forkserver"): a fresh `python
@@ -27,15 +28,14 @@ def _fresh_process_state(cfg: dict) -> None:
     torch.manual_seed(torch.initial_seed())
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
-    threads = cfg.get("threads")
-    if threads:
-        torch.set_num_threads(threads)
-    for key, value in (cfg.get("env") or {}).items():
+    if job.threads:
+        torch.set_num_threads(job.threads)
+    for key, value in job.env:
         if value is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
-    if cfg.get("exact_gpu_math"):
+    if job.exact_gpu_math:
         from mgpu.devices import set_exact_gpu_math
 
         set_exact_gpu_math()
@@ -61,28 +61,28 @@ def _leave_process_group() -> None:
             pass
 
 
-def run_rank(cfg: dict) -> dict:
+def run_rank(job: RankJob) -> dict:
     """Run the script in this rank, recording; save the record; return a summary."""
     rank = int(os.environ.get("RANK", "0"))
     started = time.time()
-    _redirect_output(cfg["folder"], cfg["tag"], rank)
-    _fresh_process_state(cfg)
-    os.chdir(cfg.get("cwd") or os.getcwd())  # the launcher's: the fork server's may be older
-    recorder = Recorder(cfg)
-    if cfg.get("module"):
-        sys.argv = [cfg["module"], *cfg["args"]]
+    _redirect_output(job.folder, job.tag, rank)
+    _fresh_process_state(job)
+    os.chdir(job.cwd or os.getcwd())  # the launcher's: the fork server's may be older
+    recorder = Recorder(job)
+    if job.module:
+        sys.argv = [job.module, *job.args]
         sys.path[0:1] = [os.getcwd()]
     else:
-        sys.argv = [cfg["script"], *cfg["args"]]
-        sys.path[0:1] = [os.path.dirname(os.path.abspath(cfg["script"]))]
+        sys.argv = [job.script, *job.args]
+        sys.path[0:1] = [os.path.dirname(os.path.abspath(job.script))]
     exit_code = 0
     recorder.install()
     script_start = time.time()
     try:
-        if cfg.get("module"):
-            runpy.run_module(cfg["module"], run_name="__main__", alter_sys=True)
+        if job.module:
+            runpy.run_module(job.module, run_name="__main__", alter_sys=True)
         else:
-            runpy.run_path(cfg["script"], run_name="__main__")
+            runpy.run_path(job.script, run_name="__main__")
     except StopScript:
         pass
     except SystemExit as e:
@@ -99,6 +99,6 @@ def run_rank(cfg: dict) -> dict:
     result = recorder.result()
     result.rank, result.world = rank, int(os.environ.get("WORLD_SIZE", "1"))
     result.timing = RankTiming(started, script_start, script_end, recorder.first_forward, recorder.step_times)
-    torch.save(result, os.path.join(cfg["folder"], f"{cfg['tag']}-rank{rank}.pt"))
+    torch.save(result, os.path.join(job.folder, f"{job.tag}-rank{rank}.pt"))
     _leave_process_group()
     return {"rank": rank, "steps": len(result.steps)}

@@ -1,6 +1,6 @@
 """Inside each rank: run the user's script as `python SCRIPT` would, and record its first K optimizer steps.
 
-`rank.run_rank(cfg)` is what mgpu.launch.spawn runs in every rank (torch's elastic agent has set RANK,
+`rank.run_rank(job)` is what mgpu.launch.spawn runs in every rank (torch's elastic agent has set RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Before the script's first line it
 
 * makes the process look fresh: torch's default generator back at its initial seed (the fork
@@ -22,7 +22,7 @@ so that the script's `except Exception` does not swallow it) unwinds the script;
 record (torch.save, to the launcher's temporary folder), leaves a process group the script left
 behind (barrier, destroy) and returns. A script that ends before K steps saves what it made.
 
-Run B of world 1 (cfg["perturb"] > 0) adds a rounding-sized perturbation to every parameter when its
+Run B of world 1 (job.perturb > 0) adds a rounding-sized perturbation to every parameter when its
 model is first called (after its digest is taken, `init_digests`) and to every gradient before the
 optimizer uses it (after recording it): the spread between the two world-1 runs is how far this
 computation carries differences of the size that another summation order makes (compare.py).
@@ -41,6 +41,7 @@ from torch import nn
 from mgpu.check.dropout import DropoutOff, random_layer_modules, stochastic_depth_caller
 from mgpu.check.records import ForwardRecord, RankRecord, StepRecord
 from mgpu.scriptcheck.batchnorm import SyncedBatchNorm
+from mgpu.scriptcheck.plan import RankJob
 from mgpu.scriptcheck.inputs import Digest, call_kwargs, data_record, tensor_digest
 
 __all__ = ["Recorder", "StopScript", "ScriptMode", "strip_wrappers", "Digest", "tensor_digest", "WRAPPER_SEGMENTS"]
@@ -123,10 +124,10 @@ class _Depth(threading.local):
 
 
 class Recorder:
-    def __init__(self, cfg: dict):
-        self.steps = int(cfg["steps"])
-        self.perturb = float(cfg.get("perturb") or 0.0)
-        self.sync_batchnorm = bool(cfg.get("sync_batchnorm"))
+    def __init__(self, job: RankJob):
+        self.steps = job.steps
+        self.perturb = job.perturb
+        self.sync_batchnorm = job.sync_batchnorm
         self.rank = int(os.environ.get("RANK", "0"))
         self.keep_numel = math.inf if self.rank == 0 else KEEP_RANK_NUMEL
         self.depth = _Depth()
@@ -220,7 +221,7 @@ class Recorder:
 
     def _survey(self, root: nn.Module) -> None:
         """What a root model holds that the check must know about: un-synchronised BatchNorm in
-        training mode (at world N synchronised over the ranks here, cfg["sync_batchnorm"]), and the
+        training mode (at world N synchronised over the ranks here, job.sync_batchnorm), and the
         dropout and stochastic-depth modules switched off."""
         for name, mod in root.named_modules():
             if isinstance(mod, nn.modules.batchnorm._BatchNorm) and not isinstance(mod, nn.SyncBatchNorm) \
