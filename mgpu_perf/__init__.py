@@ -15,7 +15,9 @@ Layout, one job a module:
                          compare (the loop), stats (the estimate, verdicts, Holm), sizing (rounds
                          needed, the floor, the plan), baseline (REF to a tree), report (table,
                          ab.json), run (one gate run), session (pytest hooks), command (`python -m
-                         mgpu gate`), calibrate, validate (the measured rates)
+                         mgpu gate`)
+    lab/                 tools that measure the gate itself: validate_gate, validate_counts (the
+                         measured rates), calibrate (this machine's noise); the gate never imports them
     errors.py            GateError (an mgpu.errors.MgpuError: one line on the command line)
     harness/             what is timed: sessions (training steps), models (a user's model), ranks
                          (rank pools), peers (collective peers), interleave (interleaving, speed-ups),

@@ -13,6 +13,7 @@ import sys
 from mgpu.cli import int_or_text, one_of
 from mgpu.config import AMP_MODES, STRATEGY_NAMES
 from mgpu.errors import EXIT_FAILED, EXIT_USAGE, MgpuError, one_line
+from mgpu.validators import positive_int
 
 __all__ = ["add_commands"]
 
@@ -86,8 +87,10 @@ def _names_and_counts(parser, args) -> None:
         parser.error(f"--devices must be comma-separated positive integers such as 1,2, got {args.devices!r}")
     if any(n < 1 for n in args.devices):
         parser.error(f"--devices must be positive, got {args.devices}")
-    if not isinstance(args.batch, int) or args.batch < 1:
-        parser.error(f"--batch must be a positive integer, got {args.batch!r}")
+    try:
+        positive_int(args.batch, "--batch", error=ValueError)
+    except ValueError as e:
+        parser.error(str(e))
 
 
 def _bench_main(parser: argparse.ArgumentParser, args) -> int:

@@ -3,9 +3,9 @@
     python -m mgpu_perf ddp-scaling                # full-width ResNet-18, 1 vs 2 ranks, one thread each
     python -m mgpu_perf ddp-scaling --devices 1,2,4 --batch 32 --rounds 10 --min-speedup 1.8
     python -m mgpu_perf hot-path                   # mgpu's step against bare PyTorch, DDP and FSDP against no communication
-    python -m mgpu_perf validate-gate              # the A/B gate's measured error rates (gate/validate.py)
-    python -m mgpu_perf validate-counts            # its counted verdict against planted regressions (gate/validate_counts.py)
-    python -m mgpu_perf calibrate [--model M:F]    # the gate's noise and smallest detectable change (gate/calibrate.py)
+    python -m mgpu_perf validate-gate              # the A/B gate's measured error rates (lab/validate_gate.py)
+    python -m mgpu_perf validate-counts            # its counted verdict against planted regressions (lab/validate_counts.py)
+    python -m mgpu_perf calibrate [--model M:F]    # the gate's noise and smallest detectable change (lab/calibrate.py)
     python -m mgpu_perf bench | gate ...           # `python -m mgpu bench | gate`, from a checkout not installed
 
 Exit codes: 0 done, 1 a rank failed or the speedup is below --min-speedup, 2 bad input (one line).
@@ -16,9 +16,11 @@ take no CPU), then their steps are interleaved (`mgpu_perf.harness.interleave.in
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import sys
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Callable
 
 from mgpu.errors import OneLineParser
@@ -116,6 +118,43 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"{e} (--devices {n}, --batch {args.batch}, --width {args.width})") from None
 
 
+@dataclass(frozen=True)
+class OwnParser:
+    """A subcommand with a parser of its own: `python -m mgpu_perf NAME ...` hands it the whole line."""
+    help: str
+    run: Callable[[list[str]], int]  # the line, the command's name first; the exit code
+
+
+def _mgpu_command(argv: list[str]) -> int:
+    """mgpu's commands that this package adds (mgpu_perf/cli.py), installed or not."""
+    import os
+
+    from mgpu import cli
+
+    os.environ[cli.COMMANDS_ENV] = ",".join(filter(None, [os.environ.get(cli.COMMANDS_ENV), "mgpu_perf.cli"]))
+    return cli.main(argv)
+
+
+def _main_of(module: str) -> Callable[[list[str]], int]:
+    """The `main` of a lab tool, imported only when its command runs, given the line after its name."""
+    def run(argv: list[str]) -> int:
+        return importlib.import_module(module).main(argv[1:])
+
+    return run
+
+
+OWN_PARSERS = {
+    "bench": OwnParser("`python -m mgpu bench`, here without installing (`bench --help`)", _mgpu_command),
+    "gate": OwnParser("`python -m mgpu gate`, here without installing (`gate --help`)", _mgpu_command),
+    "validate-gate": OwnParser("the A/B gate's false-alarm and detection rates, measured (`validate-gate --help`)",
+                               _main_of("mgpu_perf.lab.validate_gate")),
+    "validate-counts": OwnParser("the gate's counted verdict against planted structural regressions, measured "
+                                 "(`validate-counts --help`)", _main_of("mgpu_perf.lab.validate_counts")),
+    "calibrate": OwnParser("each gated benchmark's noise and the smallest change the A/B gate can call in its "
+                           "budget, no baseline (`calibrate --help`)", _main_of("mgpu_perf.lab.calibrate")),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
@@ -134,14 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--rounds", type=int, default=12, help="interleaved rounds")
     h.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     h.add_argument("--ranks", type=int, default=2, help="DDP ranks")
-    for name in ("bench", "gate"):
-        sub.add_parser(name, add_help=False, help=f"`python -m mgpu {name}`, here without installing (`{name} --help`)")
-    sub.add_parser("validate-gate", add_help=False, help="the A/B gate's false-alarm and detection rates, measured "
-                                                        "(`validate-gate --help`)")
-    sub.add_parser("validate-counts", add_help=False, help="the gate's counted verdict against planted structural "
-                                                          "regressions, measured (`validate-counts --help`)")
-    sub.add_parser("calibrate", add_help=False, help="each gated benchmark's noise and the smallest change the A/B "
-                                                     "gate can call in its budget, no baseline (`calibrate --help`)")
+    for name, command in OWN_PARSERS.items():  # listed here; their own parsers read their lines
+        sub.add_parser(name, add_help=False, help=command.help)
     return parser
 
 
@@ -156,40 +189,16 @@ def check_hot_path_args(args: argparse.Namespace) -> None:
         raise ValueError(f"{e} (--ranks {args.ranks}, --batch {args.batch}, --width {args.width})") from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] in (["bench"], ["gate"]):  # mgpu's commands that this package adds (mgpu_perf/cli.py), installed or not
-        import os
-
-        from mgpu import cli
-
-        os.environ[cli.COMMANDS_ENV] = ",".join(filter(None, [os.environ.get(cli.COMMANDS_ENV), "mgpu_perf.cli"]))
-        return cli.main(argv)
-    if argv[:1] == ["validate-gate"]:
-        from mgpu_perf.gate.validate import main as validate_gate
-
-        return validate_gate(argv[1:])
-    if argv[:1] == ["validate-counts"]:
-        from mgpu_perf.gate.validate_counts import main as validate_counts
-
-        return validate_counts(argv[1:])
-    if argv[:1] == ["calibrate"]:
-        from mgpu_perf.gate.calibrate import main as calibrate
-
-        return calibrate(argv[1:])
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _hot_path_main(args: argparse.Namespace) -> int:
     try:
-        (check_hot_path_args if args.command == "hot-path" else check_args)(args)
-    except ValueError as e:
-        parser.error(one_line(e))
-    if args.command == "hot-path":
-        try:
-            measure_hot_path(args.width, args.batch, args.rounds, args.warmup, args.ranks)
-        except RankPoolError as e:
-            print(f"{PROG}: {e}", file=sys.stderr)
-            return 1
-        return 0
+        measure_hot_path(args.width, args.batch, args.rounds, args.warmup, args.ranks)
+    except RankPoolError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _ddp_scaling_main(args: argparse.Namespace) -> int:
     try:
         rows = measure_ddp_scaling(args.devices, width=args.width, per_rank_batch=args.batch, rounds=args.rounds,
                                    warmup=args.warmup, threads_per_rank=args.threads)
@@ -201,6 +210,24 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+# The commands build_parser reads: each one's checks (ValueError naming the bad option), then its main.
+MEASURES = {"ddp-scaling": (check_args, _ddp_scaling_main), "hot-path": (check_hot_path_args, _hot_path_main)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in OWN_PARSERS:
+        return OWN_PARSERS[argv[0]].run(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check, run = MEASURES[args.command]
+    try:
+        check(args)
+    except ValueError as e:
+        parser.error(one_line(e))
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -25,16 +25,16 @@ def model_step_spec(model: str, strategy: str = "single", devices: int = 1, batc
     """The spec of one training step of a user's model (`MODULE:FUNCTION`, mgpu's model contract)
     under `strategy` on `devices` devices, `batch` examples per device. ValueError naming a bad field."""
     from mgpu.config import STRATEGY_NAMES  # no torch
+    from mgpu.validators import positive_int  # no torch
 
     if not isinstance(model, str) or ":" not in model.strip(":"):
         raise ValueError(f"model must be 'MODULE:FUNCTION' (a module or a .py file, then the function), got {model!r}")
     if strategy not in STRATEGY_NAMES:
         raise ValueError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGY_NAMES)}")
     for name, value in (("devices", devices), ("batch", batch)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if threads_per_device is not None and (not isinstance(threads_per_device, int) or threads_per_device < 1):
-        raise ValueError(f"threads_per_device must be a positive integer, got {threads_per_device!r}")
+        positive_int(value, name, error=ValueError)
+    if threads_per_device is not None:
+        positive_int(threads_per_device, "threads_per_device", error=ValueError)
     spec = {"kind": "model-step", "model": model, "strategy": strategy, "devices": devices, "batch": batch}
     if input_shape is not None:
         spec["input_shape"] = input_shape if isinstance(input_shape, str) else ",".join(map(str, input_shape))

@@ -3,6 +3,7 @@ structural regression shows as a guarded increase (`slower (counted)`), named.""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import sys
 
@@ -211,7 +212,7 @@ def test_the_gate_counts_a_step_in_both_arms(tmp_path, change, expected):
         assert any(expected in line for line in counted.guarded), counted.guarded
     table = "\n".join(format_table([result], Settings(smoke=True)))
     assert f"counted: {counted.verdict}" in table or "counted: the same step in both arms" in table, table
-    result.verdict = "unchanged"
+    result = dataclasses.replace(result, verdict="unchanged")
     failing = gate_exit_status([result], Settings(counts="gate"))
     assert failing == (0 if expected is None else 1), "a guarded increase fails the run whatever the timing says"
     assert gate_exit_status([result], Settings(counts="report")) == 0, "--ab-counts report: shown, never failed"
@@ -318,7 +319,7 @@ def _planted_module(tmp_path, name: str):
     import importlib.util
     from pathlib import Path
 
-    from mgpu_perf.gate.validate_counts import PLANTS, plant
+    from mgpu_perf.lab.validate_counts import PLANTS, plant
 
     root = Path(__file__).resolve().parents[1]
     (tmp_path / "mgpu").mkdir()
@@ -336,10 +337,10 @@ def test_validate_counts_model_plants_are_each_a_guarded_increase(tmp_path, name
     """`python -m mgpu_perf validate-counts` plants these in mgpu/models.py (docs/notes/gate-validation.md has
     its runs); here each, built in this process, is `slower (counted)` against the unplanted model."""
     from mgpu import models
-    from mgpu_perf.gate.validate_counts import PLANTS
+    from mgpu_perf.lab.validate_counts import PLANTS
 
     planted, text = _planted_module(tmp_path, name)
-    assert "planted by mgpu_perf/gate/validate_counts.py" in text
+    assert "planted by mgpu_perf/lab/validate_counts.py" in text
     compiled = PLANTS[name].compile
     counts = []
     for module in (models, planted):
@@ -358,7 +359,7 @@ def test_validate_counts_model_plants_are_each_a_guarded_increase(tmp_path, name
 
 
 def test_validate_counts_plants_parse_and_bad_input_is_one_line(capsys):
-    from mgpu_perf.gate.validate_counts import PLANTS, main
+    from mgpu_perf.lab.validate_counts import PLANTS, main
 
     for name, p in PLANTS.items():
         compile(p.code, name, "exec")  # appended to a file of mgpu: a syntax error there would fail every run
@@ -376,7 +377,7 @@ def test_validate_gate_plants_a_slower_forward_that_computes_the_same(tmp_path):
     from pathlib import Path
 
     from mgpu import models
-    from mgpu_perf.gate.validate import PLANTED_FORWARD
+    from mgpu_perf.lab.validate_gate import PLANTED_FORWARD
 
     root = Path(__file__).resolve().parents[1]
     planted_file = tmp_path / "models.py"

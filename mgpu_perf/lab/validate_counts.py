@@ -39,7 +39,7 @@ from pathlib import Path
 from mgpu_perf.errors import GateError
 from mgpu_perf.gate.options import DEFAULTS
 from mgpu_perf.gate.settings import Settings, parse_settings
-from mgpu_perf.gate.validate import copy_tree, one_decision
+from mgpu_perf.lab.validate_gate import copy_tree, one_decision
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class Plant:
     what: str = ""
 
 
-_HEADER = "\n\n# -- planted by mgpu_perf/gate/validate_counts.py: {what}\n"
+_HEADER = "\n\n# -- planted by mgpu_perf/lab/validate_counts.py: {what}\n"
 
 
 def _in_resnet18(body: str) -> str:

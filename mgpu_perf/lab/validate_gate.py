@@ -54,7 +54,7 @@ from mgpu_perf.gate.stats import verdict
 # Appended to the slowed copies' mgpu/trainer.py.
 PLANTED = '''
 
-# -- planted by mgpu_perf/gate/validate.py: every step and evaluation takes (1 + {fraction}) times its own time
+# -- planted by mgpu_perf/lab/validate_gate.py: every step and evaluation takes (1 + {fraction}) times its own time
 def _planted_slowdown(method, fraction={fraction}):
     import functools
     import time as _time
@@ -79,7 +79,7 @@ Trainer.evaluate = _planted_slowdown(Trainer.evaluate)
 # times its own time, in every process that runs it (the rank processes of ddp and fsdp included).
 PLANTED_FORWARD = '''
 
-# -- planted by mgpu_perf/gate/validate.py --set-forward: the forward takes (1 + {fraction}) times its own time
+# -- planted by mgpu_perf/lab/validate_gate.py --set-forward: the forward takes (1 + {fraction}) times its own time
 _unplanted_resnet18 = resnet18
 
 

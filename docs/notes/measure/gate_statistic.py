@@ -77,7 +77,7 @@ def analyse(path: Path, family: int = 7, alpha: float = 0.05) -> None:
 def record(decisions: int, out: Path) -> None:
     from mgpu_perf.gate.arm import Arm
     from mgpu_perf.gate.compare import Settings, compare
-    from mgpu_perf.gate.validate import copy_tree, single_step_spec
+    from mgpu_perf.lab.validate_gate import copy_tree, single_step_spec
 
     settings = Settings(threshold=0.05, min_rounds=80, max_rounds=80)  # no early stop: every round kept
     name, spec, family = single_step_spec()

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from mgpu_perf.gate import stats as gate_stats  # noqa: E402
 from mgpu_perf.gate.arm import Arm  # noqa: E402
 from mgpu_perf.gate.compare import Settings, compare  # noqa: E402
-from mgpu_perf.gate.validate import copy_tree, single_step_spec  # noqa: E402
+from mgpu_perf.lab.validate_gate import copy_tree, single_step_spec  # noqa: E402
 
 CONDITIONS = {"free": (None, None), "cpu0": ({0}, None), "cpu1": ({1}, None), "hashseed0": (None, "0")}
 
