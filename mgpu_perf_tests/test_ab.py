@@ -28,7 +28,7 @@ from mgpu_perf.gate.compare import Comparison, compare, judge
 from mgpu_perf.gate.report import gate_exit_status
 from mgpu_perf.gate.rounds import round_order, round_pair
 from mgpu_perf.gate.run import GateRun
-from mgpu_perf.gate.settings import Settings, parse_settings
+from mgpu_perf.gate.settings import OptionValues, Settings, parse_settings
 from mgpu_perf.gated import gated_set
 from mgpu_perf.sweep import make_sweep
 
@@ -165,7 +165,7 @@ def test_a_runs_verdicts_use_holms_corrected_levels_not_the_plain_level():
     flat = abstats.Estimate(rounds, 0.0, se, float(stats.t.sf(-half / se, rounds - 1)))
     assert abstats.verdict(borderline, 0.10, 0.05) == "slower", "the plant's level would flag it"
     results = [Comparison(f"bench{i}", {}, estimate=e) for i, e in enumerate([borderline] + [flat] * (k - 1))]
-    judge(results, Settings(threshold=0.10, alpha=0.05))
+    results = judge(results, Settings(threshold=0.10, alpha=0.05))
     assert [r.level for r in results] == pytest.approx([0.05 / k] * k), [r.level for r in results]
     assert results[0].verdict == "inconclusive", results[0].verdict
     assert all(r.verdict == "unchanged" for r in results[1:]), [r.verdict for r in results]
@@ -383,7 +383,7 @@ def test_a_workload_the_baseline_cannot_set_up_is_not_comparable():
     result = compare("b", {"kind": "x"}, arms, Settings())
     assert result.status == "not comparable" and "mgpu.trainer" in result.reason
     assert not any(c == "sample" for _, c in log), "nothing is timed for a workload one arm cannot run"
-    judge([result], Settings())
+    [result] = judge([result], Settings())
     assert result.verdict == "not comparable"
 
 
@@ -395,8 +395,7 @@ def test_a_failing_workload_fails_the_comparison_never_unchanged(fail_on):
 
 def test_exit_status_of_the_gate():
     def judged(verdict):
-        r = Comparison("b", {})
-        r.verdict = verdict
+        r = Comparison("b", {}, verdict=verdict)
         return r
     assert gate_exit_status([judged("unchanged"), judged("slower")], Settings()) == 1
     assert gate_exit_status([judged("unchanged"), judged("inconclusive"), judged("faster")], Settings()) == 0
@@ -484,8 +483,9 @@ def test_bad_gate_input_is_a_gate_error_naming_the_problem_before_anything_is_ti
     options = make_options(tmp_path)
     before = _worktrees()
     with pytest.raises(GateError) as raised:
-        run = GateRun(parse_settings(options.get("threshold", "10"), options.get("max_rounds", "40"),
-                                     sample_s=options.get("sample_s", "0.25"), workers=options.get("workers", "auto")),
+        run = GateRun(parse_settings(OptionValues(options.get("threshold", "10"), options.get("max_rounds", "40"),
+                                                  sample_s=options.get("sample_s", "0.25"),
+                                                  workers=options.get("workers", "auto"))),
                       ROOT, options.get("baseline"), options.get("python"))
         try:
             run.start()
@@ -511,14 +511,14 @@ def test_a_revision_of_another_repository_is_named_as_not_one_of_this_repository
 
 
 def test_good_gate_options_become_the_settings():
-    settings = parse_settings("5%", "12", strict=True, sample_s="1.5", workers="2")
+    settings = parse_settings(OptionValues("5%", "12", strict=True, sample_s="1.5", workers="2"))
     assert (settings.threshold, settings.max_rounds, settings.strict, settings.smoke, settings.sample_s,
             settings.workers) == (0.05, 12, True, False, 1.5, 2)
     assert (parse_settings().sample_s, parse_settings().workers) == (0.25, 1), "at the default 10 %: one worker an arm"
-    assert [parse_settings(t, workers="auto").workers for t in ("9.9", "7", "5")] == [1, 2, 3], \
+    assert [parse_settings(OptionValues(t, workers="auto")).workers for t in ("9.9", "7", "5")] == [1, 2, 3], \
         "below 10 %: more workers an arm (one pair's bias comes near the T/2 margin)"
-    assert parse_settings("5", pair_bias="0.5").workers == 1, "a quieter machine's pair bias needs fewer"
-    assert parse_settings("5", workers="1").workers == 1, "an explicit count wins"
+    assert parse_settings(OptionValues("5", pair_bias="0.5")).workers == 1, "a quieter machine's pair bias needs fewer"
+    assert parse_settings(OptionValues("5", workers="1")).workers == 1, "an explicit count wins"
     smoke = parse_settings(smoke=True)
     assert smoke.smoke and smoke.max_rounds == 3, "--benchmark-disable makes the gate a three-round smoke run"
 

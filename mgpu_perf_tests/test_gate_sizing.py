@@ -68,7 +68,7 @@ def test_the_floor_of_worker_pairs_falls_with_more_workers_and_refuses_what_lies
     assert sizing.threshold_floor(0.015, 1) == pytest.approx(0.0618, abs=1e-3)
     assert sizing.threshold_floor(0.015, 2) == pytest.approx(0.0429, abs=1e-3)
     assert sizing.threshold_floor(0.015, 4) < sizing.threshold_floor(0.015, 2)
-    plan = sizing.plan(0.003, 0.01, LEVEL, 200, 0.25, 0.1, 120, pair_bias=0.015, workers=2)
+    plan = sizing.plan(sizing.Budget(0.01, LEVEL, 200, 0.25, 0.1, 120, pair_bias=0.015, workers=2), 0.003)
     assert plan.action == "refuse", plan
     for figure in ("threshold 1 %", "floor of 4.3 %", "noise 0.3 % a round"):
         assert figure in plan.message, f"{figure!r} missing from: {plan.message}"
@@ -115,8 +115,8 @@ def test_this_machines_ordinary_noise_is_gated_at_10_percent_as_asked(noise):
     """docs/guide/gate.md: on the 2-core VM the single step's rounds differ by 1.6-5 % between identical
     arms; the gate's rates at 10 % (one worker an arm) were measured on 40 rounds of 0.25-s samples.
     The rule leaves those runs as they were: no refusal, no stretch, 40 rounds."""
-    plan = sizing.plan(noise, 0.10, LEVEL, Settings.max_rounds, round_s=0.6, sample_s=0.25,
-                        budget_left_s=120 - 6, workers=sizing.workers_for(0.10))
+    plan = sizing.plan(sizing.Budget(0.10, LEVEL, Settings.max_rounds, round_s=0.6, sample_s=0.25,
+                                     budget_left_s=120 - 6, workers=sizing.workers_for(0.10)), noise)
     assert plan.action == "go" and plan.rounds == 40, plan
 
 
@@ -125,8 +125,8 @@ def test_this_machines_ordinary_noise_at_5_percent_gets_the_rounds_it_needs_with
     """At 5 % the margin over T/2 is 2.4 points, and the pairs' bias takes up to half of it: noisier
     rounds run more of them (1.5 times the rounds needed, at least 40), within the 120-s budget,
     before any sample is made longer."""
-    plan = sizing.plan(noise, 0.05, LEVEL, Settings.max_rounds, round_s=0.6, sample_s=0.25,
-                        budget_left_s=120 - 6, workers=sizing.workers_for(0.05))
+    plan = sizing.plan(sizing.Budget(0.05, LEVEL, Settings.max_rounds, round_s=0.6, sample_s=0.25,
+                                     budget_left_s=120 - 6, workers=sizing.workers_for(0.05)), noise)
     assert plan.action == "go", plan
     assert plan.rounds == min(190, max(40, math.ceil(1.5 * plan.rounds_needed))), plan
     assert plan.rounds * 0.6 <= 114, "the rounds fit the budget"
@@ -134,8 +134,8 @@ def test_this_machines_ordinary_noise_at_5_percent_gets_the_rounds_it_needs_with
 
 def test_a_benchmark_runs_the_rounds_its_noise_needs_not_the_cap():
     """--ab-max-rounds is a cap (200); a quiet benchmark runs 40 rounds, as the rates at 10 % were measured."""
-    quiet = sizing.plan(0.02, 0.10, LEVEL, 200, round_s=0.6, sample_s=0.25, budget_left_s=300)
-    noisy = sizing.plan(0.06, 0.10, LEVEL, 200, round_s=0.6, sample_s=0.25, budget_left_s=300)
+    quiet = sizing.plan(sizing.Budget(0.10, LEVEL, 200, round_s=0.6, sample_s=0.25, budget_left_s=300), 0.02)
+    noisy = sizing.plan(sizing.Budget(0.10, LEVEL, 200, round_s=0.6, sample_s=0.25, budget_left_s=300), 0.06)
     assert (quiet.action, quiet.rounds) == ("go", 40), quiet
     assert noisy.action == "go" and noisy.rounds == math.ceil(1.5 * noisy.rounds_needed) and 40 < noisy.rounds < 200, \
         noisy
@@ -143,7 +143,7 @@ def test_a_benchmark_runs_the_rounds_its_noise_needs_not_the_cap():
 
 def test_noise_the_budget_cannot_decide_is_said_at_once_with_figures():
     """The H200 of docs/notes/gpu-runs.md: 9 % a round at 1-s samples, a 5 % threshold, 2.5 s a round."""
-    plan = sizing.plan(0.09, 0.05, LEVEL, 40, round_s=2.5, sample_s=1.0, budget_left_s=95, workers=2)
+    plan = sizing.plan(sizing.Budget(0.05, LEVEL, 40, round_s=2.5, sample_s=1.0, budget_left_s=95, workers=2), 0.09)
     assert plan.action == "refuse", plan
     assert plan.rounds_needed > 150 and plan.rounds_allowed == 38, plan
     for figure in ("noise 9.4 % a round", f"5 % needs about {plan.rounds_needed} rounds of 1 s",
@@ -152,7 +152,7 @@ def test_noise_the_budget_cannot_decide_is_said_at_once_with_figures():
 
 
 def test_noise_a_longer_sample_can_beat_within_the_budget_stretches_it():
-    plan = sizing.plan(0.06, 0.05, LEVEL, 40, round_s=0.6, sample_s=0.25, budget_left_s=300, workers=3)
+    plan = sizing.plan(sizing.Budget(0.05, LEVEL, 40, round_s=0.6, sample_s=0.25, budget_left_s=300, workers=3), 0.06)
     assert plan.action == "stretch" and 3 < plan.stretch < 6, plan
     bias = sizing.averaged_bias(sizing.PAIR_BIAS, 3)
     assert sizing.rounds_needed(0.06 / math.sqrt(plan.stretch), 0.05, LEVEL, bias=bias) <= plan.rounds, plan
@@ -241,7 +241,7 @@ def test_a_threshold_under_the_floor_ends_without_a_verdict_in_its_first_rounds(
     assert len(result.samples["baseline"]) == settings.min_rounds, "it took more rounds than its first look"
     assert result.status == "undecidable" and "floor of 4.3 %" in result.reason and "a round" in result.reason, \
         result.reason
-    judge([result], settings)
+    [result] = judge([result], settings)
     assert result.verdict == "undecidable", result.verdict
     assert gate_exit_status([result], settings) == 0 and gate_exit_status([result], Settings(strict=True)) == 1
     table = "\n".join(format_table([result], settings))
@@ -286,7 +286,7 @@ def test_a_share_spent_by_the_first_look_keeps_a_verdict_only_where_its_first_ro
     result = compare("share", {"kind": "x"}, pools, settings, family_size=2)
     assert len(result.samples["baseline"]) == 10 and result.pilot is None, (len(result.samples["baseline"]), result.pilot)
     assert [p["action"] for p in result.plans] == ["refuse"] and result.plans[0]["rounds_allowed"] == 0, result.plans
-    judge([result], settings)
+    [result] = judge([result], settings)
     assert (result.status, result.verdict) == (status, verdict), (result.status, result.verdict, result.estimate)
     assert describe_timing(result)[0] == (f"undecidable: {result.reason}" if status == "undecidable" else
                                           f"decided by its first rounds, which settled it (more could not be sized: "
@@ -337,7 +337,7 @@ def test_a_spent_budget_and_first_rounds_that_settled_it_are_said_plainly():
     """Seen on examples/tiny_lm.py with a small run budget: a refusal with no time left said "the
     smallest change it can call in the budget is about inf %", and a benchmark whose first rounds
     settled it though no more could be sized was reported as "set aside, measured again"."""
-    spent = sizing.plan(0.4, 0.10, 0.05 / 7, 200, round_s=0.5, sample_s=0.25, budget_left_s=0.0)
+    spent = sizing.plan(sizing.Budget(0.10, 0.05 / 7, 200, round_s=0.5, sample_s=0.25, budget_left_s=0.0), 0.4)
     assert spent.action == "refuse" and "inf" not in spent.message, spent.message
     assert "no change can be called in the time left" in spent.message, spent.message
     settled = Comparison("manual-1", {}, status="compared", plans=[spent.to_dict()])
@@ -376,7 +376,7 @@ def test_noisy_first_rounds_of_fresh_workers_are_looked_at_again_before_a_refusa
     result = compare("settling", {"kind": "x"}, pools, settings, family_size=1)
     assert result.plans[0]["action"] == "refuse" and result.plans[1]["action"] != "refuse", result.plans
     assert result.status == "compared", result.reason
-    judge([result], settings)
+    [result] = judge([result], settings)
     assert result.verdict == "slower", (result.verdict, result.estimate)
 
 
@@ -391,7 +391,7 @@ def test_noise_that_grows_after_the_first_look_gets_more_rounds(clock):
     result = compare("growing", {"kind": "x"}, pools, settings, family_size=7)
     assert result.plans[0]["action"] == "go" and result.plans[0]["rounds"] == 40, result.plans
     assert len(result.samples["baseline"]) > 40, "the later looks did not add rounds"
-    judge([result], settings)
+    [result] = judge([result], settings)
     assert result.verdict == "slower", (result.verdict, result.estimate, len(result.samples["baseline"]))
 
 
@@ -412,7 +412,7 @@ def test_noise_a_longer_sample_beats_is_stretched_and_the_slowdown_caught(clock)
     result = compare("stretched", {"kind": "x"}, pools, settings, family_size=1)
     assert result.plans[0]["action"] == "stretch" and result.pilot is not None, result.plans
     assert len(result.pilot["samples"]["baseline"]) == 10 and result.ops_per_sample > 25, result.ops_per_sample
-    judge([result], settings)
+    [result] = judge([result], settings)
     assert result.verdict == "slower", (result.verdict, result.estimate)
 
 
@@ -434,7 +434,7 @@ def test_cuda_event_times_decide_when_every_worker_has_them_and_host_time_is_kep
     result = compare("b", {"kind": "x"}, pools, settings)
     assert result.clock == "cuda-events" and "CUDA stream" in result.clock_reason, result.clock_reason
     assert result.samples["baseline"][0] == pytest.approx(result.host_samples["baseline"][0] * 0.5)
-    judge([result], settings)
+    [result] = judge([result], settings)
     write_reports([result], settings, tmp_path, "base", "cand", {}, [])
     bench = json.loads((tmp_path / "ab.json").read_text())["benchmarks"][0]
     assert bench["clock"] == "cuda-events" and len(bench["host_samples"]["candidate"]) == 5, bench
@@ -665,7 +665,7 @@ def _simulated_verdicts(clock, bias, noise, threshold, runs, budget_s=120.0):
     for seed in range(runs):
         settings = Settings(threshold=threshold, max_rounds=200, sample_s=0.25, workers=1, budget_s=budget_s)
         result = compare("x", {"kind": "x"}, _pools(clock, seed=seed, noise=noise, bias=bias), settings, family_size=7)
-        judge([result], settings)
+        [result] = judge([result], settings)
         verdicts[result.verdict] = verdicts.get(result.verdict, 0) + 1
     return verdicts
 

@@ -323,7 +323,7 @@ def test_a_benchmark_its_share_cannot_decide_names_the_run_budget(user_repo, mon
     `undecidable` names --ab-run-budget-s (not only --ab-budget-s, which the user did not lower)."""
     from mgpu_perf.gate import run as run_module
     from mgpu_perf.gate.compare import Comparison
-    from mgpu_perf.gate.settings import parse_settings
+    from mgpu_perf.gate.settings import OptionValues, parse_settings
 
     given = []
 
@@ -332,7 +332,7 @@ def test_a_benchmark_its_share_cannot_decide_names_the_run_budget(user_repo, mon
         return Comparison(name, spec, status="undecidable", reason="noise 9 % a round: the budget allows 0")
 
     monkeypatch.setattr(run_module, "compare", undecided)
-    gate = run_module.GateRun(parse_settings(run_budget_s="50"), user_repo, "HEAD")
+    gate = run_module.GateRun(parse_settings(OptionValues(run_budget_s="50")), user_repo, "HEAD")
     gate.started = True  # no workers: compare is replaced
     gate.began = run_module.time.perf_counter() - 60  # the first benchmark took the whole budget and more
     gate.results.append(Comparison("first", {}))
@@ -381,10 +381,10 @@ def test_the_gates_workloads_take_amp_and_compile(tmp_path, monkeypatch):
     import torch
 
     from mgpu_perf.gate.run import with_speed_options
-    from mgpu_perf.gate.settings import parse_settings
+    from mgpu_perf.gate.settings import OptionValues, parse_settings
     from mgpu_perf.harness.workloads import make_gated
 
-    settings = parse_settings(amp="bf16", compile=True)
+    settings = parse_settings(OptionValues(amp="bf16", compile=True))
     spec = with_speed_options({"kind": "model-step", "model": f"{tmp_path / 'model.py'}:spec", "strategy": "single",
                                "devices": 1, "batch": 4}, settings)
     assert (spec["amp"], spec["compile"]) == ("bf16", True) and "graphs" not in spec, spec

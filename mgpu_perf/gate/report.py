@@ -16,7 +16,7 @@ import json
 import math
 from pathlib import Path
 
-from mgpu_perf.gate.compare import Comparison
+from mgpu_perf.gate.comparison import Comparison
 from mgpu_perf.gate.counted import SLOWER_COUNTED
 from mgpu_perf.gate.settings import Settings
 from mgpu_perf.gate.sizing import threshold_floor

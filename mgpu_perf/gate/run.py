@@ -2,7 +2,7 @@
 from the options by gate/settings.py), the two trees, the two arms (started when the first gated
 benchmark runs), the comparisons, the verdicts and the reports.
 
-    run = GateRun(parse_settings(threshold="10", max_rounds="200"), root, baseline_ref="origin/main")
+    run = GateRun(parse_settings(OptionValues(threshold="10", max_rounds="200")), root, baseline_ref="origin/main")
     run.compare("my_step[ddp-2]", spec, family_size=3)     # starts the arms the first time
     status = run.finish()                                   # verdicts (Holm), reports; 0 or 1
     run.close()
@@ -25,7 +25,8 @@ from mgpu_perf.errors import GateError
 from mgpu_perf.gate.arm import Arm, ArmError, start_workers
 from mgpu_perf.gate.baseline import (Baseline, check_baseline, describe_candidate, is_mgpu_checkout,
                                      uncommitted_changes)
-from mgpu_perf.gate.compare import Comparison, compare, judge
+from mgpu_perf.gate.compare import compare, judge
+from mgpu_perf.gate.comparison import Comparison
 from mgpu_perf.gate.report import gate_exit_status, write_reports
 from mgpu_perf.gate.settings import Settings
 
@@ -131,8 +132,8 @@ class GateRun:
             self.arms, self.broken = {}, True
             raise
         if result.status == "undecidable" and settings.budget_s < self.settings.budget_s:
-            result.reason += (f" (its share of --ab-run-budget-s {self.settings.run_budget_s:g}: "
-                              f"{settings.budget_s:.0f} s)")
+            result = dataclasses.replace(result, reason=result.reason + (
+                f" (its share of --ab-run-budget-s {self.settings.run_budget_s:g}: {settings.budget_s:.0f} s)"))
         self.results.append(result)
         return result
 
@@ -143,7 +144,7 @@ class GateRun:
     # -- the end ---------------------------------------------------------------------------------
     def finish(self, out_dir: Path | None) -> int:
         """Verdicts of every comparison (Holm across them), the reports (when out_dir): exit status 0 or 1."""
-        judge(self.results, self.settings)
+        self.results = judge(self.results, self.settings)
         self.written = []
         if self.results and out_dir is not None:
             self.written = write_reports(self.results, self.settings, Path(out_dir), self.baseline_desc,

@@ -3,7 +3,7 @@ options of gate/options.py (the pytest plugin, `python -m mgpu gate`, calibrate,
 Every default comes from that table, once; the checks of each value live here, once.
 
     settings = settings_from(lambda dest: config.getoption("ab_" + dest))   # a front end's values
-    settings = parse_settings(threshold="5%", workers="auto")               # the same, as text
+    settings = parse_settings(OptionValues(threshold="5%", workers="auto"))  # the same, as text
 
 Bad option text raises mgpu_perf.errors.GateError, one line naming the option as the plugin
 spells it (--ab-threshold; the commands turn it into their --threshold).
@@ -11,16 +11,16 @@ spells it (--ab-threshold; the commands turn it into their --threshold).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
 from mgpu.config import AMP_MODES
+from mgpu.validators import number, one_of
 from mgpu_perf.errors import GateError
 from mgpu_perf.gate.options import DEFAULTS, GATE_OPTIONS, GRAPH_MODES
 from mgpu_perf.gate.sizing import MAX_WORKERS, PAIR_BIAS, workers_for
 
-__all__ = ["Settings", "parse_settings", "settings_from", "GRAPH_MODES", "AMP_MODES", "COUNT_MODES"]
+__all__ = ["Settings", "OptionValues", "parse_settings", "settings_from", "GRAPH_MODES", "AMP_MODES", "COUNT_MODES"]
 
 COUNT_MODES = ("gate", "report", "off")
 
@@ -48,48 +48,56 @@ class Settings:
     counts: str = DEFAULTS["counts"]  # gate: a guarded count's increase fails the run; report: shown only
 
 
+@dataclass(frozen=True)
+class OptionValues:
+    """The gate's option values as a front end hands them over: text as typed (`5%`, `auto`, `60`)
+    or a number, and the flags; one field for each option of gate/options.py's table, in its order,
+    its default the table's. parse_settings checks them."""
+    threshold: str | float = DEFAULTS["threshold"]
+    max_rounds: str | int = DEFAULTS["max_rounds"]
+    sample_s: str | float = DEFAULTS["sample_s"]
+    workers: str | int = DEFAULTS["workers"]
+    budget_s: str | float = DEFAULTS["budget_s"]
+    run_budget_s: str | float = DEFAULTS["run_budget_s"]
+    pair_bias: str | float = DEFAULTS["pair_bias"]
+    graphs: str = DEFAULTS["graphs"]
+    amp: str = DEFAULTS["amp"]
+    compile: bool = False
+    counts: str = DEFAULTS["counts"]
+    strict: bool = False
+
+
 def settings_from(get: Callable[[str], object], smoke: bool = False, leave_out=()) -> Settings:
-    """Settings from a front end's option values: get(dest) gives one ("max_rounds"). GateError
-    (one line, naming the option as the plugin spells it) on a bad one."""
-    values = {o.dest: get(o.dest) for o in GATE_OPTIONS if o.name not in leave_out}
-    return parse_settings(**values, smoke=smoke)
+    """Settings from a front end's option values: get(dest) gives one ("max_rounds"); the options
+    left out keep their defaults. GateError (one line, naming the option as the plugin spells it)
+    on a bad one."""
+    values = OptionValues(**{o.dest: get(o.dest) for o in GATE_OPTIONS if o.name not in leave_out})
+    return parse_settings(values, smoke=smoke)
 
 
-def parse_settings(threshold=DEFAULTS["threshold"], max_rounds=DEFAULTS["max_rounds"], strict: bool = False,
-                   smoke: bool = False, sample_s=DEFAULTS["sample_s"], workers=DEFAULTS["workers"],
-                   budget_s=DEFAULTS["budget_s"], pair_bias=DEFAULTS["pair_bias"], graphs=DEFAULTS["graphs"],
-                   amp=DEFAULTS["amp"], compile: bool = False, run_budget_s=DEFAULTS["run_budget_s"],
-                   counts=DEFAULTS["counts"]) -> Settings:
+def parse_settings(values: OptionValues = OptionValues(), smoke: bool = False) -> Settings:
     """The gate's settings from option text (`--ab-threshold 5%`, `--ab-max-rounds 60`, `--ab-sample-s 1`,
     `--ab-workers 2`; `auto`: sizing.workers_for the threshold; `--ab-budget-s 300`, `--ab-pair-bias 1`,
-    `--ab-graphs off`, `--ab-amp bf16`, `--ab-compile`, `--ab-run-budget-s 600`, `--ab-counts report`); GateError naming a bad one."""
-    percent = _number(str(threshold).strip().rstrip("%"), "--ab-threshold", "a percentage in (0, 100)",
-                      lambda v: 0 < v < 100)
-    rounds = _rounds(max_rounds)
-    seconds = _number(sample_s, "--ab-sample-s", "a number of seconds in (0, 60]", lambda v: 0 < v <= 60)
-    bias = _number(str(pair_bias).strip().rstrip("%"), "--ab-pair-bias", "a percentage in [0, 50)",
-                   lambda v: 0 <= v < 50)
-    count = _workers(workers, percent / 100, bias / 100)
-    budget = _number(budget_s, "--ab-budget-s", "a number of seconds > 0", lambda v: v > 0)
-    run_budget = _number(run_budget_s, "--ab-run-budget-s", "a number of seconds >= 0 (0: no limit)", lambda v: v >= 0)
-    _one_of(graphs, "--ab-graphs", GRAPH_MODES)
-    _one_of(amp, "--ab-amp", AMP_MODES)
-    _one_of(counts, "--ab-counts", COUNT_MODES)
+    `--ab-graphs off`, `--ab-amp bf16`, `--ab-compile`, `--ab-run-budget-s 600`, `--ab-counts report`);
+    `smoke` (--benchmark-disable): three rounds, nothing judged. GateError naming a bad one."""
+    percent = number(str(values.threshold).strip().rstrip("%"), "--ab-threshold", "a percentage in (0, 100)",
+                     lambda x: 0 < x < 100, error=GateError)
+    rounds = _rounds(values.max_rounds)
+    seconds = number(values.sample_s, "--ab-sample-s", "a number of seconds in (0, 60]", lambda x: 0 < x <= 60,
+                     error=GateError)
+    bias = number(str(values.pair_bias).strip().rstrip("%"), "--ab-pair-bias", "a percentage in [0, 50)",
+                  lambda x: 0 <= x < 50, error=GateError)
+    count = _workers(values.workers, percent / 100, bias / 100)
+    budget = number(values.budget_s, "--ab-budget-s", "a number of seconds > 0", lambda x: x > 0, error=GateError)
+    run_budget = number(values.run_budget_s, "--ab-run-budget-s", "a number of seconds >= 0 (0: no limit)",
+                        lambda x: x >= 0, error=GateError)
+    one_of(values.graphs, "--ab-graphs", GRAPH_MODES, error=GateError)
+    one_of(values.amp, "--ab-amp", AMP_MODES, error=GateError)
+    one_of(values.counts, "--ab-counts", COUNT_MODES, error=GateError)
     return Settings(threshold=percent / 100, max_rounds=3 if smoke else rounds,
-                    min_rounds=min(Settings.min_rounds, rounds), strict=bool(strict), smoke=bool(smoke),
-                    sample_s=seconds, workers=count, budget_s=budget, pair_bias=bias / 100, graphs=graphs, amp=amp,
-                    compile=bool(compile), run_budget_s=run_budget, counts=counts)
-
-
-def _number(text, option: str, what: str, ok) -> float:
-    """A finite number from option text that `ok` accepts, else GateError naming the option."""
-    try:
-        value = float(str(text))
-    except ValueError:
-        raise GateError(f"{option} must be {what}, got {text!r}") from None
-    if not (math.isfinite(value) and ok(value)):
-        raise GateError(f"{option} must be {what}, got {text!r}")
-    return value
+                    min_rounds=min(Settings.min_rounds, rounds), strict=bool(values.strict), smoke=bool(smoke),
+                    sample_s=seconds, workers=count, budget_s=budget, pair_bias=bias / 100, graphs=values.graphs,
+                    amp=values.amp, compile=bool(values.compile), run_budget_s=run_budget, counts=values.counts)
 
 
 def _rounds(text) -> int:
@@ -112,8 +120,3 @@ def _workers(text, threshold: float, pair_bias: float) -> int:
     if not 1 <= count <= MAX_WORKERS:
         raise GateError(f"--ab-workers must be {what}, got {count}")
     return count
-
-
-def _one_of(value, option: str, choices: tuple) -> None:
-    if value not in choices:
-        raise GateError(f"{option} must be one of {', '.join(choices)}, got {value!r}")

@@ -10,7 +10,8 @@ pair to the next), so a threshold whose half is not well clear of that bias cann
 any number of rounds. The rule and its constants: docs/design/gate-statistics.md, "The sizing
 rule" and "The floor that worker processes set".
 
-    plan = sizing.plan(noise, threshold, alpha, max_rounds, round_s, sample_s, budget_left_s)
+    budget = sizing.Budget(threshold, alpha, max_rounds, round_s, sample_s, budget_left_s, workers=2)
+    plan = sizing.plan(budget, noise)
     plan.action      # go | stretch | refuse, with plan.rounds, plan.stretch and plan.message
 """
 
@@ -26,7 +27,7 @@ from mgpu_perf.gate.stats import Estimate, degrees_of_freedom, t_quantile
 
 __all__ = ["early_level", "PAIR_BIAS", "POWER_Z", "FLOOR_SDS", "BIAS_SHARE", "MAX_WORKERS", "SPARE", "round_noise", "noise_low",
            "rounds_needed", "smallest_detectable", "averaged_bias", "workers_for", "rounds_to_run", "threshold_floor",
-           "pair_spread", "Plan", "plan", "percent"]
+           "pair_spread", "Plan", "Budget", "plan", "percent"]
 
 POWER_Z = 1.2816   # the power asked of a change of exactly the threshold: 90 % (one-sided normal quantile)
 PAIR_BIAS = float(DEFAULTS["pair_bias"]) / 100  # sd of one pair of worker processes' bias: --ab-pair-bias's default
@@ -223,29 +224,25 @@ class Budget:
                                               self.bias))
 
 
-def plan(noise: float, threshold: float, alpha: float, max_rounds: int, round_s: float, sample_s: float,
-         budget_left_s: float, pair_bias: float = PAIR_BIAS, workers: int = 1, max_sample_s: float = 60.0,
-         may_stretch: bool = True, power_z: float = POWER_Z, low: float | None = None, at_least: int = AT_LEAST,
-         spare: float = SPARE) -> Plan:
-    """The sizing rule. `noise`: per-round log-ratio noise of the first rounds; `round_s`: seconds a
-    round took (both arms, overheads included); `sample_s`: seconds of work in one of its samples.
-    A sample k times as long is taken to have noise / sqrt(k) and a round k times round_s. Returns:
+def plan(budget: Budget, noise: float, low: float | None = None, may_stretch: bool = True) -> Plan:
+    """The sizing rule, within `budget` (the threshold, the level, the time a round takes and the
+    time left). `noise`: per-round log-ratio noise of the first rounds. A sample k times as long is
+    taken to have noise / sqrt(k) and a round k times budget.round_s. Returns:
     - refuse, when the threshold lies under the worker pairs' floor (whatever the rounds), or when
       no sample length fits the rounds it needs into the time left;
     - go, when the rounds it needs fit max_rounds (and the time left) at this length: as asked;
-    - stretch, to the shortest sample length whose rounds fit.
+    - stretch (where `may_stretch`), to the shortest sample length whose rounds fit.
     A benchmark runs `spare` times the rounds it needs, at least `at_least`, within max_rounds and
     the time left. More rounds come before longer samples: they keep the rounds already taken.
     Sized by `noise`; `low` (noise_low: a lower bound) decides only whether to refuse. The worker
     pairs' averaged bias (averaged_bias) takes its share of the margin in every count of rounds."""
-    b = Budget(threshold, alpha, max_rounds, round_s, sample_s, budget_left_s, pair_bias, workers, max_sample_s,
-               power_z, at_least, spare)
+    b = budget
     low = noise if low is None else low
-    floor = threshold_floor(pair_bias, workers)
+    floor = threshold_floor(b.pair_bias, b.workers)
     need = b.needed(noise)
     figures = dict(noise=noise, floor=floor, rounds_needed=need, rounds_allowed=b.allowed(1.0),
                    smallest=b.smallest(noise, floor))
-    if threshold < floor:
+    if b.threshold < floor:
         return Plan("refuse", rounds=0, message=_under_the_floor(b, noise, floor), **figures)
     if need <= b.allowed(1.0):
         return Plan("go", rounds=b.to_run(1.0, noise), **figures)

@@ -36,13 +36,14 @@ PROG = "python -m mgpu_perf calibrate"
 def calibrate_one(result, settings, family_size: int) -> dict:
     """The figures of one benchmark from its rounds (a gate Comparison of this tree against itself)."""
     from mgpu.jsonsafe import finite_or_none
-    from mgpu_perf.gate.sizing import plan as sizing_plan
+    from mgpu_perf.gate import sizing
 
     noise = result.noise()
     step_s = (result.median("baseline") + result.median("candidate")) / 2
     sample_s = step_s * result.ops_per_sample
-    plan = sizing_plan(noise, settings.threshold, settings.alpha / family_size, settings.max_rounds, result.round_s,
-                       sample_s, settings.budget_s, settings.pair_bias, settings.workers)
+    budget = sizing.Budget(settings.threshold, settings.alpha / family_size, settings.max_rounds, result.round_s,
+                           sample_s, settings.budget_s, settings.pair_bias, settings.workers)
+    plan = sizing.plan(budget, noise)
     spread = result.pair_spread()
     return {"name": result.name, "spec": result.spec, "rounds": len(result.samples["baseline"]),
             "step_s": step_s, "ops_per_sample": result.ops_per_sample, "sample_s": sample_s,

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from mgpu_perf.errors import GateError
 from mgpu_perf.gate.options import DEFAULTS
-from mgpu_perf.gate.settings import Settings, parse_settings
+from mgpu_perf.gate.settings import OptionValues, Settings, parse_settings
 from mgpu_perf.lab.validate_gate import copy_tree, one_decision
 
 
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.runs, args.aa_runs, args.overhead) < 0 or args.runs + args.aa_runs + args.overhead == 0:
         parser.error("--runs, --aa-runs and --overhead must be at least 0, and one of them positive")
     try:
-        settings = parse_settings(threshold=args.threshold)
+        settings = parse_settings(OptionValues(threshold=args.threshold))
     except GateError as e:
         parser.error(str(e).replace("--ab-", "--"))
     from mgpu_perf.gate.baseline import is_mgpu_checkout

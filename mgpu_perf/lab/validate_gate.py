@@ -40,14 +40,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from mgpu_perf.errors import GateError
 from mgpu_perf.gate.arm import start_workers
 from mgpu_perf.gate.compare import compare
 from mgpu_perf.gate.options import DEFAULTS
-from mgpu_perf.gate.settings import Settings, parse_settings
+from mgpu_perf.gate.settings import OptionValues, Settings, parse_settings
 from mgpu_perf.gate.stats import verdict
 
 
@@ -133,6 +133,21 @@ def copy_tree(root: Path, dest: Path, slowdown: float | None = None, forward: fl
     return dest
 
 
+@dataclass(frozen=True)
+class Experiment:
+    """What one validate-gate run measures: its benchmark (the name, the spec, the gated set's size
+    for its level), the runs of each kind, the gate's settings, and the kinds that must be caught:
+    the T % candidate, and the whole set's slowed one (the same, or --set-forward's)."""
+    name: str
+    spec: dict
+    family: int
+    runs: int
+    set_runs: int
+    settings: Settings
+    big: str       # the T % candidate's label: "10% slower"
+    set_big: str   # the whole set's slowed candidate's label: big, or "forward 50% slower"
+
+
 def single_step_spec() -> tuple[str, dict, int]:
     """The `single` training step as the gate runs it, and the size of the gated set (for its level)."""
     from mgpu_perf.gated import Case, gated_set, train_spec
@@ -156,11 +171,9 @@ def one_decision(baseline: Path, candidate: Path, name: str, spec: dict, family:
         for arm in (arm for pool in arms.values() for arm in pool):
             arm.close()
         shutil.rmtree(run_dir, ignore_errors=True)
-    level = settings.alpha / family
-    result.level = level
-
-    result.verdict = result.status if result.status == "undecidable" else \
-        verdict(result.estimate, settings.threshold, level)
+    level = settings.alpha / family  # the strictest Holm step of a whole run of the gated set
+    judged = result.status if result.status == "undecidable" else verdict(result.estimate, settings.threshold, level)
+    result = replace(result, level=level, verdict=judged)
     low, high = result.interval()
     return {"verdict": result.verdict, "ratio": result.estimate.ratio, "interval": [low, high],
             "rounds": len(result.samples["baseline"]), "seconds": time.perf_counter() - start,
@@ -220,22 +233,22 @@ def build_parser() -> argparse.ArgumentParser:
 def _settings(args, parser) -> Settings:
     """The gate's settings for these options, checked as the gate checks them (gate/settings.py)."""
     try:
-        return parse_settings(threshold=args.threshold, max_rounds=args.max_rounds, sample_s=args.sample_s,
-                              workers=args.workers)
+        return parse_settings(OptionValues(threshold=args.threshold, max_rounds=args.max_rounds,
+                                           sample_s=args.sample_s, workers=args.workers))
     except GateError as e:
         parser.error(str(e).replace("--ab-", "--"))
 
 
-def single_decisions(root_copies: dict, runs: int, name: str, spec: dict, family: int, tmp: Path,
-                     settings: Settings, partial: Path) -> dict[str, list[dict]]:
+def single_decisions(experiment: Experiment, copies: dict, tmp: Path, partial: Path) -> dict[str, list[dict]]:
     """`runs` decisions of each kind (candidate tree), interleaved; every one written to `partial` as it ends."""
-    same, kinds = root_copies["same"], root_copies["kinds"]
+    e, settings = experiment, experiment.settings
+    same, kinds = copies["same"], copies["kinds"]
     decisions: dict[str, list[dict]] = {k: [] for k in kinds}
-    print(f"1. {name} ({spec}), {runs} runs per kind, threshold {settings.threshold * 100:g} %, "
-          f"{settings.workers} worker(s) an arm, judged at alpha {settings.alpha}/{family}", flush=True)
-    for i in range(runs):
+    print(f"1. {e.name} ({e.spec}), {e.runs} runs per kind, threshold {settings.threshold * 100:g} %, "
+          f"{settings.workers} worker(s) an arm, judged at alpha {settings.alpha}/{e.family}", flush=True)
+    for i in range(e.runs):
         for kind, candidate in kinds.items():
-            d = one_decision(same, candidate, name, spec, family, tmp, settings)
+            d = one_decision(same, candidate, e.name, e.spec, e.family, tmp, settings)
             decisions[kind].append(d)
             partial.write_text(json.dumps({"settings": asdict(settings), "decisions": decisions}) + "\n")
             print(f"   run {i + 1:>2} {kind:<11} {d['verdict']:<13} ratio {d['ratio']:.3f} "
@@ -244,14 +257,14 @@ def single_decisions(root_copies: dict, runs: int, name: str, spec: dict, family
     return decisions
 
 
-def whole_sets(same: Path, unchanged: Path, slowed: Path, big: str, set_runs: int, tmp: Path,
-               settings: Settings) -> dict[str, list[dict]]:
-    """`set_runs` runs of the whole gated set from the unchanged tree and from the T % candidate."""
+def whole_sets(experiment: Experiment, same: Path, unchanged: Path, slowed: Path, tmp: Path) -> dict[str, list[dict]]:
+    """`set_runs` runs of the whole gated set from the unchanged tree and from the slowed candidate."""
+    big = experiment.set_big
     sets: dict[str, list[dict]] = {"same tree": [], big: []}
-    print(f"2. the whole gated set, {set_runs} runs per kind", flush=True)
-    for i in range(set_runs):
+    print(f"2. the whole gated set, {experiment.set_runs} runs per kind", flush=True)
+    for i in range(experiment.set_runs):
         for kind, candidate in (("same tree", unchanged), (big, slowed)):
-            r = whole_set(candidate, same, tmp / f"set-{kind.split()[0]}-{i}", settings)
+            r = whole_set(candidate, same, tmp / f"set-{kind.split()[0]}-{i}", experiment.settings)
             sets[kind].append(r)
             verdicts = ", ".join(f"{k}: {v}" for k, v in r["verdicts"].items())
             print(f"   run {i + 1} {kind:<11} exit {r['exit']} in {r['seconds']:.0f} s: {verdicts}", flush=True)
@@ -265,16 +278,16 @@ def as_required(r: dict, slowed: bool) -> bool:
     return r["exit"] == 1 and all(v == ("unchanged" if "matmul" in k else "slower") for k, v in r["verdicts"].items())
 
 
-def summarise(name: str, spec: dict, runs: int, set_runs: int, settings: Settings, decisions: dict, sets: dict,
-              big: str, total: float, set_big: str | None = None) -> dict:
+def summarise(experiment: Experiment, decisions: dict, sets: dict, total: float) -> dict:
     """gate-validation.json: the rates, the targets and whether they were met."""
+    e, settings = experiment, experiment.settings
     false_alarms = sum(d["verdict"] == "slower" for d in decisions["same tree"])
-    caught = sum(d["verdict"] == "slower" for d in decisions[big])
-    allowed_false, needed = math.floor(runs / 20), math.ceil(runs * 19 / 20)
+    caught = sum(d["verdict"] == "slower" for d in decisions[e.big])
+    allowed_false, needed = math.floor(e.runs / 20), math.ceil(e.runs * 19 / 20)
     decisions = {k: v for k, v in decisions.items() if v}  # --runs 0: the whole set only
-    set_ok = all(as_required(r, False) for r in sets["same tree"]) and all(as_required(r, True) for r in sets[set_big or big])
+    set_ok = all(as_required(r, False) for r in sets["same tree"]) and all(as_required(r, True) for r in sets[e.set_big])
     return {
-        "benchmark": name, "spec": spec, "runs_per_kind": runs, "set_runs_per_kind": set_runs,
+        "benchmark": e.name, "spec": e.spec, "runs_per_kind": e.runs, "set_runs_per_kind": e.set_runs,
         "settings": {"threshold": settings.threshold, "max_rounds": settings.max_rounds, "sample_s": settings.sample_s,
                      "workers": settings.workers},
         "rates": {kind: {v: rate(ds, v) for v in ("slower", "unchanged", "inconclusive", "faster", "undecidable")}
@@ -287,17 +300,18 @@ def summarise(name: str, spec: dict, runs: int, set_runs: int, settings: Setting
     }
 
 
-def print_summary(summary: dict, runs: int, set_runs: int, big: str, path: Path) -> None:
+def print_summary(summary: dict, experiment: Experiment, path: Path) -> None:
     decisions, sets, targets = summary["decisions"], summary["whole_set"], summary["targets"]
+    runs = experiment.runs
     false_alarms = sum(d["verdict"] == "slower" for d in decisions.get("same tree", []))
-    caught = sum(d["verdict"] == "slower" for d in decisions.get(big, []))
+    caught = sum(d["verdict"] == "slower" for d in decisions.get(experiment.big, []))
     print(f"\nsingle step, {runs} runs each (fresh workers per run):")
     for kind, ds in decisions.items():
         print(f"   {kind:<11} slower {rate(ds, 'slower')}, unchanged {rate(ds, 'unchanged')}, "
               f"inconclusive {rate(ds, 'inconclusive')}, faster {rate(ds, 'faster')}, "
               f"undecidable {rate(ds, 'undecidable')}; "
               f"{summary['rounds_per_decision'][kind]:.1f} rounds, {summary['seconds_per_decision'][kind]:.0f} s a run")
-    if set_runs:
+    if experiment.set_runs:
         per_run = [r["seconds"] for rs in sets.values() for r in rs]
         print(f"whole gated set: {'as required' if summary['met']['whole_set'] else 'NOT as required'}; "
               f"{min(per_run):.0f}-{max(per_run):.0f} s a run")
@@ -321,9 +335,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--tree {root} is not a checkout of mgpu (validate-gate plants slowdowns in its mgpu/trainer.py)")
     full, half = args.threshold / 100, args.threshold / 200
     big, small = f"{args.threshold:g}% slower", f"{args.threshold / 2:g}% slower"
+    forward = bool(args.set_forward and set_runs)  # the whole set's candidate: a slower forward instead
+    name, spec, family = single_step_spec()
+    experiment = Experiment(name, spec, family, runs, set_runs, settings, big,
+                            f"forward {args.set_forward:g}% slower" if forward else big)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name, spec, family = single_step_spec()
     partial = out / f"gate-validation-t{args.threshold:g}.partial.json"  # every decision as it ends
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mgpu-validate-gate-") as tmp:
@@ -334,18 +351,14 @@ def main(argv: list[str] | None = None) -> int:
         if not args.without_half:
             slowed[half] = copy_tree(root, tmp / "slowed-half", half)
         kinds = {"same tree": unchanged, big: slowed[full], **({} if args.without_half else {small: slowed[half]})}
-        decisions = single_decisions({"same": same, "kinds": kinds}, runs, name, spec, family, tmp, settings, partial)
-        set_big, set_slowed = big, slowed[full]
-        if args.set_forward and set_runs:
-            set_big = f"forward {args.set_forward:g}% slower"
-            set_slowed = copy_tree(root, tmp / "slowed-forward", forward=args.set_forward / 100)
-        sets = whole_sets(same, unchanged, set_slowed, set_big, set_runs, tmp, settings)
-    summary = summarise(name, spec, runs, set_runs, settings, decisions, sets, big, time.perf_counter() - began,
-                        set_big)
+        decisions = single_decisions(experiment, {"same": same, "kinds": kinds}, tmp, partial)
+        set_slowed = copy_tree(root, tmp / "slowed-forward", forward=args.set_forward / 100) if forward else slowed[full]
+        sets = whole_sets(experiment, same, unchanged, set_slowed, tmp)
+    summary = summarise(experiment, decisions, sets, time.perf_counter() - began)
     path = out / f"gate-validation-t{args.threshold:g}.json"
     path.write_text(json.dumps(summary, indent=2) + "\n")
     partial.unlink(missing_ok=True)
-    print_summary(summary, runs, set_runs, big, path)
+    print_summary(summary, experiment, path)
     return 0 if all(summary["met"].values()) else 1
 
 
