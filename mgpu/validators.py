@@ -2,7 +2,7 @@
 check's CheckOptions, check-script's ScriptCheckOptions, the gate's Settings) and every function that
 takes a count validates with these, so that one message reads the same wherever it comes from.
 
-    positive_int(batch_size, "batch size")                    # ConfigError: "batch size must be a positive integer, got 0"
+    positive_int(batch_size, "batch size")                    # ConfigError naming "batch size" and the value
     positive_int(steps, "--steps", error=ScriptCheckError)    # another mgpu error class, the same words
     number(text, "--ab-sample-s", "a number of seconds in (0, 60]", lambda v: 0 < v <= 60, error=GateError)
 
@@ -25,7 +25,7 @@ def is_int(value) -> bool:
 
 
 def positive_int(value, name: str, error: type[Exception] = ConfigError) -> int:
-    """`value` when it is an int >= 1, else `error`: '{name} must be a positive integer, got {value!r}'."""
+    """`value` when it is an int >= 1 (not a bool), else `error` naming it and the value."""
     if not is_int(value) or value < 1:
         raise error(f"{name} must be a positive integer, got {value!r}")
     return value
