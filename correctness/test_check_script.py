@@ -153,7 +153,7 @@ def test_a_hang_is_bounded_by_the_timeout_and_nothing_is_left_behind(tmp_path, m
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     folders = set(glob.glob(os.path.join(tempfile.gettempdir(), "mgpu-script-*")))
     started = time.time()
-    report = run_check_script(path, ranks=(1, 2), steps=2, timeout=8)
+    report = run_check_script(path, ranks=(1, 2), steps=2, timeout=5)
     assert time.time() - started < 60
     assert report.verdict == "failed" and report.failures[0].kind == "timeout", report.text()
     assert "world 2: the script did not reach its last recorded step within the timeout" in report.text()
