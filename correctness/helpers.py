@@ -102,7 +102,7 @@ def weights_config(strategy: str, devices: int = 1) -> TrainConfig:
 # time: every step of the checked run starts from the reference's state after the step before,
 # through the run's own checkpoint and --resume (weights, momentum buffers, RNG states). Its end
 # is judged as `mgpu check` judges a step (mgpu.parity.compare): against the same step in float64
-# from the same state, allowing ERROR_FACTOR times the float32 reference's own distance from it.
+# from the same state, allowing the check core's FACTOR times the float32 reference's own distance from it.
 # A fixed float32 tolerance is not enough for one step either: a ReLU that rounding flips inside the
 # step moves a correct run past torch's atol (docs/notes/kernel-timings.md has the case).
 # weights_config takes one step an epoch, so epoch e is step e.

@@ -110,6 +110,12 @@ def test_world_size_expressions_are_evaluated_per_run_and_other_braces_kept():
         expand_args(["{__import__('os') or world_size}"], 2)
 
 
+def test_an_args_expression_is_evaluated_at_every_world_size_asked_before_anything_runs(tmp_path):
+    """At --ranks 1,4, an expression that fails at 4 ranks only is refused up front, not lost in a run."""
+    with pytest.raises(ScriptCheckError, match="at world size 4"):
+        run_check_script(script(tmp_path), args=["{8 // (world_size - 4)}"], ranks=(1, 4), steps=1)
+
+
 def test_wrapper_prefixes_are_stripped_from_parameter_names():
     assert strip_wrappers("module.fc1.weight") == "fc1.weight"
     assert strip_wrappers("_orig_mod.module.layers.0._fsdp_wrapped_module.weight") == "layers.0.weight"

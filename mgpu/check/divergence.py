@@ -12,7 +12,7 @@ Every field is a keyword: a divergence names what it knows and leaves the rest a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 from mgpu.jsonsafe import finite_or_none
 
@@ -29,6 +29,7 @@ class Divergence:
     """Where two runs first part: the step, the tensor, the rank (or replica), by how much, and why."""
 
     step: int | None              # 0 = before step 1 (the start), k = at or after step k; None: the whole run
+    _: KW_ONLY                    # the rest by name: Divergence(1, kind="gradient", tensor="fc.weight", ...)
     tensor: str | None = None     # "fc1.weight", "weight fc.bias", "inputs of Net"
     kind: str = ""                # check-script's: start | ranks | data | gradient | weight
     rank: int | None = None       # the rank or replica that differs; None for figures of the whole run

@@ -6,14 +6,15 @@ step by step (the spread), and allows
 
     allowed = FACTOR * max(spread, FLOOR_ULPS * eps * scale)
 
-where eps is the tensor's dtype's machine epsilon and scale its largest magnitude (check-script:
-the largest of its module's tensors). The floor covers a tensor the spread happens to get almost
-exactly. Each source supplies its spread:
+where each source supplies eps, scale and the spread. The floor covers a tensor the spread happens
+to get almost exactly.
 
-* `check` (mgpu/parity): the single-device float32 (or bf16) step's distance from the float64 step;
+* `check` (mgpu/parity): the spread is the single-device float32 (or bf16) step's distance from the
+  float64 step, eps float32's, the scale the float64 reference's largest element;
   docs/design/check-tolerance.md says how the factor was measured;
-* `check-script` (mgpu/scriptcheck): world 1's rerun, whose gradients are moved by a rounding-sized
-  perturbation, against world 1's plain run (docs/guide/check-script.md).
+* `check-script` (mgpu/scriptcheck): the spread is world 1's rerun, whose gradients are moved by a
+  rounding-sized perturbation, against world 1's plain run; eps the tensor's dtype's, the scale the
+  largest element of the tensor's module (docs/guide/check-script.md).
 
 A real bug is off by orders of magnitude more than FACTOR times rounding.
 """
@@ -38,10 +39,10 @@ def eps_of(t: torch.Tensor) -> float:
 
 
 def largest(t) -> float:
-    """The largest finite-or-not magnitude of a floating tensor, NaN read as 0; 0.0 for anything else."""
+    """The largest magnitude of a floating tensor (NaN read as 0, infinity kept); 0.0 for anything else."""
     if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
         return 0.0
-    return float(t.double().abs().nan_to_num(0.0).max())
+    return float(t.double().abs().nan_to_num(nan=0.0, posinf=math.inf).max())
 
 
 def error(actual: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
@@ -57,7 +58,7 @@ def error(actual: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
     diff = float(d.max())
     if math.isnan(diff):
         return math.inf, math.inf
-    scale = float(b.abs().nan_to_num(0.0).max())
+    scale = float(b.abs().nan_to_num(nan=0.0, posinf=math.inf).max())
     return diff, (diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf))
 
 

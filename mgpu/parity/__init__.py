@@ -15,7 +15,7 @@ report); the other is mgpu/scriptcheck/, a user's own training script. Read in t
               compare   a run's tensors against the references, within the core's tolerance rule
               findings  findings about the model, notes about the run, the command that reproduces a failure
     report    report    the results, as a table, a failure message, and JSON
-    command   command   `mgpu check`: its options from the command line, the core's command ending
+    command   mgpu/cli.py's `check`: its options from the command line, the core's command ending
     check     check     run_check and check_data_parallel: the stages above in order, and the API
 """
 

@@ -46,7 +46,7 @@ def check_with(target: Target, options: ScriptCheckOptions, progress=None):
     from mgpu.scriptcheck.report import ScriptReport, timings_of
 
     started = time.time()
-    target = target.validate()
+    target = target.validate(options.worlds)
     setup = time.time() - started
     runs = run_worlds(target, options, progress=progress)
     judged_at = time.time()

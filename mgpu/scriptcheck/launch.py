@@ -101,16 +101,6 @@ def _failure(e: LaunchError, world: int, folder: str, tag: str, timeout: float |
     return RankFailure(world, rank, "crash", first, tail)
 
 
-def _threads(world: int, gpus: int) -> int | None:
-    """Torch threads a rank: the cores shared among the ranks that run at once (run_worlds): a world's
-    ranks, or world 1's runs A and B side by side, which then compute with the same threads as each
-    other; None (torch's default) where runs go one at a time (on GPUs, or on one core)."""
-    cores = _cores()
-    if world > 1:
-        return max(1, cores // world)
-    return None if gpus or cores < 2 else max(1, cores // 2)
-
-
 def run_world(target: Target, planned: tuple[int, str, str], options: ScriptCheckOptions, folder: str,
               gpus: int) -> WorldRun:
     """One planned run, (world, run, device): every rank spawned, its record loaded, or its failure."""
@@ -126,7 +116,7 @@ def run_world(target: Target, planned: tuple[int, str, str], options: ScriptChec
     env = (("CUDA_VISIBLE_DEVICES", ""),) if device == "cpu" and gpus else ()
     job = RankJob(os.path.abspath(target.script) if target.script else None, target.module, os.getcwd(), tuple(args),
                   options.steps, folder, tag, perturb=PERTURB if run == "B" else 0.0,
-                  threads=_threads(world, gpus), env=env,
+                  threads=max(1, _cores() // world) if world > 1 else None, env=env,
                   exact_gpu_math=device == "cuda", sync_batchnorm=world > 1)
     out = WorldRun(world, run, device, args)
     started = time.time()
@@ -143,47 +133,48 @@ def run_world(target: Target, planned: tuple[int, str, str], options: ScriptChec
     return out
 
 
-def run_worlds(target: Target, options: ScriptCheckOptions, progress=None, cores: int | None = None) -> list[WorldRun]:
-    """Every run of the plan, as many at a time as their ranks fit the cores (one rank a core; on
-    GPUs one run at a time), in one temporary folder that is removed afterwards: world 1's runs A
-    and B, a rank each, side by side on two cores; a world of N ranks when N cores are free, or alone."""
+def run_worlds(target: Target, options: ScriptCheckOptions, progress=None, parallel: int | None = None) -> list[WorldRun]:
+    """Every run of the plan; `parallel` runs at a time (default: as many as the cores allow, one
+    rank a core: one at a time on two cores, in this thread, where SIGTERM and Ctrl-C reach the
+    agent), in one temporary folder that is removed afterwards. An error of a run other than its
+    ranks' failure (which is the run's result) is raised here, after every started run has ended."""
     import torch
 
     gpus = torch.cuda.device_count()
     plan = plan_runs(options.worlds, gpus)
-    room = 1 if gpus else (cores or _cores())  # ranks that may run at once
+    if parallel is None:
+        parallel = 1 if gpus else max(1, _cores() // 2)
     results: dict[tuple, WorldRun] = {}
+    errors: list[BaseException] = []
     with tempfile.TemporaryDirectory(prefix="mgpu-script-") as folder:
         pending = list(plan)
-        ready = threading.Condition()
-        running = [0]  # ranks in flight
-
-        def next_run():
-            with ready:
-                while pending and not (running[0] == 0 or running[0] + pending[0][0] <= room):
-                    ready.wait()
-                if not pending:
-                    return None
-                planned = pending.pop(0)
-                running[0] += planned[0]
-                return planned
+        lock = threading.Lock()
 
         def worker():
-            while (planned := next_run()) is not None:
-                result = run_world(target, planned, options, folder, gpus)
-                with ready:
+            while True:
+                with lock:
+                    if not pending or errors:
+                        return
+                    planned = pending.pop(0)
+                try:
+                    result = run_world(target, planned, options, folder, gpus)
+                except BaseException as e:  # noqa: BLE001 - raised by the caller below, not lost in a thread
+                    with lock:
+                        errors.append(e)
+                    return
+                with lock:
                     results[planned] = result
-                    running[0] -= planned[0]
                     if result.run == "A" and result.failure is None and not result.ranks[0].steps:
                         pending.clear()  # no optimizer step at world 1: nothing to compare (the caller says so)
-                    ready.notify_all()
                 if progress:
                     progress(result)
 
-        threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(len(plan), room) - 1)]
+        threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, parallel) - 1)]
         for t in threads:
             t.start()
         worker()
         for t in threads:
             t.join()
+    if errors:
+        raise errors[0]
     return [results[p] for p in plan if p in results]

@@ -44,19 +44,19 @@ class ScriptCheckOptions:
 
     def validate(self) -> "ScriptCheckOptions":
         """The options as given, or ScriptCheckError naming the bad one (as the command spells it)."""
-        ranks = world_sizes(self.ranks, "--ranks", error=ScriptCheckError)
+        ranks = world_sizes(self.ranks, "--ranks", error=ScriptCheckError) if self.ranks else ()  # () : world 1 alone
         positive_int(self.steps, "--steps", error=ScriptCheckError)
-        if self.timeout is not None:
-            number(self.timeout, "--timeout", "positive seconds", lambda v: v > 0, error=ScriptCheckError)
-        return ScriptCheckOptions(ranks, self.steps, None if self.timeout is None else float(self.timeout))
+        timeout = self.timeout
+        if timeout is not None and str(timeout).strip().lower() not in ("inf", "infinity"):
+            timeout = number(timeout, "--timeout", "positive seconds", lambda v: v > 0, error=ScriptCheckError)
+        else:
+            timeout = None  # no limit
+        return ScriptCheckOptions(ranks, self.steps, timeout)
 
     @classmethod
     def from_text(cls, ranks: str, steps: str, timeout: str) -> "ScriptCheckOptions":
         """The options from the command's text (`--ranks 1,2 --steps 4 --timeout 300`), validated."""
-        try:
-            steps_value = int(steps)
-        except ValueError:
-            steps_value = steps
+        steps_value = int(steps) if steps.strip().isdigit() and int(steps) >= 1 else steps  # else named as typed
         return cls(world_sizes(ranks, "--ranks", error=ScriptCheckError), steps_value, timeout).validate()
 
     @property
@@ -73,7 +73,9 @@ class Target:
     def label(self) -> str:
         return f"-m {self.module}" if self.module else str(self.script)
 
-    def validate(self) -> "Target":
+    def validate(self, worlds=(1, 2, 3)) -> "Target":
+        """The target as given, or ScriptCheckError: the script or module is there, and every ARGS
+        expression evaluates at each of `worlds` (the world sizes the check will run)."""
         if self.module:
             import importlib.machinery
             import sys
@@ -93,7 +95,7 @@ class Target:
                 raise ScriptCheckError(f"script {self.script} not found")
             if os.path.isdir(self.script) and not os.path.exists(os.path.join(self.script, "__main__.py")):
                 raise ScriptCheckError(f"{self.script} is a folder without __main__.py, not a script")
-        for world in (1, 2, 3):
+        for world in worlds:
             expand_args(self.args, world)
         return self
 

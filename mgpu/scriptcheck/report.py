@@ -1,6 +1,6 @@
 """The report stage of check-script: the verdict, each world's comparison, the findings; as text and JSON.
 
-    report = ScriptReport.of(target, options, runs, judgement, timings)
+    report = ScriptReport.of(target, options, runs, judgement)   # seconds and timings set by the caller
     print(report.text()); report.write_json("check.json"); report.exit_code(strict=True)
 """
 
@@ -56,7 +56,7 @@ class ScriptReport(CheckReport):
             return f.describe()
         for c in self.comparisons:
             if c.status in ("fail", "finding") and c.first is not None:
-                return f"world {c.world} against world 1: {c.first.describe(c.world)}"
+                return f"world {c.world} against world 1: {c.first.describe()}"
         if self.unreproducible is not None:
             return self._unreproducible_text()
         return self.summary()
@@ -83,7 +83,7 @@ class ScriptReport(CheckReport):
             return f"FAILED: {where} {what} {t}"
         for c in self.comparisons:
             if c.status == "fail":
-                return f"FAILED: world {c.world} parts from world 1 {c.first.describe(c.world)} {t}"
+                return f"FAILED: world {c.world} parts from world 1 {c.first.describe()} {t}"
         if self.unreproducible is not None:
             d = self.unreproducible
             return (f"NOT VERIFIED: two world-1 runs differ {d.where()} ({d.tensor or d.detail}): the script is not "
@@ -148,7 +148,7 @@ def _comparison_line(c: WorldComparison) -> str:
     if c.status == "not-compared":
         return f"world {c.world} against world 1: not compared: {c.reason}"
     word = "FAILED" if c.status == "fail" else "differs (finding, not a failure)"
-    return f"world {c.world} against world 1: {word} {c.first.describe(c.world)}"
+    return f"world {c.world} against world 1: {word} {c.first.describe()}"
 
 
 def timings_of(runs: list, total: float, compare_s: float, setup_s: float) -> dict:
