@@ -30,7 +30,8 @@ test: $(VENV)/.installed
 	$(ROUNDING_PATH) $(PY) -m pytest correctness -m "rounding and not slow" -q -p no:cacheprovider
 
 # What `make test` leaves out to stay within CI's time (marker `slow`): check-script at 1 vs 3 ranks, HF Trainer's
-# loops, some example models and loops, the GPU workflow's rehearsal (mgpu_perf_tests/test_workflow.py), perf --model timed.
+# loops, some example models and loops, the GPU workflow's rehearsal (mgpu_perf_tests/test_workflow.py), perf --model timed,
+# the `mgpu gate` command's A/A run end to end and `calibrate` (the plugin's slower-commit run stays in make test).
 test-slow: $(VENV)/.installed
 	$(PY) -m pytest correctness perf mgpu_perf_tests examples --benchmark-disable -q -m slow
 

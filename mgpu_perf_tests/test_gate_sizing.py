@@ -621,6 +621,7 @@ def test_a_jittery_real_step_at_a_threshold_under_the_floor_is_undecidable_in_it
 
 # -- python -m mgpu_perf calibrate ----------------------------------------------------------------------
 
+@pytest.mark.slow  # 5 s of real rounds; calibrate is a lab tool (mgpu_perf/lab/), not the gate a pull request runs
 def test_calibrate_prints_each_benchmarks_noise_and_smallest_detectable_change(tmp_path, monkeypatch, capsys,
                                                                               absolute_pythonpath):
     """No baseline: this tree in both arms, a few rounds; a line per benchmark with the noise, the

@@ -258,6 +258,7 @@ def test_the_gate_command_refuses_a_model_from_outside_the_repository(user_repo,
     assert code == 2 and "outside the repository" in err and err.count("\n") == 1, err
 
 
+@pytest.mark.slow  # 17 s of an A/A gate run; make test keeps the slower commit's run (test_a_users_slower_forward_is_slower)
 def test_the_gate_command_end_to_end(user_repo, tmp_path, capsys, monkeypatch):
     """Once as a user runs it (the command's main, in this process: its workers are processes of
     their own), both arms the same commit: not `slower`, exit 0. (A slower commit: the plugin's
