@@ -11,6 +11,7 @@ sentence, its text and its JSON record. What a verdict means for CI is written h
 
 from __future__ import annotations
 
+import abc
 import enum
 import json
 from pathlib import Path
@@ -41,23 +42,25 @@ def exit_code(verdict: Verdict, has_findings: bool, strict: bool = False) -> int
     return 0
 
 
-class CheckReport:
+class CheckReport(abc.ABC):
     """The base of both reports. A subclass gives `verdict` (a Verdict) and `findings` (a list:
-    fields or properties), `first_failure()`, `text()` and `to_json()`; the exit code and the JSON
-    file follow from them the same way for both."""
+    fields or properties) and the three methods below (a subclass lacking one cannot be made);
+    the exit code and the JSON file follow from them the same way for both."""
 
     verdict: Verdict
     findings: list
 
+    @abc.abstractmethod
     def first_failure(self) -> str:
         """What failed first (or why nothing could be verified), as the message of an AssertionError."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def text(self) -> str:
-        raise NotImplementedError
+        """The report as the command prints it."""
 
+    @abc.abstractmethod
     def to_json(self) -> dict:
-        raise NotImplementedError
+        """The report's JSON record (write_json makes it strict)."""
 
     def exit_code(self, strict: bool = False) -> int:
         return exit_code(self.verdict, bool(self.findings), strict)
