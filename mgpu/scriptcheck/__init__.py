@@ -14,7 +14,8 @@ report); the other is mgpu/parity/, any model under mgpu's strategies. One stage
     run       launch    each world size through torch's elastic agent, as torchrun; every rank's record
               rank, recorder, inputs, batchnorm: inside each rank (torch's optimizer and module hooks)
     judge     judge     crashes, findings, world 1 against itself, each world N against world 1
-              compare, data: step by step, the data, the gradients, the weights, and why they part
+              compare   step by step: the start, the data, the gradients, the weights
+              data, tensors, diagnose: the examples compared; the error and tolerance of a tensor; why they part
     report    report    the verdict, as text and JSON
     command   command   `mgpu check-script`: its options from the command line, the core's command ending
 """

@@ -30,29 +30,14 @@ import collections
 import math
 from dataclasses import dataclass, field
 
-import torch
-
 from mgpu.check.divergence import Divergence
 from mgpu.check.records import StepRecord
-from mgpu.check.tolerance import allowed_error, eps_of, error, largest
 from mgpu.scriptcheck.data import StepData, data_divergence, step_data
-from mgpu.scriptcheck.inputs import Digest, tensor_digest
+from mgpu.scriptcheck.diagnose import ScriptFacts, explained, gradient_diagnosis, update_diagnosis
+from mgpu.scriptcheck.tensors import allowance, common_factor, err, module_scales, same
+
 
 __all__ = ["ScriptFacts", "WorldComparison", "compare_world", "reproducibility", "common_factor", "module_scales"]
-
-# A common factor is named when every tensor's least-squares ratio is within this of it, and each
-# tensor is that multiple of world 1's to within RESIDUAL (relative).
-FACTOR_AGREE = 0.005
-RESIDUAL = 0.01
-
-
-@dataclass(frozen=True)
-class ScriptFacts:
-    """What the judge learned of the script from every rank's record that explains a divergence."""
-
-    batchnorm: tuple = ()        # BatchNorm modules normalising per rank (synchronised by the check at world N)
-    random_draws: dict = field(default_factory=dict)   # torch function -> draws inside a forward, beyond dropout
-
 
 @dataclass
 class WorldComparison:
@@ -70,82 +55,6 @@ class WorldComparison:
                 "notes": self.notes, "reason": self.reason}
 
 
-# -- tensors -------------------------------------------------------------------------------------------
-
-def _err(a, b) -> tuple[float, float]:
-    """The core's error of two recorded values; a Digest or a missing value is infinitely far (0 when both are missing)."""
-    if a is None or b is None:
-        return (0.0, 0.0) if a is None and b is None else (math.inf, math.inf)
-    if isinstance(a, Digest) or isinstance(b, Digest):
-        return math.inf, math.inf
-    return error(a, b)
-
-
-def _same(a, b) -> bool:
-    """Bitwise equality of two recorded values (a tensor, a Digest, or None)."""
-    if a is None or b is None:
-        return a is None and b is None
-    if isinstance(a, Digest) or isinstance(b, Digest):
-        da = a.hex if isinstance(a, Digest) else tensor_digest(a)
-        db = b.hex if isinstance(b, Digest) else tensor_digest(b)
-        return da == db
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
-        torch.nan_to_num(a, nan=0.0) if a.is_floating_point() else a,
-        torch.nan_to_num(b, nan=0.0) if b.is_floating_point() else b)
-
-
-def module_scales(tensors: dict) -> dict:
-    """name -> the largest magnitude among the tensors of its module ('fc1.weight' and 'fc1.bias'):
-    the floor's scale. A bias before a BatchNorm has an exact gradient of zero: what it holds is the
-    rounding of terms as large as its weight's gradient, so its own magnitude is no measure."""
-    by_module: dict = {}
-    for name, t in tensors.items():
-        key = name.rsplit(".", 1)[0] if "." in name else name
-        by_module[key] = max(by_module.get(key, 0.0), largest(t))
-    return {name: by_module[name.rsplit(".", 1)[0] if "." in name else name] for name in tensors}
-
-
-def _allowance(a, b_run, scale: float = 0.0) -> float:
-    """The core's rule for world 1's tensor `a`: the spread is run B's distance from it, the floor's
-    scale the largest of `a` and its module (module_scales); 0 (bitwise) for a digest or integers."""
-    if a is None or isinstance(a, Digest) or not a.is_floating_point() or a.numel() == 0:
-        return 0.0
-    spread = _err(b_run, a)[0] if b_run is not None and not isinstance(b_run, Digest) else 0.0
-    return allowed_error(spread, max(largest(a), scale), eps_of(a))
-
-
-def common_factor(actual: dict, reference: dict) -> float | None:
-    """The one factor c with actual ~= c * reference for every tensor (least squares per tensor, all
-    agreeing within FACTOR_AGREE, residuals within RESIDUAL); None when there is none."""
-    ratios = []
-    for name, ref in reference.items():
-        got = actual.get(name)
-        if ref is None or got is None or isinstance(got, Digest) or isinstance(ref, Digest) or got.shape != ref.shape:
-            continue
-        r, g = ref.double().flatten(), got.double().flatten()
-        rr = float(r @ r)
-        if rr == 0 or not math.isfinite(rr):
-            continue
-        c = float(g @ r) / rr
-        res = float((g - c * r).norm()) / max(float(g.norm()), 1e-300)
-        if not math.isfinite(c) or res > RESIDUAL:
-            return None
-        ratios.append(c)
-    if not ratios:
-        return None
-    mid = sorted(ratios)[len(ratios) // 2]
-    if mid == 0 or any(abs(c - mid) > FACTOR_AGREE * abs(mid) for c in ratios):
-        return None
-    return mid
-
-
-def _name_factor(c: float, n: int) -> str | None:
-    for value, name in ((1 / n, "1/N"), (1 / math.sqrt(n), "1/sqrt(N)"), (n, "N"), (math.sqrt(n), "sqrt(N)")):
-        if abs(c - value) <= FACTOR_AGREE * value:
-            return name
-    return None
-
-
 # -- comparison ----------------------------------------------------------------------------------------
 
 def _records(run) -> list[list[StepRecord]]:
@@ -159,68 +68,6 @@ def _track_worst(worst: dict, kind: str, tensor: str, step: int, err: float, all
     cur = worst.get(kind)
     if cur is None or ratio > cur["ratio"]:
         worst[kind] = {"tensor": tensor, "step": step, "error": err, "allowed": allowed, "ratio": ratio}
-
-
-def _gradient_diagnosis(got: dict, ref: dict, n: int, sd: StepData, facts: ScriptFacts) -> str:
-    c = common_factor(got, ref)
-    if c is not None and abs(c - 1) <= FACTOR_AGREE:
-        c = None  # world 1's gradients, only further off than rounding: no factor to name
-    if c is not None:
-        name = _name_factor(c, n)
-        causes = {
-            "1/N": "the average over ranks divided once more (the loss divided by a global count or by the world "
-                   "size, then DDP's average, or an all_reduce that averages, on top)",
-            "1/sqrt(N)": "a norm reduced twice (the gradient norm for clipping all-reduced over ranks that already "
-                         "hold the whole gradient: clipping cuts too much)",
-            "N": "summed over ranks, not averaged (an all_reduce with SUM and no division by the world size, or "
-                 "the loss multiplied by the world size)",
-            "sqrt(N)": "a norm divided by the world size's square root (clipping by a norm that is too small)",
-        }
-        if name:
-            return f"every gradient is {c:.3f} x world 1's = {name}: {causes[name]}"
-        return (f"every gradient is {c:.3f} x world 1's, a common factor that is no power of N: a loss scale or "
-                "normaliser that changes with the world size (a count taken per rank, clipping by a norm that "
-                "differs)?")
-    extra = _explained(facts)
-    if extra:
-        return extra
-    micro = max(sd.forwards_n) if sd.forwards_n else 1
-    if micro > 1 or sd.forwards_1 > 1:
-        return (f"the gradients differ by no common factor, and the step accumulated {sd.forwards_1} forward(s) at "
-                f"world 1, {micro} per rank at world {n}: the loss is weighted per micro-batch or per rank (each "
-                "micro-batch's or rank's mean over its own tokens or examples, divided by the number of "
-                "micro-batches): divide the summed loss by the count over the whole window and all ranks "
-                "(all-reduced), times the world size where DDP averages")
-    return (f"the gradients differ by no common factor: the loss weighs examples differently at world {n}: a mean "
-            "or normaliser per rank (each rank divides by its own count of tokens, boxes, foreground "
-            "examples...): divide the summed loss by the global count (all-reduced), times the world size "
-            "where DDP averages")
-
-
-def _explained(facts: ScriptFacts) -> str:
-    """A known reason for world N to differ, from the findings: randomness in the forward. (BatchNorm
-    is no reason: the check synchronises it over the ranks at world N, batchnorm.SyncedBatchNorm.)"""
-    if facts.random_draws:
-        what = ", ".join(f"{k} ({v} calls)" for k, v in sorted(facts.random_draws.items()))
-        return (f"the forward draws random numbers beyond dropout ({what}): each rank draws its own for its shard, "
-                "so world N cannot match world 1 exactly (randomness finding)")
-    return ""
-
-
-def _update_diagnosis(got: tuple[dict, dict], ref: tuple[dict, dict], n: int, facts: ScriptFacts) -> str:
-    """Why the weights part although the gradients agree; got and ref: (weights before, after) the step."""
-    def upd(after, before):
-        return {k: (a.double() - before[k].double()) for k, a in after.items()
-                if isinstance(a, torch.Tensor) and isinstance(before.get(k), torch.Tensor)}
-    c = common_factor(upd(got[1], got[0]), upd(ref[1], ref[0]))
-    if c is not None and abs(c - 1) > FACTOR_AGREE:
-        name = _name_factor(c, n)
-        return (f"the gradients agree, but every update is {c:.3f} x world 1's" + (f" = {name}" if name else "") +
-                ": the learning rate (or another optimizer setting) changes with the world size (a linear "
-                "scaling rule?)")
-    return _explained(facts) or (
-        "the gradients agree, but the optimizer step does not: an optimizer setting, its state or the schedule "
-        "depends on the world size")
 
 
 def reproducibility(a, b) -> Divergence | None:
@@ -253,8 +100,8 @@ def _ranks_apart(rn: list[StepRecord], n: int, key: str, step: int) -> Divergenc
     what = "gradient" if key == "grads" else "weight"
     for r in range(1, n):
         for name, t in getattr(rn[0], key).items():
-            if not _same(getattr(rn[r], key).get(name), t):
-                e = _err(getattr(rn[r], key).get(name), t)
+            if not same(getattr(rn[r], key).get(name), t):
+                e = err(getattr(rn[r], key).get(name), t)
                 why = (f"rank {r}'s gradient differs from rank 0's as the optimizer steps: the gradients are not "
                        "synchronised (no DDP, or an all_reduce missing for this parameter)" if key == "grads" else
                        f"rank {r}'s weights part from rank 0's in this step although their gradients agree: the "
@@ -268,8 +115,8 @@ def _start_apart(rn: list[StepRecord], r1: StepRecord, n: int) -> Divergence | N
     """Before step 1: the replicas against rank 0 (bitwise), then world N's rank 0 against world 1."""
     for r in range(1, n):
         for name, t in (rn[0].before or {}).items():
-            if not _same((rn[r].before or {}).get(name), t):
-                e = _err((rn[r].before or {}).get(name), t)
+            if not same((rn[r].before or {}).get(name), t):
+                e = err((rn[r].before or {}).get(name), t)
                 return Divergence(0, kind="ranks", tensor=name, rank=r, max_abs=e[0] if math.isfinite(e[0]) else None,
                                   allowed=0.0, diagnosis="replicas start apart: broadcast rank 0's weights before training (DDP does at "
                                   "construction; a hand-made loop must dist.broadcast every parameter), or "
@@ -280,8 +127,8 @@ def _start_apart(rn: list[StepRecord], r1: StepRecord, n: int) -> Divergence | N
         if isinstance(got, str):
             return Divergence(0, kind="start", tensor=name, rank=0,
                               diagnosis=f"world {n} has no parameter {name} in its optimizer")
-        e = _err(got, t)
-        allowed = _allowance(t, None, scales[name])
+        e = err(got, t)
+        allowed = allowance(t, None, scales[name])
         if not e[0] <= allowed:
             return Divergence(0, kind="start", tensor=name, rank=0, max_abs=e[0], allowed=allowed, max_rel=e[1],
                               diagnosis=f"world {n} starts from other weights than world 1: the model is built from "
@@ -307,12 +154,12 @@ def _gradients_apart(step: int, rn: list[StepRecord], refs: tuple, n: int, sd: S
                                         "unused at one world size")
         if g1 is None:
             continue
-        e = _err(gn, g1)
-        allowed = _allowance(g1, rb.grads.get(name) if rb else None, scales[name])
+        e = err(gn, g1)
+        allowed = allowance(g1, rb.grads.get(name) if rb else None, scales[name])
         _track_worst(worst, "gradient", name, step, e[0], allowed)
         if not e[0] <= allowed:
             return Divergence(step, kind="gradient", tensor=name, rank=0, max_abs=e[0], allowed=allowed, max_rel=e[1],
-                              diagnosis=_gradient_diagnosis(rn[0].grads, r1.grads, n, sd, facts))
+                              diagnosis=gradient_diagnosis(rn[0].grads, r1.grads, n, sd, facts))
     return None
 
 
@@ -323,14 +170,14 @@ def _weights_apart(i: int, recs_n: list, refs: tuple, n: int, facts: ScriptFacts
     step, rn0, r1 = i + 1, recs_n[0][i], ref[i]
     scales = module_scales(r1.after)
     for name, w1 in r1.after.items():
-        e = _err(rn0.after.get(name), w1)
-        allowed = _allowance(w1, rb.after.get(name) if rb else None, scales[name])
+        e = err(rn0.after.get(name), w1)
+        allowed = allowance(w1, rb.after.get(name) if rb else None, scales[name])
         _track_worst(worst, "weight", name, step, e[0], allowed)
         if not e[0] <= allowed:
             before_n = rn0.before if i == 0 else recs_n[0][i - 1].after
             before_1 = r1.before if i == 0 else ref[i - 1].after
             return Divergence(step, kind="weight", tensor=name, rank=0, max_abs=e[0], allowed=allowed, max_rel=e[1],
-                              diagnosis=_update_diagnosis((before_n, rn0.after), (before_1, r1.after), n, facts))
+                              diagnosis=update_diagnosis((before_n, rn0.after), (before_1, r1.after), n, facts))
     return None
 
 
@@ -365,8 +212,8 @@ def compare_world(run_n, run_a, run_b, facts: ScriptFacts, batch_hint: str) -> W
                  or _ranks_apart(rn, n, "after", step) or _weights_apart(i, recs_n, (ref, rb), n, facts, worst))
         if d is not None:
             out.first, out.worst = d, worst
-            explained = _explained(facts)
-            finding = explained and d.kind in ("gradient", "weight") and d.diagnosis == explained
+            known = explained(facts)
+            finding = known and d.kind in ("gradient", "weight") and d.diagnosis == known
             out.status = "finding" if finding else "fail"
             return out
     out.worst = worst

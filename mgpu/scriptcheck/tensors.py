@@ -1,0 +1,95 @@
+"""The arithmetic of check-script's comparison: the error and bitwise equality of two recorded
+values (a tensor, a Digest, or None), the tolerance of one tensor (the check core's rule,
+mgpu/check/tolerance.py, with run B's spread), and the common factor between two sets of tensors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mgpu.check.tolerance import allowed_error, eps_of, error, largest
+from mgpu.scriptcheck.inputs import Digest, tensor_digest
+
+__all__ = ["err", "same", "module_scales", "allowance", "common_factor", "name_factor", "FACTOR_AGREE", "RESIDUAL"]
+
+# A common factor is named when every tensor's least-squares ratio is within this of it, and each
+# tensor is that multiple of world 1's to within RESIDUAL (relative).
+FACTOR_AGREE = 0.005
+RESIDUAL = 0.01
+
+
+
+def err(a, b) -> tuple[float, float]:
+    """The core's error of two recorded values; a Digest or a missing value is infinitely far (0 when both are missing)."""
+    if a is None or b is None:
+        return (0.0, 0.0) if a is None and b is None else (math.inf, math.inf)
+    if isinstance(a, Digest) or isinstance(b, Digest):
+        return math.inf, math.inf
+    return error(a, b)
+
+
+def same(a, b) -> bool:
+    """Bitwise equality of two recorded values (a tensor, a Digest, or None)."""
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, Digest) or isinstance(b, Digest):
+        da = a.hex if isinstance(a, Digest) else tensor_digest(a)
+        db = b.hex if isinstance(b, Digest) else tensor_digest(b)
+        return da == db
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
+        torch.nan_to_num(a, nan=0.0) if a.is_floating_point() else a,
+        torch.nan_to_num(b, nan=0.0) if b.is_floating_point() else b)
+
+
+def module_scales(tensors: dict) -> dict:
+    """name -> the largest magnitude among the tensors of its module ('fc1.weight' and 'fc1.bias'):
+    the floor's scale. A bias before a BatchNorm has an exact gradient of zero: what it holds is the
+    rounding of terms as large as its weight's gradient, so its own magnitude is no measure."""
+    by_module: dict = {}
+    for name, t in tensors.items():
+        key = name.rsplit(".", 1)[0] if "." in name else name
+        by_module[key] = max(by_module.get(key, 0.0), largest(t))
+    return {name: by_module[name.rsplit(".", 1)[0] if "." in name else name] for name in tensors}
+
+
+def allowance(a, b_run, scale: float = 0.0) -> float:
+    """The core's rule for world 1's tensor `a`: the spread is run B's distance from it, the floor's
+    scale the largest of `a` and its module (module_scales); 0 (bitwise) for a digest or integers."""
+    if a is None or isinstance(a, Digest) or not a.is_floating_point() or a.numel() == 0:
+        return 0.0
+    spread = err(b_run, a)[0] if b_run is not None and not isinstance(b_run, Digest) else 0.0
+    return allowed_error(spread, max(largest(a), scale), eps_of(a))
+
+
+def common_factor(actual: dict, reference: dict) -> float | None:
+    """The one factor c with actual ~= c * reference for every tensor (least squares per tensor, all
+    agreeing within FACTOR_AGREE, residuals within RESIDUAL); None when there is none."""
+    ratios = []
+    for name, ref in reference.items():
+        got = actual.get(name)
+        if ref is None or got is None or isinstance(got, Digest) or isinstance(ref, Digest) or got.shape != ref.shape:
+            continue
+        r, g = ref.double().flatten(), got.double().flatten()
+        rr = float(r @ r)
+        if rr == 0 or not math.isfinite(rr):
+            continue
+        c = float(g @ r) / rr
+        res = float((g - c * r).norm()) / max(float(g.norm()), 1e-300)
+        if not math.isfinite(c) or res > RESIDUAL:
+            return None
+        ratios.append(c)
+    if not ratios:
+        return None
+    mid = sorted(ratios)[len(ratios) // 2]
+    if mid == 0 or any(abs(c - mid) > FACTOR_AGREE * abs(mid) for c in ratios):
+        return None
+    return mid
+
+
+def name_factor(c: float, n: int) -> str | None:
+    for value, name in ((1 / n, "1/N"), (1 / math.sqrt(n), "1/sqrt(N)"), (n, "N"), (math.sqrt(n), "sqrt(N)")):
+        if abs(c - value) <= FACTOR_AGREE * value:
+            return name
+    return None
