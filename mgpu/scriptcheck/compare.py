@@ -32,8 +32,10 @@ from dataclasses import dataclass, field
 
 from mgpu.check.divergence import Divergence
 from mgpu.check.records import StepRecord
+from mgpu.check.tolerance import largest
 from mgpu.scriptcheck.data import StepData, data_divergence, step_data
 from mgpu.scriptcheck.diagnose import ScriptFacts, explained, gradient_diagnosis, update_diagnosis
+from mgpu.scriptcheck.tally import Tally
 from mgpu.scriptcheck.tensors import allowance, common_factor, err, module_scales, same
 
 
@@ -45,13 +47,17 @@ class WorldComparison:
     status: str                # "pass", "fail", "finding", "not-compared"
     steps: int                 # steps compared
     first: Divergence | None = None
-    worst: dict = field(default_factory=dict)    # kind -> {"tensor", "step", "error", "allowed"}: largest error/allowed
+    tally: Tally = field(default_factory=Tally)  # per kind: the worst tensor, the sensitivity, how much was compared
     notes: list = field(default_factory=list)
     reason: str = ""
 
+    @property
+    def worst(self) -> dict:
+        return self.tally.worst
+
     def to_json(self) -> dict:
         return {"world": self.world, "status": self.status, "steps_compared": self.steps,
-                "first_divergence": self.first.to_json() if self.first else None, "worst": self.worst,
+                "first_divergence": self.first.to_json() if self.first else None, **self.tally.to_json(),
                 "notes": self.notes, "reason": self.reason}
 
 
@@ -59,15 +65,6 @@ class WorldComparison:
 
 def _records(run) -> list[list[StepRecord]]:
     return [r.steps for r in run.ranks]
-
-
-def _track_worst(worst: dict, kind: str, tensor: str, step: int, err: float, allowed: float) -> None:
-    if not math.isfinite(err):
-        return
-    ratio = err / allowed if allowed > 0 else (0.0 if err == 0 else math.inf)
-    cur = worst.get(kind)
-    if cur is None or ratio > cur["ratio"]:
-        worst[kind] = {"tensor": tensor, "step": step, "error": err, "allowed": allowed, "ratio": ratio}
 
 
 def reproducibility(a, b) -> Divergence | None:
@@ -138,7 +135,7 @@ def _start_apart(rn: list[StepRecord], r1: StepRecord, n: int) -> Divergence | N
 
 
 def _gradients_apart(step: int, rn: list[StepRecord], refs: tuple, n: int, sd: StepData, facts: ScriptFacts,
-                     worst: dict) -> Divergence | None:
+                     tally: Tally) -> Divergence | None:
     """World N's rank 0 gradients against world 1's (refs: run A's step and run B's, or None),
     within the tolerance (run B's spread)."""
     r1, rb = refs
@@ -156,14 +153,14 @@ def _gradients_apart(step: int, rn: list[StepRecord], refs: tuple, n: int, sd: S
             continue
         e = err(gn, g1)
         allowed = allowance(g1, rb.grads.get(name) if rb else None, scales[name])
-        _track_worst(worst, "gradient", name, step, e[0], allowed)
+        tally.add("gradient", name, step, e[0], allowed, largest(g1))
         if not e[0] <= allowed:
             return Divergence(step, kind="gradient", tensor=name, rank=0, max_abs=e[0], allowed=allowed, max_rel=e[1],
                               diagnosis=gradient_diagnosis(rn[0].grads, r1.grads, n, sd, facts))
     return None
 
 
-def _weights_apart(i: int, recs_n: list, refs: tuple, n: int, facts: ScriptFacts, worst: dict) -> Divergence | None:
+def _weights_apart(i: int, recs_n: list, refs: tuple, n: int, facts: ScriptFacts, tally: Tally) -> Divergence | None:
     """World N's rank 0 weights after step i + 1 against world 1's (refs: run A's steps, run B's
     step i or None), within the tolerance."""
     ref, rb = refs
@@ -172,7 +169,7 @@ def _weights_apart(i: int, recs_n: list, refs: tuple, n: int, facts: ScriptFacts
     for name, w1 in r1.after.items():
         e = err(rn0.after.get(name), w1)
         allowed = allowance(w1, rb.after.get(name) if rb else None, scales[name])
-        _track_worst(worst, "weight", name, step, e[0], allowed)
+        tally.add("weight", name, step, e[0], allowed, largest(w1))
         if not e[0] <= allowed:
             before_n = rn0.before if i == 0 else recs_n[0][i - 1].after
             before_1 = r1.before if i == 0 else ref[i - 1].after
@@ -192,7 +189,7 @@ def compare_world(run_n, run_a, run_b, facts: ScriptFacts, batch_hint: str) -> W
     if len(recs_n[0]) != len(ref):
         out.notes.append(f"world {n} made {len(recs_n[0])} optimizer step(s) and world 1 {len(ref)}: compared on "
                          f"the first {steps}")
-    worst: dict = {}
+    tally = out.tally
     previous_1 = None
     for i in range(steps):
         step = i + 1
@@ -208,13 +205,12 @@ def compare_world(run_n, run_a, run_b, facts: ScriptFacts, batch_hint: str) -> W
             sd = step_data(r1, rn, n)
             d = data_divergence(step, sd, n, _root_name(r1), batch_hint, previous_1)
             previous_1 = len(sd.world_1)
-            d = (d or _ranks_apart(rn, n, "grads", step) or _gradients_apart(step, rn, (r1, rb), n, sd, facts, worst)
-                 or _ranks_apart(rn, n, "after", step) or _weights_apart(i, recs_n, (ref, rb), n, facts, worst))
+            d = (d or _ranks_apart(rn, n, "grads", step) or _gradients_apart(step, rn, (r1, rb), n, sd, facts, tally)
+                 or _ranks_apart(rn, n, "after", step) or _weights_apart(i, recs_n, (ref, rb), n, facts, tally))
         if d is not None:
-            out.first, out.worst = d, worst
+            out.first = d
             known = explained(facts)
             finding = known and d.kind in ("gradient", "weight") and d.diagnosis == known
             out.status = "finding" if finding else "fail"
             return out
-    out.worst = worst
     return out

@@ -141,14 +141,16 @@ class ScriptReport(CheckReport):
 
 
 def _comparison_line(c: WorldComparison) -> str:
+    sensitivity = c.tally.sensitivity_line()
+    sensitivity = f"\n    sensitivity: would call a difference of {sensitivity}" if sensitivity else ""
     if c.status == "pass":
         worst = "; ".join(f"largest {k} error {w['error']:.2e} of {w['allowed']:.2e} allowed ({w['tensor']}, step {w['step']})"
                           for k, w in sorted(c.worst.items()))
-        return f"world {c.world} against world 1: passed, {c.steps} step(s)" + (f"; {worst}" if worst else "")
+        return f"world {c.world} against world 1: passed, {c.steps} step(s)" + (f"; {worst}" if worst else "") + sensitivity
     if c.status == "not-compared":
         return f"world {c.world} against world 1: not compared: {c.reason}"
     word = "FAILED" if c.status == "fail" else "differs (finding, not a failure)"
-    return f"world {c.world} against world 1: {word} {c.first.describe()}"
+    return f"world {c.world} against world 1: {word} {c.first.describe()}" + sensitivity
 
 
 def timings_of(runs: list, total: float, compare_s: float, setup_s: float) -> dict:
