@@ -12,6 +12,7 @@ import argparse
 # The exit codes of every mgpu command (mgpu/cli.py's docstring says when each is used).
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_NOT_VERIFIED = 3  # check, check-script: nothing differed, but too little was compared to say so
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -105,3 +106,10 @@ class ParityError(AssertionError):
     def __init__(self, message: str, report=None):
         super().__init__(message)
         self.report = report
+
+
+class NotVerifiedError(ParityError):
+    """A check found nothing that differs, but compared too little to say that parity holds (its
+    verdict is NOT VERIFIED: comparisons skipped, world 1 not reproducing itself, gradients that are
+    all zero). A ParityError, so that a test fails on it as on a divergence; a class of its own, so
+    that a caller can tell the two apart (and `accept_not_verified=True` lets it pass)."""

@@ -1,10 +1,10 @@
 """The end of a check command, the same for `mgpu check` and `mgpu check-script`: the one-line
-error, Ctrl-C, the report on stdout, `--json` and `--strict`.
+error, Ctrl-C, the report on stdout, `--json`, `--strict` and `--accept-not-verified`.
 
     return run_check_command(parser, args, lambda: run_check(spec, options, progress=say))
 
-`args` has `json` (a path or None) and `strict`; `run` raises an MgpuError for bad input and
-returns a CheckReport.
+`args` has `json` (a path or None), `strict` and `accept_not_verified` (add_report_arguments adds
+them); `run` raises an MgpuError for bad input and returns a CheckReport.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from typing import Callable
 
 from mgpu.check.report import CheckReport
-from mgpu.errors import EXIT_USAGE, MgpuError, one_line
+from mgpu.errors import EXIT_NOT_VERIFIED, EXIT_USAGE, MgpuError, one_line
 
 __all__ = ["add_report_arguments", "check_json_path", "run_check_command"]
 
@@ -23,6 +23,9 @@ __all__ = ["add_report_arguments", "check_json_path", "run_check_command"]
 def add_report_arguments(parser, json_help: str, strict_help: str) -> None:
     parser.add_argument("--json", default=None, metavar="PATH", help=json_help)
     parser.add_argument("--strict", action="store_true", help=strict_help)
+    parser.add_argument("--accept-not-verified", action="store_true",
+                        help=f"NOT VERIFIED (nothing differed, but too little was compared to say so) exits 0 "
+                             f"instead of {EXIT_NOT_VERIFIED}")
 
 
 def check_json_path(parser: argparse.ArgumentParser, path: str | None) -> None:
@@ -34,8 +37,9 @@ def check_json_path(parser: argparse.ArgumentParser, path: str | None) -> None:
 
 
 def run_check_command(parser: argparse.ArgumentParser, args, run: Callable[[], CheckReport]) -> int:
-    """Run the check; print its text; write --json; exit 0 or 1 by its verdict (--strict), 2 for
-    bad input (one line), 128 + the signal for Ctrl-C or SIGTERM (every rank stopped)."""
+    """Run the check; print its text; write --json; exit by its verdict (check.report.exit_code: 0,
+    1, or 3 for NOT VERIFIED unless --accept-not-verified; --strict fails findings), 2 for bad input
+    (one line), 128 + the signal for Ctrl-C or SIGTERM (every rank stopped)."""
     check_json_path(parser, args.json)
     try:
         report = run()
@@ -49,4 +53,4 @@ def run_check_command(parser: argparse.ArgumentParser, args, run: Callable[[], C
     print(report.text())
     if args.json is not None:
         report.write_json(args.json)
-    return report.exit_code(strict=args.strict)
+    return report.exit_code(strict=args.strict, accept_not_verified=args.accept_not_verified)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Recording", "ForwardRecord", "StepRecord", "RankTiming", "RankRecord"]
+__all__ = ["Recording", "ForwardRecord", "StepRecord", "CollectiveCall", "RankTiming", "RankRecord"]
 
 
 # -- check: a strategy's run ---------------------------------------------------------------------------
@@ -41,6 +41,7 @@ class ForwardRecord:
     root: int = 0             # id() of the root model in its rank
     root_name: str = ""       # its class name
     training: bool = True     # the model's training flag then (an evaluation between steps is no training data)
+    backwards: int | None = None  # backward passes the rank had made before it (forwards sharing one fed one loss)
 
 
 @dataclass
@@ -54,6 +55,18 @@ class StepRecord:
     grads: dict                        # name -> the gradient the optimizer used (None: no gradient)
     after: dict = field(default_factory=dict)          # name -> the weight after the step
     before: dict | None = None         # name -> the weight before step 1 (step 1 only)
+    backwards: int | None = None       # backward passes the rank had made by the step (None: not counted)
+    process_group: int | None = None   # torch.distributed's world size at the step (0: no process group)
+
+
+@dataclass(frozen=True)
+class CollectiveCall:
+    """A torch.distributed collective that autograd does not see (`dist.all_gather`, `all_reduce`, ...),
+    called in a training step on a tensor that requires grad: where, and how often in the run."""
+
+    op: str        # "all_gather"
+    where: str     # the calling line, "train.py:42" (and the script's line that led there)
+    calls: int = 1
 
 
 @dataclass
@@ -81,6 +94,12 @@ class RankRecord:
     random_where: dict = field(default_factory=dict)         # torch function -> the module of its first draw
     optimizers: int = 0
     stopped: bool = False                      # stopped after --steps (else the script ended first)
+    uninitialised: dict = field(default_factory=dict)  # name -> (non-finite count, largest |x|) at first call, if suspect
+    grad_collectives: list = field(default_factory=list)  # CollectiveCall: no autograd, on a tensor that requires grad
+    setup_steps: int = 0                       # optimizer steps before any training data, with zero gradients: not counted
+    precision: dict = field(default_factory=dict)   # what the training forwards ran at (scriptcheck/precision.py)
+    lifted: dict = field(default_factory=dict)      # what the check lifted to float32 in this run, with counts
+    trace: object = None                       # a traced run's modules and output gradient (scriptcheck/tracer.py)
     rank: int = 0
     world: int = 1
     timing: RankTiming | None = None

@@ -1,7 +1,8 @@
 """One report for both checks: the verdict, the exit code, the first failure, and JSON.
 
     report.verdict                 # Verdict.PASSED | FAILED | NOT_VERIFIED ("passed", "failed", "not verified")
-    report.exit_code(strict=True)  # 0 or 1, by `exit_code` below
+    report.exit_code(strict=True)  # 0, 1 or 3 (EXIT_NOT_VERIFIED), by `exit_code` below
+    report.raise_unless_accepted() # the API's ending: ParityError, NotVerifiedError, or the report
     report.write_json("check.json")
 
 Each source's report (`mgpu.parity.report.Report`, `mgpu.scriptcheck.report.ScriptReport`) derives
@@ -16,7 +17,7 @@ import enum
 import json
 from pathlib import Path
 
-from mgpu.errors import EXIT_FAILED
+from mgpu.errors import EXIT_FAILED, EXIT_NOT_VERIFIED, NotVerifiedError, ParityError
 from mgpu.jsonsafe import finite_or_none
 
 __all__ = ["Verdict", "exit_code", "CheckReport", "write_json"]
@@ -33,11 +34,15 @@ class Verdict(str, enum.Enum):
         return self.value
 
 
-def exit_code(verdict: Verdict, has_findings: bool, strict: bool = False) -> int:
-    """1 for FAILED; under strict also for NOT_VERIFIED and for any finding; else 0."""
+def exit_code(verdict: Verdict, has_findings: bool, strict: bool = False, accept_not_verified: bool = False) -> int:
+    """1 (EXIT_FAILED) for FAILED; 3 (EXIT_NOT_VERIFIED) for NOT_VERIFIED unless accepted
+    (accept_not_verified: a check that verified nothing must not turn a CI job green unasked);
+    under strict, 1 for any finding of a report not refused already; else 0."""
     if verdict == Verdict.FAILED:
         return EXIT_FAILED
-    if strict and (verdict != Verdict.PASSED or has_findings):
+    if verdict == Verdict.NOT_VERIFIED and not accept_not_verified:
+        return EXIT_NOT_VERIFIED
+    if strict and has_findings:
         return EXIT_FAILED
     return 0
 
@@ -51,8 +56,9 @@ class CheckReport(abc.ABC):
     findings: list
 
     @abc.abstractmethod
-    def first_failure(self) -> str:
-        """What failed first (or why nothing could be verified), as the message of an AssertionError."""
+    def first_failure(self, strict: bool = False) -> str:
+        """What failed first (under strict a finding counts), or why nothing could be verified, as the
+        message of an AssertionError."""
 
     @abc.abstractmethod
     def text(self) -> str:
@@ -62,8 +68,19 @@ class CheckReport(abc.ABC):
     def to_json(self) -> dict:
         """The report's JSON record (write_json makes it strict)."""
 
-    def exit_code(self, strict: bool = False) -> int:
-        return exit_code(self.verdict, bool(self.findings), strict)
+    def exit_code(self, strict: bool = False, accept_not_verified: bool = False) -> int:
+        return exit_code(self.verdict, bool(self.findings), strict, accept_not_verified)
+
+    def raise_unless_accepted(self, strict: bool = False, accept_not_verified: bool = False) -> "CheckReport":
+        """The API's ending (check_script, check_data_parallel), as the command's exit code decides:
+        NotVerifiedError (a ParityError) for a NOT VERIFIED not accepted, ParityError for any other
+        refusal, each with the first failure as its message and the report as `.report`; else the report."""
+        code = self.exit_code(strict, accept_not_verified)
+        if code == EXIT_NOT_VERIFIED:
+            raise NotVerifiedError(self.first_failure(), self)
+        if code:  # FAILED, or under strict a finding: then the finding is what fails it
+            raise ParityError(self.first_failure(strict=self.verdict != Verdict.FAILED), self)
+        return self
 
     def write_json(self, path: str | Path) -> None:
         write_json(self, path)

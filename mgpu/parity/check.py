@@ -30,16 +30,17 @@ from typing import Callable
 
 import torch
 
+from mgpu.check.divergence import Finding
 from mgpu.config import CHECK_STRATEGIES, CheckOptions
 from mgpu.devices import exact_gpu_math, torch_threads
-from mgpu.errors import MgpuError, ParityError, SpecError, one_line
+from mgpu.errors import MgpuError, SpecError, one_line
 from mgpu.parity.findings import findings, notes, reproducer
 from mgpu.parity.judge import CheckContext, References, judge_run
 from mgpu.parity.plans import label, make_optimizer, plan_check, strategy_for
 from mgpu.parity.probe import probe_model
 from mgpu.parity.ranks import RankJob, RankRuns, rank_recording, spec_blob
 from mgpu.parity.record import Plan, Recording, record_strategy, snapshot, step_timeout
-from mgpu.parity.report import CheckResult, Report
+from mgpu.parity.report import ZERO_GRADIENTS, CheckResult, Report
 from mgpu.spec import ModelSpec, builtin_spec, load_spec, validate_spec
 from mgpu.strategies import RANK_STRATEGIES  # each run of these is a spawn of its ranks
 
@@ -84,7 +85,8 @@ def _run_check(spec: ModelSpec, options: CheckOptions | None, progress) -> Repor
 
 def _probed(spec: ModelSpec, options: CheckOptions, say: Callable[[str], None]) -> CheckContext:
     """The check's context: the spec validated, the model built and probed, the references ready,
-    and the parameters that some device's shard leaves without a gradient found."""
+    the parameters that some device's shard leaves without a gradient found, and the zero-gradients
+    finding when no step from the initial weights gives any parameter a gradient other than zero."""
     plan = plan_check(options)
     with step_timeout(options.step_timeout and 4 * options.step_timeout, f"{spec.name}: the first forwards (probing the model)"):
         validate_spec(spec, batch_size=min(options.batch_size, 4), seed=options.seed)
@@ -94,12 +96,31 @@ def _probed(spec: ModelSpec, options: CheckOptions, say: Callable[[str], None]) 
     # Unused parameters: some device's shard leaves them without a gradient on some step's batch
     # (float32 steps from the initial weights: which parameters a batch uses depends on the data).
     initial, fresh_optimizer = refs.initial, refs.fresh_optimizer_state()
+    steps = []
     for n in sorted({n for _, n in plan.runs} | {1}):
         for kind in ("plain", "uneven"):
             for step in range(1, plan.plans[kind].steps + 1):
-                unused = refs.step(initial, fresh_optimizer, plan.plans[kind], step, n, torch.float32).unused
-                traits.unused.extend(sorted(set(unused) - set(traits.unused)))
-    return CheckContext(spec, model, options, plan.plans, traits, refs, reproducer(spec, options), say, runs=plan.runs)
+                steps.append(refs.step(initial, fresh_optimizer, plan.plans[kind], step, n, torch.float32))
+                traits.unused.extend(sorted(set(steps[-1].unused) - set(traits.unused)))
+    ctx = CheckContext(spec, model, options, plan.plans, traits, refs, reproducer(spec, options), say, runs=plan.runs)
+    zero = zero_gradients_finding(steps)
+    if zero is not None:
+        ctx.add(CheckResult.of_finding(zero))
+    return ctx
+
+
+def zero_gradients_finding(steps: list) -> Finding | None:
+    """The zero-gradients finding when every gradient of these reference steps is zero (or None): a
+    loss that cannot move the weights agrees under any strategy, so every comparison passes and proves
+    nothing (the report is then NOT VERIFIED: report.Report.verified)."""
+    grads = [g for ref in steps for g in ref.grads.values() if g is not None]
+    if any(bool(g.ne(0).any()) for g in grads):
+        return None
+    return Finding(ZERO_GRADIENTS, (
+        f"every gradient of the single-device steps is zero ({len(steps)} reference step(s) from the initial weights, "
+        f"{len(steps[0].grads) if steps else 0} parameter(s)): a loss that cannot move the weights agrees under any "
+        "strategy, so the comparisons proved nothing (cross-entropy over a single class, a loss from detached "
+        "tensors?); give the check a loss that depends on the weights"))
 
 
 def _start_rank_runs(ctx: CheckContext) -> tuple[RankRuns | None, str | None]:
@@ -176,15 +197,13 @@ def _shortened(text: str, most: int = 400) -> str:
 
 
 def check_data_parallel(spec: ModelSpec | str, strict: bool = False, input_shape=None, classes=None,
-                        **options) -> Report:
+                        accept_not_verified: bool = False, **options) -> Report:
     """For a user's own tests: run the check and raise ParityError (an AssertionError) naming the
-    first divergence of the first failing check (with strict, a finding fails too, and so does a
-    check whose comparisons were mostly skipped: Report.verified); else return
-    the report. `spec` may be a ModelSpec, a `MODULE:FUNCTION` string, or `resnet18` / `lenet`."""
+    first divergence of the first failing check (with strict, a finding fails too); NotVerifiedError
+    (a ParityError) when the check is NOT VERIFIED (its comparisons mostly skipped, or every gradient
+    zero: Report.verified), unless accept_not_verified; else return the report: the command's exit
+    codes, as exceptions. `spec` may be a ModelSpec, a `MODULE:FUNCTION` string, or `resnet18` / `lenet`."""
     if isinstance(spec, str):
         spec = builtin_spec(spec) if ":" not in spec else load_spec(spec, input_shape=input_shape, classes=classes)
     opts = replace(CheckOptions(), **options)
-    report = run_check(spec, opts)
-    if report.failing(strict):
-        raise ParityError(report.first_failure(strict), report)
-    return report
+    return run_check(spec, opts).raise_unless_accepted(strict, accept_not_verified)

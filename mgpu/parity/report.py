@@ -4,9 +4,11 @@
 check.py, judge.py and findings.py make the results; this module holds, prints and writes them.
 
 A report is *verified* when at most SKIPPED_SHARE_LIMIT of its comparisons with single-device
-training were skipped. A model that draws random numbers in forward (beyond dropout, which the
-check switches off) cannot be compared at all: every such check is skipped, and a check that
-compared nothing must not look like one that passed (docs/guide/check.md, 'What "passed" means').
+training were skipped and some gradient was not zero. A model that draws random numbers in forward
+(beyond dropout, which the check switches off) cannot be compared at all: every such check is
+skipped; a loss that cannot move the weights agrees under any strategy. A check that compared
+nothing must not look like one that passed: its verdict is NOT VERIFIED, exit code 3 unless
+accepted (docs/guide/check.md, 'What "passed" means').
 
 The JSON (`--json PATH`, docs/guide/check.md has the schema) holds one record per check: name,
 strategy, devices, status (pass / fail / finding / skipped), reason, errors, first_divergence
@@ -20,10 +22,11 @@ from dataclasses import asdict, dataclass, field
 from mgpu.check.divergence import Divergence, Finding
 from mgpu.check.report import CheckReport, Verdict, write_json
 from mgpu.config import CheckOptions
+from mgpu.errors import EXIT_NOT_VERIFIED
 from mgpu.strategies import RANK_STRATEGIES
 
-__all__ = ["CheckResult", "Report", "COMPARISONS", "NO_BUFFERS", "SKIPPED_SHARE_LIMIT", "table", "failure_message",
-           "write_json"]
+__all__ = ["CheckResult", "Report", "COMPARISONS", "NO_BUFFERS", "SKIPPED_SHARE_LIMIT", "ZERO_GRADIENTS", "table",
+           "failure_message", "write_json"]
 
 # The checks that compare a run with single-device training (or its replicas with each other), as
 # opposed to findings about the model.
@@ -32,8 +35,10 @@ COMPARISONS = ("start", "replicas", "ties", "gradients", "weights", "buffers", "
 # The one skip that is not a comparison left out: there is nothing to compare.
 NO_BUFFERS = "the model has no buffers"
 # More than this share of the comparisons skipped, and the check is not verified: the summary says so
-# first, --strict fails it, and the JSON's "verified" is false.
+# first, it exits 3 (EXIT_NOT_VERIFIED) unless --accept-not-verified, and the JSON's "verified" is false.
 SKIPPED_SHARE_LIMIT = 0.10
+# The finding that leaves a check not verified whatever it compared: every gradient is zero (check.py).
+ZERO_GRADIENTS = "zero-gradients"
 
 
 @dataclass
@@ -88,20 +93,30 @@ class Report(CheckReport):
         return [r for r in self.comparisons if r.status == "skipped"]
 
     @property
+    def zero_gradients(self) -> CheckResult | None:
+        return next((r for r in self.findings if r.name == ZERO_GRADIENTS), None)
+
+    @property
     def verified(self) -> bool:
-        """At most SKIPPED_SHARE_LIMIT of the comparisons skipped (and at least one made)."""
+        """At most SKIPPED_SHARE_LIMIT of the comparisons skipped (and at least one made), and some
+        gradient not zero (a loss that cannot move the weights passes every comparison)."""
         made = self.comparisons
-        return bool(made) and len(self.skipped_comparisons) <= SKIPPED_SHARE_LIMIT * len(made)
+        return (bool(made) and len(self.skipped_comparisons) <= SKIPPED_SHARE_LIMIT * len(made)
+                and self.zero_gradients is None)
 
     def unverified_summary(self) -> str | None:
-        """The line that heads a report whose comparisons were mostly skipped; None when verified."""
+        """The line that heads a report that is not verified, saying why; None when verified."""
         if self.verified:
             return None
+        ending = (f": passing means only that nothing compared differed (exit {EXIT_NOT_VERIFIED}; "
+                  "--accept-not-verified accepts it)")
+        if self.zero_gradients is not None:
+            return ("NOT VERIFIED: every gradient of the single-device steps is zero (finding zero-gradients): "
+                    "a loss that cannot move the weights agrees under any strategy" + ending)
         skipped, made = self.skipped_comparisons, self.comparisons
         reasons = sorted({r.reason for r in skipped})
         return (f"NOT VERIFIED: {len(skipped)} of {len(made)} comparisons with single-device training were skipped"
-                + (f" ({'; '.join(reasons)})" if reasons else "")
-                + ": passing means only that nothing compared differed (--strict fails it)")
+                + (f" ({'; '.join(reasons)})" if reasons else "") + ending)
 
     @property
     def verdict(self) -> Verdict:
@@ -111,15 +126,19 @@ class Report(CheckReport):
         return Verdict.PASSED if self.verified else Verdict.NOT_VERIFIED
 
     def failing(self, strict: bool = False) -> list[CheckResult]:
-        """The results that fail the report: its failures; under strict also its findings, and a
-        skipped comparison when it is not verified."""
+        """The results that fail the report: its failures; else, under strict, its findings."""
         if self.failures or not strict:
             return self.failures
-        return ([] if self.verified else self.skipped_comparisons[:1]) + self.findings
+        return self.findings
 
     def first_failure(self, strict: bool = False) -> str:
+        """The first failing result's message; else why the report is not verified; else its last line."""
         failing = self.failing(strict)
-        return failure_message(self, failing[0]) if failing else table(self).rsplit("\n", 1)[-1]
+        if failing:
+            return failure_message(self, failing[0])
+        if not self.verified:
+            return f"{self.model}: {self.unverified_summary()}"
+        return table(self).rsplit("\n", 1)[-1]
 
     def text(self) -> str:
         return table(self)
@@ -200,8 +219,6 @@ def _unit(result: CheckResult) -> str:
 def failure_message(report: Report, result: CheckResult) -> str:
     """The assertion message of check_data_parallel: which check, the first divergence, the cause, how to reproduce."""
     head = f"{report.model}: {_who(result)}: check '{result.name}' {'failed' if result.status == 'fail' else 'is a finding'}"
-    if result.status == "skipped":
-        head = f"{report.model}: {report.unverified_summary()}"
     lines = [head]
     if result.first_divergence:
         lines.append(result.first_divergence.describe(_unit(result)))

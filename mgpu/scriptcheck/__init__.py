@@ -1,7 +1,8 @@
 """`mgpu check-script`: your own training script, unchanged, at world size 1 and at N ranks, compared
 optimizer step by optimizer step (docs/guide/check-script.md).
 
-    python -m mgpu check-script [--ranks 1,2] [--steps 4] [--json F] [--strict] [--timeout S] SCRIPT [ARGS...]
+    python -m mgpu check-script [--ranks 1,2] [--steps 4] [--json F] [--strict] [--accept-not-verified]
+                                [--timeout S] SCRIPT [ARGS...]
     python -m mgpu check-script [options] -m MODULE [ARGS...]
 
     >>> from mgpu.scriptcheck import check_script
@@ -16,6 +17,7 @@ report); the other is mgpu/parity/, any model under mgpu's strategies. One stage
     judge     judge     crashes, findings, world 1 against itself, each world N against world 1
               compare   step by step: the start, the data, the gradients, the weights
               data, tensors, diagnose: the examples compared; the error and tolerance of a tensor; why they part
+    locate    locate    where a failed step's divergence enters the model: world 1 and N again, traced (tracer)
     report    report    the verdict, as text and JSON
     command   command   `mgpu check-script`: its options from the command line, the core's command ending
 """
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import time
 
-from mgpu.errors import ParityError
 from mgpu.scriptcheck.plan import (DEFAULT_RANKS, DEFAULT_STEPS, DEFAULT_TIMEOUT, ScriptCheckError, ScriptCheckOptions,
                                    Target)
 
@@ -43,33 +44,40 @@ def run_check_script(script: str | None = None, args=(), ranks=DEFAULT_RANKS, st
 def check_with(target: Target, options: ScriptCheckOptions, progress=None):
     """plan -> run -> judge -> report, for a target and validated options (the command's way in)."""
     from mgpu.scriptcheck.judge import judge
-    from mgpu.scriptcheck.launch import run_worlds
+    from mgpu.scriptcheck.launch import run_checked
+    from mgpu.scriptcheck.locate import locate_failures
     from mgpu.scriptcheck.report import ScriptReport, timings_of
 
     started = time.time()
     target = target.validate(options.worlds)
     setup = time.time() - started
-    runs = run_worlds(target, options, progress=progress)
+    runs = run_checked(target, options, progress=progress)
     judged_at = time.time()
-    report = ScriptReport.of(target, options, runs, judge(target, options, runs))
+    judgement = judge(target, options, runs)
+    compare_s = time.time() - judged_at
+    # Only a comparison that failed at a gradient or a weight: a second, traced run says where it enters.
+    locate_s = locate_failures(target, options, runs, judgement.comparisons)
+    report = ScriptReport.of(target, options, runs, judgement)
     report.seconds = time.time() - started
-    report.timings = timings_of(runs, report.seconds, time.time() - judged_at, setup)
+    report.timings = timings_of(runs, report.seconds, compare_s, setup)
+    if locate_s:
+        report.timings["locate"] = round(locate_s, 3)
     return report
 
 
 def check_script(script: str | None = None, args=(), ranks=DEFAULT_RANKS, steps: int = DEFAULT_STEPS,
-                 module: str | None = None, timeout: float | None = DEFAULT_TIMEOUT, strict: bool = False):
+                 module: str | None = None, timeout: float | None = DEFAULT_TIMEOUT, strict: bool = False,
+                 accept_not_verified: bool = False):
     """run_check_script, for a test: returns the report when it passed; raises ParityError (an
-    AssertionError) with the first divergence, or the crash, when it failed (also when it is not
-    verified or has findings, with strict=True)."""
+    AssertionError) with the first divergence, or the crash, when it failed (with strict=True also for
+    a finding), and NotVerifiedError (a ParityError) when it is NOT VERIFIED, unless accept_not_verified:
+    the exit codes of the command, as exceptions (mgpu.check.report.CheckReport.raise_unless_accepted)."""
     report = run_check_script(script, args, ranks, steps, module, timeout)
-    if report.exit_code(strict=strict):
-        raise ParityError(report.first_failure(), report)
-    return report
+    return report.raise_unless_accepted(strict, accept_not_verified)
 
 
 def main(argv: list[str] | None = None, prog: str = "mgpu check-script") -> int:
-    """The command, on its own (`python -m mgpu.scriptcheck`): exit 0, 1 or 2."""
+    """The command, on its own (`python -m mgpu.scriptcheck`): exit 0, 1, 2 or 3 (NOT VERIFIED)."""
     from mgpu.scriptcheck.command import main as command_main
 
     return command_main(argv, prog)

@@ -1,5 +1,6 @@
 """`mgpu check-script`'s command line: its arguments, its options read once into ScriptCheckOptions,
-and the check core's command ending (mgpu/check/command.py: one-line errors, Ctrl-C, --json, --strict)."""
+and the check core's command ending (mgpu/check/command.py: one-line errors, Ctrl-C, --json, --strict,
+--accept-not-verified)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def add_arguments(p) -> None:
     p.add_argument("--timeout", default=str(DEFAULT_TIMEOUT), metavar="S",
                    help="seconds one run (one world size) may take before every rank is stopped")
     add_report_arguments(p, json_help="write the report as JSON here",
-                         strict_help="findings and NOT VERIFIED fail too (exit 1)")
+                         strict_help="findings fail too (exit 1)")
     p.add_argument("-m", dest="module", action="store_true",
                    help="SCRIPT is a module, run as python -m MODULE (as torchrun's -m)")
     p.add_argument("script", metavar="SCRIPT", help="the training script (or, with -m, a module)")
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None, prog: str = "mgpu check-script") -> int:
 
 
 def run_main(parser, args) -> int:
-    """The command on parsed arguments (for a subcommand of `mgpu`): exit 0, 1 or 2."""
+    """The command on parsed arguments (for a subcommand of `mgpu`): exit 0, 1, 2 or 3 (NOT VERIFIED)."""
     from mgpu.scriptcheck import check_with
 
     try:

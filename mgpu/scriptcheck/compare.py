@@ -34,7 +34,7 @@ from mgpu.check.divergence import Divergence
 from mgpu.check.records import StepRecord
 from mgpu.check.tolerance import largest
 from mgpu.scriptcheck.data import StepData, data_divergence, step_data
-from mgpu.scriptcheck.diagnose import ScriptFacts, explained, gradient_diagnosis, update_diagnosis
+from mgpu.scriptcheck.diagnose import ScriptFacts, explained, gradient_diagnosis, uninitialised_cause, update_diagnosis
 from mgpu.scriptcheck.tally import Tally
 from mgpu.scriptcheck.tensors import allowance, common_factor, err, module_scales, same
 
@@ -50,6 +50,8 @@ class WorldComparison:
     tally: Tally = field(default_factory=Tally)  # per kind: the worst tensor, the sensitivity, how much was compared
     notes: list = field(default_factory=list)
     reason: str = ""
+    precision: str = ""        # the arithmetic compared: '' (float32 as run), 'float32, autocast(cpu, bfloat16) lifted', ...
+    entered: dict | None = None  # where a gradient or weight divergence enters the model (locate.py), else None
 
     @property
     def worst(self) -> dict:
@@ -58,7 +60,8 @@ class WorldComparison:
     def to_json(self) -> dict:
         return {"world": self.world, "status": self.status, "steps_compared": self.steps,
                 "first_divergence": self.first.to_json() if self.first else None, **self.tally.to_json(),
-                "notes": self.notes, "reason": self.reason}
+                "notes": self.notes, "reason": self.reason,
+                "precision": self.precision or "float32", "entered": self.entered}
 
 
 # -- comparison ----------------------------------------------------------------------------------------
@@ -69,13 +72,14 @@ def _records(run) -> list[list[StepRecord]]:
 
 def reproducibility(a, b) -> Divergence | None:
     """Where world 1's rerun B first differs from run A where no perturbation reached: the weights
-    each model held when first called (digests taken before B's perturbation), the data of any step."""
+    each model held when first called (digests taken before B's perturbation), the data of any step.
+    Weights that held non-finite or huge values then are uninitialised memory, not a missing seed."""
     ia, ib = a.ranks[0].init_digests, b.ranks[0].init_digests
     for name, d in ia.items():
         if ib.get(name) != d:
             return Divergence(0, kind="start", tensor=name, allowed=0.0,
-                              diagnosis="two world-1 runs start from other weights: the model's initialisation is "
-                                        "not seeded")
+                              diagnosis=uninitialised_cause([a.ranks[0], b.ranks[0]]) or "two world-1 runs start "
+                              "from other weights: the model's initialisation is not seeded")
     ra, rb = a.ranks[0].steps, b.ranks[0].steps
     for i, (x, y) in enumerate(zip(ra, rb)):
         sd = step_data(x, [y], 1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,7 +19,7 @@ from mgpu.check.divergence import Divergence
 from mgpu.check.records import ForwardRecord, StepRecord
 from mgpu.scriptcheck.inputs import tensor_digest
 
-__all__ = ["StepData", "step_data", "data_divergence", "example_digests"]
+__all__ = ["StepData", "step_data", "data_divergence", "example_digests", "micro_batches"]
 
 
 def _batch_dims(forwards_1: list, forwards_n: list, n: int) -> dict:
@@ -103,6 +103,29 @@ class StepData:
     ranks: list              # per rank: digests, in order
     forwards_1: int
     forwards_n: list         # per rank: forwards in this step
+    micro_1: int = 1         # micro-batches at world 1 (micro_batches: not every forward is one)
+    micro_n: list = field(default_factory=list)   # per rank
+
+
+def micro_batches(rec: StepRecord, digests: list[list[str]]) -> int:
+    """How many micro-batches a step's forwards are (digests: each forward's examples). A micro-batch
+    is the forwards between two backward passes, over examples no other micro-batch holds: forwards
+    that fed one backward (a contrastive pair's two views, a teacher and a student) are one, and
+    forwards that repeat examples are views of one batch, not micro-batches. Where the rank counted
+    no backward after the last forward (`torch.autograd.backward` called directly), each forward is
+    taken for its own backward pass."""
+    forwards = rec.forwards
+    if not forwards:
+        return 0
+    marks = [f.backwards for f in forwards]
+    counted = rec.backwards is not None and None not in marks and rec.backwards > max(marks)
+    groups: dict = {}
+    for i, (mark, examples) in enumerate(zip(marks, digests)):
+        groups.setdefault(mark if counted else i, []).extend(examples)
+    distinct = set().union(*map(set, groups.values()))
+    if len(distinct) < sum(len(set(g)) for g in groups.values()):
+        return 1  # an example in two of them: one batch seen again
+    return len(groups)
 
 
 def step_data(rec_1: StepRecord, recs_n: list[StepRecord], n: int) -> StepData:
@@ -111,9 +134,11 @@ def step_data(rec_1: StepRecord, recs_n: list[StepRecord], n: int) -> StepData:
     fn_all = [r.forwards for r in recs_n]
     dims = _batch_dims(f1, fn_all[0] if fn_all else [], n)
     pads = _pads(f1 + [f for fs in fn_all for f in fs], dims)
-    d1 = [d for f in f1 for d in example_digests(f, dims, pads)]
-    dn = [[d for f in fs for d in example_digests(f, dims, pads)] for fs in fn_all]
-    return StepData(d1, dn, len(f1), [len(fs) for fs in fn_all])
+    per_1 = [example_digests(f, dims, pads) for f in f1]
+    per_n = [[example_digests(f, dims, pads) for f in fs] for fs in fn_all]
+    return StepData([d for ds in per_1 for d in ds], [[d for ds in per for d in ds] for per in per_n], len(f1),
+                    [len(fs) for fs in fn_all], micro_batches(rec_1, per_1),
+                    [micro_batches(r, per) for r, per in zip(recs_n, per_n)])
 
 
 def data_divergence(step: int, sd: StepData, n: int, root: str, arg_hint: str,
@@ -150,7 +175,7 @@ def data_divergence(step: int, sd: StepData, n: int, root: str, arg_hint: str,
         hint = ("each rank took a whole world-1 batch: " if total_n == n * total_1 else "")
         return Divergence(step, kind="data",
                           diagnosis=f"the global batch changed size: {hint}per-device batch size? Keep the global batch "
-                          f"fixed, e.g. {arg_hint}", detail=f"{tensor}: {sizes}")
+                          f"fixed: {arg_hint}", detail=f"{tensor}: {sizes}")
     return Divergence(step, kind="data",
                       diagnosis=f"the global batch holds other examples than world 1's ({shared} of {total_1} shared): the "
                       "order of the data depends on the world size or the rank (a sampler or shuffle seeded by "

@@ -1,6 +1,8 @@
 """Why world N parts from world 1: the cause a divergence's evidence supports (a common factor
-between the gradients or the updates, micro-batches, a normaliser per rank, randomness), and the
-facts about the script that the judge learned from every rank's record (ScriptFacts).
+between the gradients or the updates, micro-batches, a normaliser per rank, randomness, a collective
+without autograd, no process group, uninitialised memory), and the facts about the script that the
+judge learned from every rank's record (ScriptFacts). Each cause is a rule with the evidence it
+needs (docs/guide/check-script.md, "Causes and the evidence they need").
 """
 
 from __future__ import annotations
@@ -9,10 +11,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mgpu.check.records import CollectiveCall
+from mgpu.scriptcheck.collectives import differentiable_fix
 from mgpu.scriptcheck.data import StepData
 from mgpu.scriptcheck.tensors import FACTOR_AGREE, common_factor, name_factor
 
-__all__ = ["ScriptFacts", "gradient_diagnosis", "update_diagnosis", "explained"]
+__all__ = ["ScriptFacts", "gradient_diagnosis", "update_diagnosis", "explained", "collective_text",
+           "merged_collectives", "uninitialised_cause", "no_process_group", "UNINITIALISED"]
+
+# The start of the reproducibility cause for weights that hold uninitialised memory (report.py says no "seed it").
+UNINITIALISED = "uninitialised memory"
 
 
 @dataclass(frozen=True)
@@ -21,6 +29,7 @@ class ScriptFacts:
 
     batchnorm: tuple = ()        # BatchNorm modules normalising per rank (synchronised by the check at world N)
     random_draws: dict = field(default_factory=dict)   # torch function -> draws inside a forward, beyond dropout
+    collectives: tuple = ()      # CollectiveCall: a collective without autograd on a tensor that requires grad
 
 
 def gradient_diagnosis(got: dict, ref: dict, n: int, sd: StepData, facts: ScriptFacts) -> str:
@@ -43,20 +52,77 @@ def gradient_diagnosis(got: dict, ref: dict, n: int, sd: StepData, facts: Script
         return (f"every gradient is {c:.3f} x world 1's, a common factor that is no power of N: a loss scale or "
                 "normaliser that changes with the world size (a count taken per rank, clipping by a norm that "
                 "differs)?")
+    if facts.collectives:
+        return ("the gradients differ by no common factor, and the training step called "
+                f"{collective_text(facts.collectives)} (finding collective-without-autograd): what torch.distributed's collectives return is a constant "
+                "to autograd, so the gradient of the loss for the other ranks' examples never comes back to this "
+                "rank's")
     extra = explained(facts)
     if extra:
         return extra
-    micro = max(sd.forwards_n) if sd.forwards_n else 1
-    if micro > 1 or sd.forwards_1 > 1:
-        return (f"the gradients differ by no common factor, and the step accumulated {sd.forwards_1} forward(s) at "
-                f"world 1, {micro} per rank at world {n}: the loss is weighted per micro-batch or per rank (each "
+    micro = max(sd.micro_n) if sd.micro_n else 1
+    if micro > 1 or sd.micro_1 > 1:
+        return (f"the gradients differ by no common factor, and the step accumulated {sd.micro_1} micro-batch(es) "
+                f"at world 1, {micro} per rank at world {n}: the loss is weighted per micro-batch or per rank (each "
                 "micro-batch's or rank's mean over its own tokens or examples, divided by the number of "
                 "micro-batches): divide the summed loss by the count over the whole window and all ranks "
                 "(all-reduced), times the world size where DDP averages")
-    return (f"the gradients differ by no common factor: the loss weighs examples differently at world {n}: a mean "
-            "or normaliser per rank (each rank divides by its own count of tokens, boxes, foreground "
+    views = (f" (the step's {sd.forwards_1} forwards fed one loss or saw the same examples: views of one batch, "
+             "not micro-batches)" if sd.forwards_1 > 1 else "")
+    return (f"the gradients differ by no common factor: the loss weighs examples differently at world {n}{views}: "
+            "a mean or normaliser per rank (each rank divides by its own count of tokens, boxes, foreground "
             "examples...): divide the summed loss by the global count (all-reduced), times the world size "
             "where DDP averages")
+
+
+def collective_text(calls) -> str:
+    """'dist.all_gather at train.py:42 (4 calls in a run) on a tensor that requires grad: use
+    torch.distributed.nn.functional.all_gather', for each call site (CollectiveCall)."""
+    return "; ".join(f"dist.{c.op} at {c.where} ({c.calls} call(s) in a run) on a tensor that requires grad: use "
+                     f"{differentiable_fix(c.op)}, which carries the gradient back" for c in calls)
+
+
+def merged_collectives(records) -> tuple:
+    """Every rank record's CollectiveCalls, one per (op, call site), with the most calls a run made."""
+    most: dict = {}
+    for r in records:
+        for c in r.grad_collectives:
+            most[(c.op, c.where)] = max(most.get((c.op, c.where), 0), c.calls)
+    return tuple(CollectiveCall(op, where, n) for (op, where), n in most.items())
+
+
+def uninitialised_cause(records) -> str:
+    """The cause where weights held uninitialised memory when their model was first called
+    (RankRecord.uninitialised, evidence.suspect_values), in any of the records; '' where none did."""
+    worst = None
+    for r in records:
+        for name, (bad, largest) in r.uninitialised.items():
+            key = (bad > 0, largest)
+            if worst is None or key > worst[0]:
+                worst = (key, name, bad, largest)
+    if worst is None:
+        return ""
+    _, name, bad, largest = worst
+    held = " and ".join(part for part in (f"{bad} NaN or inf value(s)" if bad else "",
+                                          f"values up to {largest:.1e}" if largest else "") if part)
+    return (f"{UNINITIALISED}: parameter {name} holds {held} when its model is first called: memory no "
+            "initialisation wrote (torch.empty, or to_empty() without reset_parameters), which differs from run "
+            "to run and rank to rank although the script is seeded: initialise it (reset_parameters or the "
+            "model's init_weights after to_empty)")
+
+
+def no_process_group(ranks, n: int) -> str:
+    """The cause where no rank of a world-N run had a process group of more than one rank at any
+    step (StepRecord.process_group): each rank trained its own copy; '' otherwise or unknown."""
+    sizes = [s.process_group for r in ranks for s in r.steps]
+    if n <= 1 or not sizes or None in sizes or max(sizes) > 1:
+        return ""
+    what = ("torch.distributed was never initialised in any rank" if max(sizes) == 0 else
+            "every rank's process group had world size 1")
+    return (f"no process group at world {n}: {what}, so each of the {n} ranks trained its own copy of the model "
+            "(a wrapper that picked a single device under torchrun?): initialise the process group "
+            "(torch.distributed.init_process_group, or the wrapper's distributed strategy) so that the ranks "
+            "share their gradients")
 
 
 def explained(facts: ScriptFacts) -> str:

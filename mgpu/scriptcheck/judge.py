@@ -10,10 +10,12 @@ against world 1, step by step (compare.py), unless world 1 failed or does not re
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from mgpu.check.divergence import Divergence, Finding
 from mgpu.scriptcheck.compare import ScriptFacts, WorldComparison, compare_world, reproducibility
+from mgpu.scriptcheck.diagnose import collective_text, merged_collectives, no_process_group, uninitialised_cause
 from mgpu.scriptcheck.launch import RankFailure, WorldRun
 from mgpu.scriptcheck.plan import ScriptCheckError, ScriptCheckOptions, Target, batch_hint
 
@@ -35,11 +37,8 @@ def judge(target: Target, options: ScriptCheckOptions, runs: list[WorldRun]) -> 
     """The judgement of the runs; ScriptCheckError when world 1 made no optimizer step (nothing to judge)."""
     out = Judgement(failures=[r.failure for r in runs if r.failure is not None])
     out.findings, facts = findings_of(runs)
-    by_kind: dict[str, dict[str, WorldRun]] = {}
-    for r in runs:
-        if r.world == 1 and r.failure is None:
-            by_kind.setdefault(r.device, {})[r.run] = r
-    a_runs = [r for r in runs if r.world == 1 and r.run == "A" and r.failure is None]
+    by_kind = _references(runs)
+    a_runs = [r for r in runs if r.world == 1 and r.run == "A" and r.failure is None and not r.lifted]
     if a_runs and not a_runs[0].ranks[0].steps:
         _nothing_stepped(target, a_runs[0])
     for r in a_runs:
@@ -47,14 +46,51 @@ def judge(target: Target, options: ScriptCheckOptions, runs: list[WorldRun]) -> 
         if made < options.steps:
             out.notes.append(f"the script made {made} optimizer step(s) at world 1 ({r.device}), fewer than the "
                              f"{options.steps} asked (--steps): compared on the steps it made")
+        if r.ranks[0].setup_steps:
+            out.notes.append(f"the script stepped its optimizer {r.ranks[0].setup_steps} time(s) with zero gradients "
+                             "before the model consumed any training data (building the optimizer's state, as a "
+                             "torch.distributed.checkpoint load does): not counted as training steps")
     for pair in by_kind.values():
         if "A" in pair and "B" in pair and out.unreproducible is None:
             out.unreproducible = reproducibility(pair["A"], pair["B"])
-    hint = batch_hint(target.args)
+    hint = batch_hint(target.args, target.script, target.module)
     for r in runs:
         if r.world > 1 and r.failure is None:
-            out.comparisons.append(_compare(r, by_kind.get(r.device, {}), out.unreproducible, facts, hint))
+            compared = _compare(r, by_kind.get((r.device, r.lifted), {}), out.unreproducible, facts, hint)
+            compared.precision = _precision_label(r, by_kind.get((r.device, r.lifted), {}))
+            out.comparisons.append(compared)
     return out
+
+
+def _references(runs: list[WorldRun]) -> dict[tuple[str, bool], dict[str, WorldRun]]:
+    """(device, lifted) -> world 1's runs that world N of that kind is compared with: "A", the
+    reference, and "B", whose distance from A is the spread. Where world 1 was lifted to float32
+    (plan.plan_runs), the runs as run have no B of their own: their spread is A lifted, the distance
+    the mixed precision itself puts between world 1 and its float32 twin (precision.py)."""
+    out: dict[tuple[str, bool], dict[str, WorldRun]] = {}
+    for r in runs:
+        if r.world == 1 and r.failure is None:
+            out.setdefault((r.device, r.lifted), {})[r.run] = r
+    for (device, lifted), pair in out.items():
+        if not lifted and "B" not in pair and "A" in out.get((device, True), {}):
+            pair["B"] = out[(device, True)]["A"]
+    return out
+
+
+def _precision_label(run: WorldRun, world_1: dict) -> str:
+    """What the comparison's arithmetic was: '' for float32 as run, else a few words."""
+    seen = run.ranks[0].precision if run.ranks else {}
+    lowest = seen.get("lowest", "float32")
+    if run.lifted:
+        lifted = run.ranks[0].lifted if run.ranks else {}
+        what = ", ".join(sorted(lifted)) or "mixed precision"
+        return f"float32, {what} lifted"
+    if lowest == "float32":
+        return ""
+    b = world_1.get("B")
+    spread = "its spread world 1 lifted to float32" if b is not None and b.lifted else "its spread a rerun perturbed " \
+        f"by {lowest} roundings"
+    return f"as run, {lowest}; {spread}"
 
 
 def _compare(run: WorldRun, world_1: dict, unreproducible, facts: ScriptFacts, hint: str) -> WorldComparison:
@@ -67,7 +103,11 @@ def _compare(run: WorldRun, world_1: dict, unreproducible, facts: ScriptFacts, h
             1, kind="data", detail="no step recorded",
             diagnosis=f"world {run.world} made no optimizer step where world 1 did: does the script take another "
                       "path when distributed?"))
-    return compare_world(run, world_1["A"], world_1["B"], facts, hint)
+    compared = compare_world(run, world_1["A"], world_1["B"], facts, hint)
+    cause = no_process_group(run.ranks, run.world)  # whatever parted first, N copies of world 1 explain it
+    if cause and compared.first is not None:
+        compared.status, compared.first = "fail", dataclasses.replace(compared.first, diagnosis=cause)
+    return compared
 
 
 def _nothing_stepped(target: Target, run: WorldRun) -> None:
@@ -82,8 +122,8 @@ def _nothing_stepped(target: Target, run: WorldRun) -> None:
 
 
 def findings_of(runs: list[WorldRun]) -> tuple[list[Finding], ScriptFacts]:
-    """The findings, from every rank's record: random-layers, randomness, batch-mixing, zero-gradients;
-    and the facts compare.py uses to explain a divergence."""
+    """The findings, from every rank's record: random-layers, randomness, batch-mixing, zero-gradients,
+    uninitialised-memory, collective-without-autograd; and the facts compare.py uses to explain a divergence."""
     dropout_calls, modules, draws, where, bn = {}, [], {}, {}, []
     for run in runs:
         for r in run.ranks:
@@ -124,7 +164,17 @@ def findings_of(runs: list[WorldRun]) -> tuple[list[Finding], ScriptFacts]:
             f"every gradient world 1 recorded is zero ({zero}): a loss that cannot move the weights passes any "
             "comparison of gradients, so this one checked little (cross-entropy over a single class, a loss from "
             "detached tensors?); give the check a loss that depends on the weights")))
-    return out, ScriptFacts(tuple(bn), draws)
+    records = [r for run in runs for r in run.ranks]
+    uninitialised = uninitialised_cause(records)
+    if uninitialised:
+        out.append(Finding("uninitialised-memory", uninitialised))
+    collectives = merged_collectives(records)
+    if collectives:
+        out.append(Finding("collective-without-autograd", (
+            f"{collective_text(collectives)}. torch.distributed's collectives are not differentiable: what they "
+            "return, or write in place, is a constant to autograd, so the gradient of the loss for the other ranks' "
+            "examples never comes back to this rank's parameters")))
+    return out, ScriptFacts(tuple(bn), draws, collectives)
 
 
 def _zero_gradients(runs: list[WorldRun]) -> str:

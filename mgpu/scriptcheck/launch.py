@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 
 from mgpu.check.records import RankRecord
 from mgpu.errors import LaunchError
-from mgpu.scriptcheck.plan import RankJob, ScriptCheckError, ScriptCheckOptions, Target, expand_args, plan_runs
+from mgpu.scriptcheck.plan import (PlannedRun, RankJob, ScriptCheckError, ScriptCheckOptions, Target, expand_args,
+                                   plan_runs)
 
-__all__ = ["WorldRun", "RankFailure", "run_worlds", "PERTURB", "ScriptCheckError", "expand_args"]
+__all__ = ["WorldRun", "RankFailure", "run_worlds", "run_checked", "liftable", "PERTURB", "ScriptCheckError", "expand_args"]
 
 # Run B's gradients are perturbed by this times (|g| + rms(g)) per element, with random signs: a few
 # float32 roundings, the size of the difference another summation order makes (compare.py).
@@ -53,6 +54,7 @@ class WorldRun:
     run: str                   # "A", "B" (world 1's perturbed rerun) or "" (world > 1)
     device: str                # "cpu" or "cuda"
     args: list[str]
+    lifted: bool = False       # mixed precision lifted to float32 (precision.py)
     ranks: list[RankRecord] = field(default_factory=list)   # each rank's record, rank 0 first
     failure: RankFailure | None = None
     seconds: float = 0.0
@@ -61,7 +63,8 @@ class WorldRun:
 
     @property
     def name(self) -> str:
-        return f"world {self.world}" + {"A": "", "B": " (rerun)", "": ""}[self.run]
+        return (f"world {self.world}" + {"A": "", "B": " (rerun)", "": ""}[self.run] +
+                (" [float32, mixed precision lifted]" if self.lifted else ""))
 
 
 # -- running -------------------------------------------------------------------------------------------
@@ -101,24 +104,26 @@ def _failure(e: LaunchError, world: int, folder: str, tag: str, timeout: float |
     return RankFailure(world, rank, "crash", first, tail)
 
 
-def run_world(target: Target, planned: tuple[int, str, str], options: ScriptCheckOptions, folder: str,
-              gpus: int) -> WorldRun:
-    """One planned run, (world, run, device): every rank spawned, its record loaded, or its failure."""
+def run_world(target: Target, planned: PlannedRun, options: ScriptCheckOptions, folder: str,
+              gpus: int, trace_step: int = 0) -> WorldRun:
+    """One planned run (plan.PlannedRun): every rank spawned, its record loaded, or its failure.
+    With trace_step k: up to step k, whose forwards are traced (locate.py)."""
     import torch
 
     from mgpu.launch import spawn
     from mgpu.scriptcheck.rank import run_rank
 
-    world, run, device = planned
+    world, run, device, lift = planned
     timeout = options.timeout
-    tag = f"w{world}{run or 'N'}-{device}"
+    tag = f"w{world}{run or 'N'}-{device}{'-lifted' if lift else ''}{f'-t{trace_step}' if trace_step else ''}"
     args = expand_args(target.args, world)
     env = (("CUDA_VISIBLE_DEVICES", ""),) if device == "cpu" and gpus else ()
     job = RankJob(os.path.abspath(target.script) if target.script else None, target.module, os.getcwd(), tuple(args),
-                  options.steps, folder, tag, perturb=PERTURB if run == "B" else 0.0,
+                  trace_step or options.steps, folder, tag, perturb=PERTURB if run == "B" else 0.0,
                   threads=max(1, _cores() // world) if world > 1 else None, env=env,
-                  exact_gpu_math=device == "cuda", sync_batchnorm=world > 1)
-    out = WorldRun(world, run, device, args)
+                  exact_gpu_math=device == "cuda", sync_batchnorm=world > 1, lift_precision=lift,
+                  trace_step=trace_step)
+    out = WorldRun(world, run, device, args, lifted=lift)
     started = time.time()
     try:
         spawn(run_rank, job, nprocs=world, deadline_s=timeout)
@@ -133,15 +138,16 @@ def run_world(target: Target, planned: tuple[int, str, str], options: ScriptChec
     return out
 
 
-def run_worlds(target: Target, options: ScriptCheckOptions, progress=None, parallel: int | None = None) -> list[WorldRun]:
-    """Every run of the plan; `parallel` runs at a time (default: as many as the cores allow, one
+def run_worlds(target: Target, options: ScriptCheckOptions, progress=None, parallel: int | None = None,
+               plan: list[PlannedRun] | None = None) -> list[WorldRun]:
+    """Every run of the plan (default: plan.plan_runs's); `parallel` runs at a time (default: as many as the cores allow, one
     rank a core: one at a time on two cores, in this thread, where SIGTERM and Ctrl-C reach the
     agent), in one temporary folder that is removed afterwards. An error of a run other than its
     ranks' failure (which is the run's result) is raised here, after every started run has ended."""
     import torch
 
     gpus = torch.cuda.device_count()
-    plan = plan_runs(options.worlds, gpus)
+    plan = plan_runs(options.worlds, gpus) if plan is None else plan
     if parallel is None:
         parallel = 1 if gpus else max(1, _cores() // 2)
     results: dict[tuple, WorldRun] = {}
@@ -178,3 +184,27 @@ def run_worlds(target: Target, options: ScriptCheckOptions, progress=None, paral
     if errors:
         raise errors[0]
     return [results[p] for p in plan if p in results]
+
+
+def liftable(run: WorldRun) -> bool:
+    """Run A computed in a mixed precision that check-script can lift to float32 (autocast, FSDP2's
+    policy: parameters in float32), as its rank 0 recorded (precision.PrecisionSeen)."""
+    from mgpu.scriptcheck.precision import LOW
+
+    seen = run.ranks[0].precision if run.ranks else {}
+    return seen.get("lowest") in LOW and not any(p in LOW for p in seen.get("params", ()))
+
+
+def run_checked(target: Target, options: ScriptCheckOptions, progress=None) -> list[WorldRun]:
+    """Every run the check needs: world 1's run A first (on each device kind), and what it ran at
+    decides the rest (plan.plan_runs: a mixed precision that can be lifted adds the lifted runs)."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    first = [p for p in plan_runs(options.worlds, gpus) if p.run == "A"]
+    runs = run_worlds(target, options, progress, plan=first)
+    if any(r.failure is not None or not r.ranks[0].steps for r in runs):
+        return runs  # world 1 crashed or never stepped: the judge says so; nothing to compare it with
+    lift = any(liftable(r) for r in runs)
+    rest = [p for p in plan_runs(options.worlds, gpus, lift) if p not in first]
+    return runs + run_worlds(target, options, progress, plan=rest)

@@ -17,11 +17,13 @@ import ast
 import os
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from mgpu.errors import MgpuError
 from mgpu.validators import number, positive_int, world_sizes
 
-__all__ = ["ScriptCheckError", "ScriptCheckOptions", "Target", "RankJob", "expand_args", "plan_runs", "batch_hint",
+__all__ = ["ScriptCheckError", "ScriptCheckOptions", "Target", "RankJob", "PlannedRun", "expand_args", "plan_runs",
+           "batch_hint",
            "DEFAULT_RANKS", "DEFAULT_STEPS", "DEFAULT_TIMEOUT"]
 
 DEFAULT_RANKS = (1, 2)
@@ -116,6 +118,8 @@ class RankJob:
     env: tuple = ()                # (name, value) set in each rank before the script (value None: unset)
     exact_gpu_math: bool = False   # TF32 off, cuDNN deterministic (runs on GPUs)
     sync_batchnorm: bool = False   # BatchNorm synchronised over the ranks (world > 1)
+    lift_precision: bool = False   # autocast and FSDP2's mixed precision lifted to float32 (precision.py)
+    trace_step: int = 0            # trace the forwards of this step (tracer.py; locate.py's second run), 0: none
 
 
 # -- {world_size} in ARGS ------------------------------------------------------------------------------
@@ -176,10 +180,25 @@ def batch_hint(args) -> str:
 
 # -- the runs ------------------------------------------------------------------------------------------
 
-def plan_runs(worlds: tuple[int, ...], gpus: int) -> list[tuple[int, str, str]]:
-    """(world, run, device) of every run: world 1 twice (A, B) on each device kind a comparison uses."""
+class PlannedRun(NamedTuple):
+    world: int
+    run: str            # "A" (world 1, the reference), "B" (world 1, perturbed: the spread) or "" (world > 1)
+    device: str         # "cpu" or "cuda"
+    lift: bool = False  # mixed precision lifted to float32 (precision.py)
+
+
+def plan_runs(worlds: tuple[int, ...], gpus: int, lift: bool = False) -> list[PlannedRun]:
+    """Every run: world 1 twice (A, B) on each device kind a comparison uses, then each world N.
+
+    With `lift` (world 1's run A computed in a mixed precision that can be lifted: autocast, FSDP2's
+    policy), the loop's arithmetic is compared at float32, A, B and each N lifted; and each N as run
+    against A as run, whose spread is A lifted (the precision's own rounding): A, A lifted, B lifted,
+    N lifted, N. Run A comes first either way: what it ran at decides the rest (check_with)."""
     kind = lambda n: "cuda" if gpus and n <= gpus else "cpu"  # noqa: E731
     others = [n for n in worlds if n > 1]
     kinds = sorted({kind(n) for n in others} or {kind(1)}, reverse=True)
-    plan = [(1, run, k) for k in kinds for run in ("A", "B")]
-    return plan + [(n, "", kind(n)) for n in others]
+    if not lift:
+        plan = [PlannedRun(1, run, k) for k in kinds for run in ("A", "B")]
+        return plan + [PlannedRun(n, "", kind(n)) for n in others]
+    plan = [PlannedRun(1, "A", k) for k in kinds] + [PlannedRun(1, run, k, True) for k in kinds for run in ("A", "B")]
+    return plan + [PlannedRun(n, "", kind(n), True) for n in others] + [PlannedRun(n, "", kind(n)) for n in others]

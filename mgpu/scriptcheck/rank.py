@@ -13,7 +13,9 @@ import torch
 
 from mgpu.check.records import RankTiming
 from mgpu.scriptcheck.plan import RankJob
+from mgpu.scriptcheck.precision import LiftPrecision
 from mgpu.scriptcheck.recorder import Recorder, StopScript
+from mgpu.scriptcheck.tracer import Tracer
 
 __all__ = ["run_rank"]
 
@@ -76,7 +78,13 @@ def run_rank(job: RankJob) -> dict:
         sys.argv = [job.script, *job.args]
         sys.path[0:1] = [os.path.dirname(os.path.abspath(job.script))]
     exit_code = 0
+    lift = LiftPrecision() if job.lift_precision else None
+    if lift is not None:
+        lift.__enter__()
     recorder.install()
+    tracer = Tracer(job.trace_step) if job.trace_step else None  # locate.py's second run only
+    if tracer is not None:
+        tracer.install()
     script_start = time.time()
     try:
         if job.module:
@@ -92,12 +100,18 @@ def run_rank(job: RankJob) -> dict:
                 print(e.code, file=sys.stderr)
             raise
     finally:
+        if tracer is not None:
+            tracer.uninstall()
         recorder.uninstall()
+        if lift is not None:
+            lift.__exit__(None, None, None)
         sys.stdout.flush()
         sys.stderr.flush()
     script_end = time.time()
     result = recorder.result()
     result.rank, result.world = rank, int(os.environ.get("WORLD_SIZE", "1"))
+    result.trace = tracer.trace if tracer is not None else None
+    result.lifted = dict(lift.lifted) if lift is not None else {}
     result.timing = RankTiming(started, script_start, script_end, recorder.first_forward, recorder.step_times)
     torch.save(result, os.path.join(job.folder, f"{job.tag}-rank{rank}.pt"))
     _leave_process_group()

@@ -41,6 +41,9 @@ from torch import nn
 from mgpu.check.dropout import DropoutOff, random_layer_modules, stochastic_depth_caller
 from mgpu.check.records import ForwardRecord, RankRecord, StepRecord
 from mgpu.scriptcheck.batchnorm import SyncedBatchNorm
+from mgpu.scriptcheck.collectives import CollectiveWatch
+from mgpu.scriptcheck.evidence import is_setup_step, process_group_size, suspect_values
+from mgpu.scriptcheck.precision import PrecisionSeen
 from mgpu.scriptcheck.plan import RankJob
 from mgpu.scriptcheck.inputs import Digest, call_kwargs, data_record, tensor_digest
 
@@ -102,6 +105,8 @@ class ScriptMode(DropoutOff):
         if rec.depth.value and func in RANDOM_FUNCTIONS and not rec.in_backward() and not (
                 func is torch.Tensor.bernoulli_ and stochastic_depth_caller() is not None):
             rec.random_draw(RANDOM_FUNCTIONS[func])
+        if func is torch.Tensor.backward:  # forwards between two backward passes fed one loss (data.py)
+            rec.backwards += 1
         return super().__torch_function__(func, types, args, kwargs)
 
 
@@ -121,6 +126,7 @@ class _Uncounted:
 class _Depth(threading.local):
     value = 0
     stack: list = None
+    root_forward = False   # the outermost call is a recorded training forward (its output's dtype is noted)
 
 
 class Recorder:
@@ -147,8 +153,13 @@ class Recorder:
         self.batchnorm: list[str] = []
         self.random_modules: list[str] = []
         self.init_digests: dict[str, str] = {}   # each root's parameters when first called, before run B's perturbation
+        self.precision = PrecisionSeen()        # what the training forwards ran at (autocast, dtypes)
         self.mode = ScriptMode(self)
         self.handles: list = []
+        self.backwards = 0                       # Tensor.backward calls so far
+        self.uninitialised: dict = {}            # name -> suspect_values, when first called
+        self.skipped: dict[int, int] = {}        # optimizer index -> set-up steps not counted (evidence.is_setup_step)
+        self.collectives = CollectiveWatch(lambda: bool(self.pending))
 
     # -- hooks --------------------------------------------------------------------------------------
 
@@ -163,8 +174,10 @@ class Recorder:
             o.register_optimizer_step_post_hook(self._post_step),
         ]
         self.mode.__enter__()
+        self.collectives.install()
 
     def uninstall(self) -> None:
+        self.collectives.uninstall()
         for h in self.handles:
             h.remove()
         self.handles = []
@@ -209,6 +222,10 @@ class Recorder:
             self.first_forward = time.time()
         if record is not None:
             record.root, record.root_name, record.training = key, type(module).__name__, module.training
+            record.backwards = self.backwards
+            if module.training:
+                self.precision.forward(module)
+                self.depth.root_forward = True
             self.pending.append(record)
             self.forwards += 1
 
@@ -216,6 +233,9 @@ class Recorder:
         d = self.depth
         if d.value:
             d.value -= 1
+            if d.value == 0 and d.root_forward:
+                d.root_forward = False
+                self.precision.output(output)
             if d.stack:
                 d.stack.pop()
 
@@ -234,7 +254,10 @@ class Recorder:
         for name, p in root.named_parameters():
             name = strip_wrappers(name)
             if name not in self.init_digests:
-                self.init_digests[name] = tensor_digest(_full(p))
+                full = _full(p)
+                self.init_digests[name] = tensor_digest(full)
+                if (suspect := suspect_values(full)) is not None:  # uninitialised memory (evidence.py)
+                    self.uninitialised[name] = suspect
                 if self.perturb:
                     with torch.no_grad():
                         local = _local(p.data)
@@ -315,18 +338,25 @@ class Recorder:
 
     def _noise(self, g: torch.Tensor, step: int, i: int) -> torch.Tensor:
         """A rounding-sized difference: perturb * (|g| + rms(g)) per element, random sign (drawn from a
-        generator of its own, uncounted: not the script's randomness)."""
+        generator of its own, uncounted: not the script's randomness). perturb is in float32's units
+        (launch.PERTURB: two float32 roundings); a tensor of a lower precision (a model cast whole to
+        bf16) gets as many roundings of its own dtype, since float32's would round away."""
         gen = torch.Generator().manual_seed(1_000_003 * step + i)
         with _Uncounted(self):
             sign = (torch.randint(0, 2, tuple(g.shape), generator=gen).to(g.dtype) * 2 - 1).to(g.device)
         rms = g.double().pow(2).mean().sqrt().item() if g.numel() else 0.0
-        return (self.perturb * (g.abs() + rms) * sign).to(g.dtype)
+        ulps = torch.finfo(g.dtype).eps / torch.finfo(torch.float32).eps if g.is_floating_point() else 1.0
+        return (self.perturb * max(1.0, ulps) * (g.abs() + rms) * sign).to(g.dtype)
 
     def _post_step(self, optimizer, args, kwargs) -> None:
         if self.stopped:
             return
         index = self._optimizer_index(optimizer)
         rec = self._current
+        if is_setup_step(rec.grads, rec.forwards, self.forwards, self.counts.get(index, 0) + self.skipped.get(index, 0)):
+            self.skipped[index] = self.skipped.get(index, 0) + 1   # building the optimizer's state: not step 1
+            return
+        rec.backwards, rec.process_group = self.backwards, process_group_size()
         params = self._params(optimizer)
         names = self.names[index]
         rec.after = {names[id(p)]: self._keep(_full(p)) for p in params}
@@ -341,4 +371,6 @@ class Recorder:
         return RankRecord(steps=self.records, forwards=self.forwards, batchnorm=self.batchnorm,
                           init_digests=self.init_digests, random_modules=self.random_modules,
                           dropout_calls=dict(self.mode.calls), random_draws=dict(self.random_draws),
-                          random_where=dict(self.random_where), optimizers=len(self.optimizers), stopped=self.stopped)
+                          random_where=dict(self.random_where), optimizers=len(self.optimizers), stopped=self.stopped,
+                          precision=self.precision.to_json(), uninitialised=self.uninitialised,
+                          grad_collectives=self.collectives.calls(), setup_steps=sum(self.skipped.values()))

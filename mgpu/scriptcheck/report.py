@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from mgpu.check.divergence import Divergence
 from mgpu.check.report import CheckReport, Verdict
 from mgpu.scriptcheck.compare import WorldComparison
+from mgpu.scriptcheck.diagnose import UNINITIALISED
 
 __all__ = ["ScriptReport", "timings_of"]
 
@@ -44,18 +45,29 @@ class ScriptReport(CheckReport):
             return Verdict.FAILED
         if self.unreproducible is not None or any(c.status == "finding" for c in self.comparisons):
             return Verdict.NOT_VERIFIED
+        if self._zero_gradients() is not None:  # a loss that cannot move the weights agrees at any world size
+            return Verdict.NOT_VERIFIED
         return Verdict.PASSED
+
+    def _zero_gradients(self):
+        return next((f for f in self.findings if f.name == "zero-gradients"), None)
 
     @property
     def verified(self) -> bool:
         return self.verdict == Verdict.PASSED
 
-    def first_failure(self) -> str:
-        """The message of an AssertionError: what failed first, or why nothing could be verified."""
+    def first_failure(self, strict: bool = False) -> str:
+        """The message of an AssertionError: what failed first (under strict a finding counts), or why
+        nothing could be verified."""
         for f in self.failures:
             return f.describe()
         for c in self.comparisons:
-            if c.status in ("fail", "finding") and c.first is not None:
+            if c.status == "fail" and c.first is not None:
+                return f"world {c.world} against world 1: {c.first.describe()}"
+        if strict and self.findings:
+            return f"finding {self.findings[0].name}: {self.findings[0].text}"
+        for c in self.comparisons:
+            if c.status == "finding" and c.first is not None:
                 return f"world {c.world} against world 1: {c.first.describe()}"
         if self.unreproducible is not None:
             return self._unreproducible_text()
@@ -66,8 +78,11 @@ class ScriptReport(CheckReport):
 
     def _unreproducible_text(self) -> str:
         d = self.unreproducible
-        return (f"NOT VERIFIED: two world-1 runs of the script differ ({d.where()}, "
-                f"{d.tensor if d.kind != 'data' else d.detail}): {d.diagnosis}. Seed it: torch.manual_seed(0) (and "
+        head = f"NOT VERIFIED: two world-1 runs of the script differ ({d.where()}, " \
+               f"{d.tensor if d.kind != 'data' else d.detail}): {d.diagnosis}"
+        if d.diagnosis.startswith(UNINITIALISED):  # seeded, and still apart: no seed writes that memory
+            return head
+        return (f"{head}. Seed it: torch.manual_seed(0) (and "
                 "random.seed, numpy.random.seed) at the top of the script, before the model and the DataLoader are "
                 "made; a DataLoader with shuffle=True takes generator=torch.Generator().manual_seed(0); a "
                 "DistributedSampler takes seed=0")
@@ -86,12 +101,16 @@ class ScriptReport(CheckReport):
                 return f"FAILED: world {c.world} parts from world 1 {c.first.describe()} {t}"
         if self.unreproducible is not None:
             d = self.unreproducible
-            return (f"NOT VERIFIED: two world-1 runs differ {d.where()} ({d.tensor or d.detail}): the script is not "
-                    f"seeded {t}")
+            cause = d.diagnosis if d.diagnosis.startswith(UNINITIALISED) else "the script is not seeded"
+            return f"NOT VERIFIED: two world-1 runs differ {d.where()} ({d.tensor or d.detail}): {cause} {t}"
         for c in self.comparisons:
             if c.status == "finding":
                 return (f"NOT VERIFIED: world {c.world} differs from world 1 {c.first.where()} for a known reason: "
                         f"{c.first.diagnosis} {t}")
+        if self._zero_gradients() is not None:
+            return ("NOT VERIFIED: every gradient world 1 recorded is zero (finding zero-gradients): a loss that "
+                    "cannot move the weights agrees at any world size, so the comparison proved nothing; give the "
+                    f"check a loss that depends on the weights {t}")
         others = [str(w) for w in self.worlds if w > 1]
         if not others:
             return (f"PASSED: world 1 reproduces itself over {self._steps_made()} optimizer step(s) (no other world size "
@@ -141,16 +160,18 @@ class ScriptReport(CheckReport):
 
 
 def _comparison_line(c: WorldComparison) -> str:
+    head = f"world {c.world} against world 1" + (f" ({c.precision})" if c.precision else "")
     sensitivity = c.tally.sensitivity_line()
     sensitivity = f"\n    sensitivity: would call a difference of {sensitivity}" if sensitivity else ""
     if c.status == "pass":
         worst = "; ".join(f"largest {k} error {w['error']:.2e} of {w['allowed']:.2e} allowed ({w['tensor']}, step {w['step']})"
                           for k, w in sorted(c.worst.items()))
-        return f"world {c.world} against world 1: passed, {c.steps} step(s)" + (f"; {worst}" if worst else "") + sensitivity
+        return f"{head}: passed, {c.steps} step(s)" + (f"; {worst}" if worst else "") + sensitivity
     if c.status == "not-compared":
-        return f"world {c.world} against world 1: not compared: {c.reason}"
+        return f"{head}: not compared: {c.reason}"
     word = "FAILED" if c.status == "fail" else "differs (finding, not a failure)"
-    return f"world {c.world} against world 1: {word} {c.first.describe()}" + sensitivity
+    entered = f"\n    where it enters (step {c.entered.get('step')}): {c.entered['sentence']}" if c.entered else ""
+    return f"{head}: {word} {c.first.describe()}" + entered + sensitivity
 
 
 def timings_of(runs: list, total: float, compare_s: float, setup_s: float) -> dict:
@@ -175,4 +196,5 @@ def _timing_line(t: dict) -> str:
     sums = {k: sum(r.get(k, 0.0) for r in runs) for k in keys}
     return (f"{t['total']:.1f} s: {len(runs)} run(s) {sum(r['seconds'] for r in runs):.1f} s (launching ranks "
             f"{sums['launch']:.1f}, script to its first forward {sums['to_first_forward']:.1f}, recorded steps "
-            f"{sums['steps']:.1f}, stopping {sums['stop']:.1f}), comparison {t['compare']:.1f}, set-up {t['setup']:.1f}")
+            f"{sums['steps']:.1f}, stopping {sums['stop']:.1f}), comparison {t['compare']:.1f}, set-up {t['setup']:.1f}"
+            + (f", locating the divergence (traced runs) {t['locate']:.1f}" if t.get("locate") else ""))
