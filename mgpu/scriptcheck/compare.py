@@ -36,7 +36,8 @@ from mgpu.check.tolerance import largest
 from mgpu.scriptcheck.data import StepData, data_divergence, step_data
 from mgpu.scriptcheck.diagnose import ScriptFacts, explained, gradient_diagnosis, uninitialised_cause, update_diagnosis
 from mgpu.scriptcheck.tally import Tally
-from mgpu.scriptcheck.tensors import allowance, common_factor, err, module_scales, same
+from mgpu.scriptcheck.tensors import (POOL_PRECISION, POOL_RERUN, allowance, allowances, common_factor, err,
+                                      module_scales, same)
 
 
 __all__ = ["ScriptFacts", "WorldComparison", "compare_world", "reproducibility", "common_factor", "module_scales"]
@@ -140,10 +141,10 @@ def _start_apart(rn: list[StepRecord], r1: StepRecord, n: int) -> Divergence | N
 
 def _gradients_apart(step: int, rn: list[StepRecord], refs: tuple, n: int, sd: StepData, facts: ScriptFacts,
                      tally: Tally) -> Divergence | None:
-    """World N's rank 0 gradients against world 1's (refs: run A's step and run B's, or None),
-    within the tolerance (run B's spread)."""
-    r1, rb = refs
-    scales = module_scales(r1.grads)
+    """World N's rank 0 gradients against world 1's (refs: run A's step, run B's or None, and the
+    spread's pool), within the tolerance (run B's spread, tensors.allowances)."""
+    r1, rb, pool = refs
+    allowed_of = allowances(r1.grads, rb.grads if rb else None, pool)
     for name, g1 in r1.grads.items():
         gn = rn[0].grads.get(name, "missing")
         if isinstance(gn, str):
@@ -156,7 +157,7 @@ def _gradients_apart(step: int, rn: list[StepRecord], refs: tuple, n: int, sd: S
         if g1 is None:
             continue
         e = err(gn, g1)
-        allowed = allowance(g1, rb.grads.get(name) if rb else None, scales[name])
+        allowed = allowed_of[name]
         tally.add("gradient", name, step, e[0], allowed, largest(g1))
         if not e[0] <= allowed:
             return Divergence(step, kind="gradient", tensor=name, rank=0, max_abs=e[0], allowed=allowed, max_rel=e[1],
@@ -166,13 +167,13 @@ def _gradients_apart(step: int, rn: list[StepRecord], refs: tuple, n: int, sd: S
 
 def _weights_apart(i: int, recs_n: list, refs: tuple, n: int, facts: ScriptFacts, tally: Tally) -> Divergence | None:
     """World N's rank 0 weights after step i + 1 against world 1's (refs: run A's steps, run B's
-    step i or None), within the tolerance."""
-    ref, rb = refs
+    step i or None, the spread's pool), within the tolerance (tensors.allowances)."""
+    ref, rb, pool = refs
     step, rn0, r1 = i + 1, recs_n[0][i], ref[i]
-    scales = module_scales(r1.after)
+    allowed_of = allowances(r1.after, rb.after if rb else None, pool)
     for name, w1 in r1.after.items():
         e = err(rn0.after.get(name), w1)
-        allowed = allowance(w1, rb.after.get(name) if rb else None, scales[name])
+        allowed = allowed_of[name]
         tally.add("weight", name, step, e[0], allowed, largest(w1))
         if not e[0] <= allowed:
             before_n = rn0.before if i == 0 else recs_n[0][i - 1].after
@@ -194,6 +195,7 @@ def compare_world(run_n, run_a, run_b, facts: ScriptFacts, batch_hint: str) -> W
         out.notes.append(f"world {n} made {len(recs_n[0])} optimizer step(s) and world 1 {len(ref)}: compared on "
                          f"the first {steps}")
     tally = out.tally
+    pool = POOL_PRECISION if getattr(run_b, "lifted", False) and not getattr(run_a, "lifted", False) else POOL_RERUN
     previous_1 = None
     for i in range(steps):
         step = i + 1
@@ -209,8 +211,8 @@ def compare_world(run_n, run_a, run_b, facts: ScriptFacts, batch_hint: str) -> W
             sd = step_data(r1, rn, n)
             d = data_divergence(step, sd, n, _root_name(r1), batch_hint, previous_1)
             previous_1 = len(sd.world_1)
-            d = (d or _ranks_apart(rn, n, "grads", step) or _gradients_apart(step, rn, (r1, rb), n, sd, facts, tally)
-                 or _ranks_apart(rn, n, "after", step) or _weights_apart(i, recs_n, (ref, rb), n, facts, tally))
+            d = (d or _ranks_apart(rn, n, "grads", step) or _gradients_apart(step, rn, (r1, rb, pool), n, sd, facts, tally)
+                 or _ranks_apart(rn, n, "after", step) or _weights_apart(i, recs_n, (ref, rb, pool), n, facts, tally))
         if d is not None:
             out.first = d
             known = explained(facts)

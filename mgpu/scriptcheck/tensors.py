@@ -12,7 +12,7 @@ import torch
 from mgpu.check.tolerance import allowed_error, eps_of, error, largest
 from mgpu.scriptcheck.inputs import Digest, tensor_digest
 
-__all__ = ["err", "same", "module_scales", "allowance", "common_factor", "name_factor", "FACTOR_AGREE", "RESIDUAL"]
+__all__ = ["err", "same", "module_scales", "allowance", "allowances", "POOL_RERUN", "POOL_PRECISION", "common_factor", "name_factor", "FACTOR_AGREE", "RESIDUAL"]
 
 # A common factor is named when every tensor's least-squares ratio is within this of it, and each
 # tensor is that multiple of world 1's to within RESIDUAL (relative).
@@ -61,6 +61,42 @@ def allowance(a, b_run, scale: float = 0.0) -> float:
         return 0.0
     spread = err(b_run, a)[0] if b_run is not None and not isinstance(b_run, Digest) else 0.0
     return allowed_error(spread, max(largest(a), scale), eps_of(a))
+
+
+# A tensor's spread is at least this quantile of the relative spreads of its step's tensors of one kind
+# (each relative to its own scale), times its scale: the median where the spread is a perturbed rerun,
+# the largest where it is the mixed precision's own rounding (world 1 lifted: allowances).
+POOL_RERUN = 0.5
+POOL_PRECISION = 1.0
+
+
+def allowances(reference: dict, spread_run: dict | None, pool: float = POOL_RERUN) -> dict:
+    """name -> the allowed error of each of world 1's tensors (the core's rule, mgpu/check/tolerance.py).
+
+    Each tensor's spread is its distance from the spread run's, but at least the `pool` quantile of
+    every tensor's relative spread (spread / scale) times its own scale. A perturbed rerun moves each
+    tensor by a random draw, and one it happened to move little would get a tolerance below what
+    another summation order does to it (a BatchNorm weight's gradient, a sum over 10^5 terms): pooled
+    at the median, no tensor's tolerance rests on its own draw alone, and the verdict of a correct
+    script does not change from run to run. Where the spread is the mixed precision's own rounding
+    (world 1 as run against world 1 in float32), AdamW's first step turns a gradient at rounding level
+    into lr * sign(g) in whichever tensors the rounding happens to flip: pooled at the largest."""
+    scales = module_scales(reference)
+    out, relative, spreads = {}, [], {}
+    for name, a in reference.items():
+        if a is None or isinstance(a, Digest) or not a.is_floating_point() or a.numel() == 0:
+            out[name] = 0.0
+            continue
+        b = spread_run.get(name) if spread_run else None
+        spread = err(b, a)[0] if b is not None and not isinstance(b, Digest) else 0.0
+        scale = max(largest(a), scales[name])
+        spreads[name] = (spread if math.isfinite(spread) else 0.0, scale)
+        if scale > 0 and math.isfinite(spread):
+            relative.append(spread / scale)
+    pooled = sorted(relative)[min(len(relative) - 1, int(pool * len(relative)))] if relative else 0.0
+    for name, (spread, scale) in spreads.items():
+        out[name] = allowed_error(max(spread, pooled * scale), scale, eps_of(reference[name]))
+    return out
 
 
 def common_factor(actual: dict, reference: dict) -> float | None:
