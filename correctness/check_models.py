@@ -116,6 +116,13 @@ def reassigned_buffer() -> ModelSpec:
     return image_spec(ReassignedBuffer, SHAPE, 4, name="reassigned_buffer")
 
 
+def zero_gradients() -> ModelSpec:
+    """Cross-entropy over a single class (pytorch/examples' DDP tutorial trains so): the loss is 0 whatever
+    the weights, every gradient is zero, and every comparison agrees while proving nothing."""
+    return image_spec(MLP, SHAPE, 4, name="zero_gradients",
+                      loss=lambda out, y: F.cross_entropy(out[:, :1], torch.zeros_like(y), reduction="sum"))
+
+
 def mean_loss() -> ModelSpec:
     """The loss averaged over the examples, not summed: a mean per device."""
     return image_spec(MLP, SHAPE, 4, name="mean_loss", loss=lambda out, y: F.cross_entropy(out, y))

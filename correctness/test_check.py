@@ -20,7 +20,7 @@ from conftest import requires_gpus
 from correctness.helpers import COMPARISON_KIND
 from mgpu.cli import main
 from mgpu.config import CheckOptions
-from mgpu.errors import CheckTimeout, ParityError, SpecError
+from mgpu.errors import EXIT_FAILED, EXIT_NOT_VERIFIED, CheckTimeout, NotVerifiedError, ParityError, SpecError
 from mgpu.parity import check_data_parallel, run_check
 from mgpu.parity.report import table
 from mgpu.spec import builtin_spec, load_spec
@@ -75,24 +75,61 @@ def test_randomness_outside_dropout_skips_the_exact_checks_with_the_reason(tmp_p
         result = by_name(report, name)
         assert result.status == "skipped" and "random" in result.reason, result
     assert by_name(report, "replicas").status == "pass", "replicas must still agree with each other"
-    # A check that compared almost nothing does not pass quietly: the summary says so first, --strict
-    # fails it, and the JSON says so.
-    assert not report.verified and report.exit_code() == 0 and report.exit_code(strict=True) == 1
+    # A check that compared almost nothing does not pass: the summary says so first, it exits 3 (the
+    # code check-script gives NOT VERIFIED too), --strict included; accepting it is explicit.
+    assert not report.verified and report.verdict == "not verified", table(report)
+    codes = {(strict, accept): report.exit_code(strict=strict, accept_not_verified=accept)
+             for strict in (False, True) for accept in (False, True)}
+    assert codes == {(False, False): EXIT_NOT_VERIFIED, (True, False): EXIT_NOT_VERIFIED, (False, True): 0,
+                     (True, True): EXIT_FAILED}, f"(strict, accept) -> exit code: {codes}"
     out = tmp_path / "check.json"
-    assert main(["check", f"{MODELS}:noisy", "--strategies", "manual", "--devices", "2", "--json", str(out)]) == 0
-    table = capsys.readouterr().out.splitlines()
-    assert table[2].startswith("NOT VERIFIED: 7 of 9 comparisons"), table[:4]
-    assert main(["check", f"{MODELS}:noisy", "--strategies", "manual", "--devices", "2", "--strict"]) == 1
+    noisy = ["check", f"{MODELS}:noisy", "--strategies", "manual", "--devices", "2"]
+    assert main([*noisy, "--json", str(out)]) == EXIT_NOT_VERIFIED
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("NOT VERIFIED: 7 of 9 comparisons"), lines[:4]
+    assert "--accept-not-verified accepts it" in lines[2], lines[2]
+    assert main([*noisy, "--strict"]) == EXIT_NOT_VERIFIED
+    assert main([*noisy, "--accept-not-verified"]) == 0
     data = json.loads(out.read_text())
     assert data["verified"] is False and data["comparisons"]["skipped"] == 7, data["comparisons"]
-    with pytest.raises(ParityError, match="NOT VERIFIED"):
-        check_data_parallel(f"{MODELS}:noisy", strict=True, strategies=("manual",), devices=(2,))
+    assert (data["verdict"], data["exit_code"]) == ("not verified", EXIT_NOT_VERIFIED), data["exit_code"]
+    with pytest.raises(NotVerifiedError, match="NOT VERIFIED: 7 of 9 comparisons") as raised:
+        check_data_parallel(f"{MODELS}:noisy", strategies=("manual",), devices=(2,))
+    assert isinstance(raised.value, ParityError) and raised.value.report.verdict == "not verified"
+    accepted = check_data_parallel(f"{MODELS}:noisy", accept_not_verified=True, strategies=("manual",), devices=(2,))
+    assert accepted.verdict == "not verified", "accepted, the report still says what it is"
+    with pytest.raises(ParityError, match="check 'randomness' is a finding") as strict:
+        check_data_parallel(f"{MODELS}:noisy", strict=True, accept_not_verified=True, strategies=("manual",),
+                            devices=(2,))
+    assert not isinstance(strict.value, NotVerifiedError), "accepted NOT VERIFIED; --strict fails the finding"
+
+
+@pytest.mark.timeout(120)
+def test_gradients_that_are_all_zero_are_not_verified(tmp_path):
+    """A loss that cannot move the weights (cross-entropy over a single class) agrees under every strategy:
+    every comparison passes and proves nothing, so the check is NOT VERIFIED, exit 3 from the command (a
+    real process, as CI runs it), NotVerifiedError from check_data_parallel."""
+    report = check("zero_gradients")
+    assert by_name(report, "zero-gradients").status == "finding", [(r.name, r.status) for r in report.results]
+    assert not report.failures and by_name(report, "gradients").status == "pass", table(report)
+    assert report.verdict == "not verified" and not report.verified, table(report)
+    assert table(report).splitlines()[2].startswith("NOT VERIFIED: every gradient of the single-device steps is "
+                                                    "zero"), table(report)
+    assert report.exit_code() == EXIT_NOT_VERIFIED and report.exit_code(accept_not_verified=True) == 0
+    out = tmp_path / "check.json"
+    proc = subprocess.run([sys.executable, "-m", "mgpu", "check", f"{MODELS}:zero_gradients", "--strategies",
+                           "manual", "--devices", "2", "--json", str(out)], capture_output=True, text=True, timeout=100)
+    assert proc.returncode == EXIT_NOT_VERIFIED, f"exit {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    assert json.loads(out.read_text())["exit_code"] == EXIT_NOT_VERIFIED
+    with pytest.raises(NotVerifiedError, match="every gradient of the single-device steps is zero"):
+        check_data_parallel(f"{MODELS}:zero_gradients", strategies=("manual",), devices=(2,))
 
 
 def test_a_check_that_compared_everything_is_verified():
     report = check("mlp")
     assert report.verified and report.to_json()["verified"] is True
     assert "NOT VERIFIED" not in table(report)
+    assert not report.findings, [(r.name, r.reason) for r in report.findings]  # no zero-gradients on a live loss
 
 
 # -- what models people train do (transformers, timm and user code; examples/ has the real ones) -------
