@@ -41,7 +41,11 @@ from mgpu.check.tolerance import allowed_error, eps_of, error, largest
 from mgpu.scriptcheck.data import _batch_dims, _pads, example_digests  # the step's own rule for examples
 from mgpu.scriptcheck.tensors import FACTOR_AGREE, common_factor
 
-__all__ = ["locate", "locate_failures", "traced_runs"]
+__all__ = ["locate", "locate_failures", "traced_runs", "LOCATED"]
+
+# The divergences located: those that the model's forward, the loss or the backward can cause (an
+# update or weight that parts while the gradients agree is told apart: the optimizer).
+LOCATED = ("gradient", "update", "weight")
 
 
 # -- the traced runs ---------------------------------------------------------------------------------------
@@ -76,7 +80,7 @@ def locate_failures(target, options, runs: list, comparisons: list) -> float:
         return 0.0
     chosen: dict = {}
     for run, c in zip(compared, comparisons):
-        if c.status == "fail" and c.first is not None and c.first.kind in ("gradient", "weight"):
+        if c.status == "fail" and c.first is not None and c.first.kind in LOCATED:
             if run.world not in chosen or (run.lifted and not chosen[run.world][0].lifted):
                 chosen[run.world] = (run, c)
     if not chosen:
@@ -89,7 +93,10 @@ def locate_failures(target, options, runs: list, comparisons: list) -> float:
             c.entered = {"sentence": f"not located: the traced run of {failed.name} failed: {failed.failure.message}",
                          "where": "unknown"}
             continue
-        c.entered = locate(a, b, n, c.first.kind)
+        try:
+            c.entered = locate(a, b, n, c.first.kind)
+        except Exception as e:  # noqa: BLE001 - where it enters is an aid: the verdict stands without it
+            c.entered = {"where": "unknown", "sentence": f"not located: {type(e).__name__}: {e}"}
         c.entered["step"] = c.first.step
     return time.time() - started
 
@@ -110,12 +117,12 @@ def _batch_rows(t: torch.Tensor, count: int) -> list | None:
 
 
 def _rows(forwards: list, digests: list) -> tuple[dict, list, dict]:
-    """key -> [(example digest, row)] over a rank's traced forwards, the keys in the order they
-    happened, and key -> module class name. A key is (root, label, "input" | "output" | "grad")."""
+    """key -> [(example digest, row, forward)] over a rank's traced forwards, the keys in the order
+    they happened, and key -> module class name. A key is (root, label, "input" | "output" | "grad")."""
     rows: dict = {}
     order: list = []
     types: dict = {}
-    for f, ds in zip(forwards, digests):
+    for j, (f, ds) in enumerate(zip(forwards, digests)):
         items = [((f.root, e.label, e.kind), e.tensor) for e in f.events] + [((f.root, "", "grad"), f.output_grad)]
         for key, t in items:
             split = _batch_rows(t, len(ds))
@@ -125,23 +132,23 @@ def _rows(forwards: list, digests: list) -> tuple[dict, list, dict]:
                 rows[key] = []
                 order.append(key)
             types[key[:2]] = f.types.get(key[1], f.root)
-            rows[key].extend(zip(ds, split))
+            rows[key].extend((d, row, j) for d, row in zip(ds, split))
     return rows, order, types
 
 
 def _pairs(reference: list, others: list) -> list:
-    """(reference row, other row, which) for every example of `others` ([(which, [(digest, row)])])
+    """(reference row, other row, (which, its forward)) for every example of `others` ([(which, rows)])
     that the reference holds, matched by digest, in order."""
     by_digest: dict = {}
-    for d, row in reference:
+    for d, row, _ in reference:
         by_digest.setdefault(d, []).append(row)
     used: dict = {}
     out = []
     for which, rows in others:
-        for d, row in rows:
+        for d, row, j in rows:
             i = used.get(d, 0)
             if i < len(by_digest.get(d, ())):
-                out.append((by_digest[d][i], row, which))
+                out.append((by_digest[d][i], row, (which, j)))
                 used[d] = i + 1
     return out
 
@@ -174,9 +181,9 @@ def _judged(key, ref: list, spread_rows: list, rows_n: list) -> dict | None:
         return None
     e, at = _distance(pairs)
     spread = _distance(_pairs(ref, [(None, spread_rows)]))[0] if spread_rows else 0.0
-    scale = max(largest(r) for _, r in ref)
+    scale = max(largest(r) for _, r, _ in ref)
     allowed = allowed_error(spread, scale, eps_of(ref[0][1]))
-    return {"key": key, "error": e, "allowed": allowed, "rank": pairs[at][2] if at >= 0 else None,
+    return {"key": key, "error": e, "allowed": allowed, "rank": pairs[at][2][0] if at >= 0 else None,
             "examples": len(pairs), "pairs": pairs}
 
 
@@ -199,8 +206,8 @@ def _label(key, types: dict) -> str:
 
 def _grad_factor(run_a, run_n, step: int, kind: str) -> float | None:
     """The optimizer's gradients at `step`, world N's rank 0 against world 1's: their common factor
-    (1 where only the weights diverged: the gradients agreed)."""
-    if kind == "weight":
+    (1 where the update or the weights diverged: the gradients agreed)."""
+    if kind != "gradient":
         return 1.0
     recs_1, recs_n = run_a.ranks[0].steps, run_n.ranks[0].steps
     if len(recs_1) < step or len(recs_n) < step:
@@ -224,7 +231,7 @@ def _close(x: float | None, y: float) -> bool:
 
 def _after_backward(c: float, f: float | None, n: int, kind: str) -> tuple[str, str]:
     """(where, words) from the output gradient's factor c and the optimizer's f."""
-    if kind == "weight":
+    if kind != "gradient":
         return "optimizer", ("; the optimizer's gradients agree with world 1's: it enters in the optimizer's step "
                              "(its settings, state or schedule)")
     if f is None:
@@ -232,12 +239,13 @@ def _after_backward(c: float, f: float | None, n: int, kind: str) -> tuple[str, 
                                   "after the backward reached the output (a gradient clipped, scaled or reduced per "
                                   "parameter)")
     if _close(f, c / n):
-        return "loss", (f"; averaged over the {n} ranks (DDP's all-reduce) that makes the optimizer's {f:.3f} x: the "
-                        f"loss's reduction (a rank's loss must weigh its examples {n} x world 1's, as a mean over its "
-                        "own shard does)")
+        return "loss", (f"; averaged over the {n} ranks (as DDP does), that makes the optimizer's gradients {f:.3f} x "
+                        f"world 1's: the loss's reduction (each rank's loss must weigh its examples {n} x as world 1's "
+                        "does, as a mean over its own shard does)")
     if _close(f, c):
-        return "loss", (f"; summed over the ranks that makes the optimizer's {f:.3f} x: the loss's reduction (with a "
-                        "sum over the ranks, a rank's loss must weigh its examples as world 1's does)")
+        return "loss", (f"; summed over the ranks, that makes the optimizer's gradients {f:.3f} x world 1's: the loss's "
+                        "reduction (where the ranks' gradients are summed, each rank's loss must weigh its examples as "
+                        "world 1's does)")
     return "after-backward", (f"; the optimizer's gradients are {f:.3f} x world 1's, which no average or sum over the "
                               "ranks makes of it: it enters after the backward (the gradients' reduction over the "
                               "ranks, clipping, scaling)")
@@ -249,20 +257,28 @@ def _output_gradient(g: dict | None, f: float | None, n: int, kind: str) -> tupl
         return "unknown", "; the gradient at the output was not recorded (no floating output that needs one)", {}
     if g["error"] <= g["allowed"]:
         where, words = _after_backward(1.0, f, n, kind)
-        head = f"; the gradient at the output agrees with world 1's per example ({g['error']:.1e} of {g['allowed']:.1e})"
+        head = (f"; the gradient at the output is world 1's per example (error {g['error']:.1e} of {g['allowed']:.1e} "
+                "allowed)")
         return where, head + words, {"output_gradient_factor": 1.0}
     c = _factor(g["pairs"])
     if c is not None:
         where, words = _after_backward(c, f, n, kind)
         return where, f"; the gradient at the output is {c:.3f} x world 1's per example" + words, \
             {"output_gradient_factor": c}
-    ranks = sorted({which for _, _, which in g["pairs"]})
-    per_rank = [_factor([p for p in g["pairs"] if p[2] == r]) for r in ranks]
+    ranks = sorted({which for _, _, (which, _) in g["pairs"]})
+    per_rank = [_factor([p for p in g["pairs"] if p[2][0] == r]) for r in ranks]
     if per_rank and None not in per_rank:
         each = ", ".join(f"{c:.3f} x on rank {r}" for r, c in zip(ranks, per_rank))
         return "loss", (f"; the gradient at the output is {each} (of world 1's, per example): the loss is "
                         "normalised per rank (each rank's own count of tokens or examples): the loss's reduction"), \
             {"rank_factors": per_rank}
+    parts = sorted({which for _, _, which in g["pairs"]})
+    per_part = [_factor([p for p in g["pairs"] if p[2] == part]) for part in parts]
+    if len(parts) > len(ranks) and None not in per_part:
+        each = ", ".join(f"{c:.3f} x" for c in per_part)
+        return "loss", (f"; the gradient at the output has a factor of its own per forward (micro-batch) and rank: "
+                        f"{each} (of world 1's, per example; rank by rank, forward by forward): the loss is weighted per "
+                        "micro-batch (each its own mean): the loss's reduction"), {"forward_factors": per_part}
     return "output-gradient", (f"; the gradient at the output differs from world 1's by no factor, even per rank "
                                f"(error {g['error']:.2e}, allowed {g['allowed']:.2e}): the loss weighs examples "
                                "differently at this world size"), {}
@@ -293,9 +309,8 @@ def locate(run_a, run_b, run_n, kind: str = "gradient") -> dict:
         return _module_entry(first, a_fw, types, record)
     agree = [j for k, j in judged.items() if k[2] == "output"]
     worst = max(agree, key=lambda j: j["error"] / j["allowed"] if j["allowed"] else 0.0, default=None)
-    head = ("every module's output agrees per example" + (
-        f" (largest error {worst['error']:.1e}, {worst['error'] / worst['allowed']:.2f} of allowed, "
-        f"{len(agree)} outputs)" if worst and worst["allowed"] else "")) if agree else "no module output was compared"
+    head = (f"every module's output agrees per example (largest error {worst['error']:.1e} of {worst['allowed']:.1e} "
+            f"allowed, {len(agree)} modules)" if agree else "no module output was compared per example")
     where, words, extra = _output_gradient(judged.get((a_fw[0].root, "", "grad")), record["gradient_factor"], n, kind)
     record.update(extra, where=where)
     record["sentence"] = head + words + (" (the trace was cut short: TRACE_NUMEL)" if truncated else "")
