@@ -393,7 +393,8 @@ def test_the_batch_hint_names_the_scripts_own_batch_option_or_says_to_add_one(tm
                                "p.add_argument('--per-gpu-batch', '-b', type=int, default=32)\n")
     hint = batch_hint([], str(argparse_script))
     assert hint.startswith('--per-gpu-batch "{32 // world_size}"'), hint
-    assert batch_hint(["--per-gpu-batch", "16"], str(argparse_script)).startswith('--per-gpu-batch "{16 // world_size}"')
+    given = batch_hint(["--per-gpu-batch", "16"], str(argparse_script))
+    assert given.startswith('--per-gpu-batch "{16 // world_size}"'), given
     bare = tmp_path / "bare.py"
     bare.write_text("import torch\nBATCH = 32\n")
     hint = batch_hint([], str(bare))
@@ -476,7 +477,7 @@ def test_a_gather_without_autograd_on_embeddings_is_a_finding_and_the_cause(tmp_
     assert "torch.distributed.nn.functional.all_gather" in finding.text, finding.text
     d = report.comparisons[0].first
     assert report.verdict == "failed" and d is not None and d.kind == "gradient", report.text()
-    assert "dist.all_gather at" in d.diagnosis and "micro-batch" not in d.diagnosis, d.describe()
+    assert "dist.all_gather at" in d.diagnosis and "per micro-batch" not in d.diagnosis, d.describe()
     fixed = run_check_script(contrastive(tmp_path, GATHER_WITH_GRAD, name="fixed.py"), ranks=(1, 2), steps=2)
     assert fixed.verdict == "passed", fixed.text()
     assert not any(f.name == "collective-without-autograd" for f in fixed.findings), fixed.findings
@@ -492,8 +493,8 @@ def test_two_forwards_into_one_loss_are_not_micro_batches(tmp_path, view):
     report = run_check_script(contrastive(tmp_path, GATHER_WITH_GRAD, view=view, norm=norm), ranks=(1, 2), steps=1)
     d = report.comparisons[0].first
     assert report.verdict == "failed" and d is not None and d.kind == "gradient", report.text()
-    assert "micro-batch" not in d.diagnosis and "normaliser per rank" in d.diagnosis, d.describe()
-    assert "not micro-batches" in d.diagnosis, d.describe()
+    assert "per micro-batch" not in d.diagnosis and "accumulated" not in d.diagnosis, d.describe()
+    assert "normaliser per rank" in d.diagnosis and "not micro-batches" in d.diagnosis, d.describe()
 
 
 @pytest.mark.multiprocess

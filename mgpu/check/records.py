@@ -94,9 +94,9 @@ class RankRecord:
     random_where: dict = field(default_factory=dict)         # torch function -> the module of its first draw
     optimizers: int = 0
     stopped: bool = False                      # stopped after --steps (else the script ended first)
-    uninitialised: dict = field(default_factory=dict)  # name -> (non-finite count, largest |x|) at first call, if suspect
+    uninitialised: dict = field(default_factory=dict)     # name -> (non-finite count, largest |x|) at first call: suspect
     grad_collectives: list = field(default_factory=list)  # CollectiveCall: no autograd, on a tensor that requires grad
-    setup_steps: int = 0                       # optimizer steps before any training data, with zero gradients: not counted
+    setup_steps: int = 0                       # zero-gradient steps before any training data: not counted
     precision: dict = field(default_factory=dict)   # what the training forwards ran at (scriptcheck/precision.py)
     lifted: dict = field(default_factory=dict)      # what the check lifted to float32 in this run, with counts
     trace: object = None                       # a traced run's modules and output gradient (scriptcheck/tracer.py)

@@ -16,7 +16,7 @@ from mgpu.scriptcheck.collectives import differentiable_fix
 from mgpu.scriptcheck.data import StepData
 from mgpu.scriptcheck.tensors import FACTOR_AGREE, common_factor, name_factor
 
-__all__ = ["ScriptFacts", "gradient_diagnosis", "update_diagnosis", "explained", "collective_text",
+__all__ = ["ScriptFacts", "gradient_diagnosis", "update_diagnosis", "explained", "collective_text", "collective_fix",
            "merged_collectives", "uninitialised_cause", "no_process_group", "UNINITIALISED"]
 
 # The start of the reproducibility cause for weights that hold uninitialised memory (report.py says no "seed it").
@@ -54,9 +54,9 @@ def gradient_diagnosis(got: dict, ref: dict, n: int, sd: StepData, facts: Script
                 "differs)?")
     if facts.collectives:
         return ("the gradients differ by no common factor, and the training step called "
-                f"{collective_text(facts.collectives)} (finding collective-without-autograd): what torch.distributed's collectives return is a constant "
-                "to autograd, so the gradient of the loss for the other ranks' examples never comes back to this "
-                "rank's")
+                f"{collective_text(facts.collectives)} (finding collective-without-autograd): what "
+                "torch.distributed's collectives return is a constant to autograd, so the gradient of the loss "
+                f"for the other ranks' examples never comes back to this rank's: {collective_fix(facts.collectives)}")
     extra = explained(facts)
     if extra:
         return extra
@@ -76,10 +76,16 @@ def gradient_diagnosis(got: dict, ref: dict, n: int, sd: StepData, facts: Script
 
 
 def collective_text(calls) -> str:
-    """'dist.all_gather at train.py:42 (4 calls in a run) on a tensor that requires grad: use
-    torch.distributed.nn.functional.all_gather', for each call site (CollectiveCall)."""
-    return "; ".join(f"dist.{c.op} at {c.where} ({c.calls} call(s) in a run) on a tensor that requires grad: use "
-                     f"{differentiable_fix(c.op)}, which carries the gradient back" for c in calls)
+    """'dist.all_gather at train.py:42 (4 call(s) in a run) on a tensor that requires grad', for each
+    call site (CollectiveCall)."""
+    return "; ".join(f"dist.{c.op} at {c.where} ({c.calls} call(s) in a run) on a tensor that requires grad"
+                     for c in calls)
+
+
+def collective_fix(calls) -> str:
+    """'use torch.distributed.nn.functional.all_gather, which carries the gradient back'."""
+    fixes = sorted({differentiable_fix(c.op) for c in calls})
+    return f"use {' and '.join(fixes)}, which carr{'y' if len(fixes) > 1 else 'ies'} the gradient back"
 
 
 def merged_collectives(records) -> tuple:

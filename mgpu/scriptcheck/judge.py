@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from mgpu.check.divergence import Divergence, Finding
 from mgpu.scriptcheck.compare import ScriptFacts, WorldComparison, compare_world, reproducibility
-from mgpu.scriptcheck.diagnose import collective_text, merged_collectives, no_process_group, uninitialised_cause
+from mgpu.scriptcheck.diagnose import (collective_fix, collective_text, merged_collectives, no_process_group,
+                                      uninitialised_cause)
 from mgpu.scriptcheck.launch import RankFailure, WorldRun
 from mgpu.scriptcheck.plan import ScriptCheckError, ScriptCheckOptions, Target, batch_hint
 
@@ -171,9 +172,9 @@ def findings_of(runs: list[WorldRun]) -> tuple[list[Finding], ScriptFacts]:
     collectives = merged_collectives(records)
     if collectives:
         out.append(Finding("collective-without-autograd", (
-            f"{collective_text(collectives)}. torch.distributed's collectives are not differentiable: what they "
-            "return, or write in place, is a constant to autograd, so the gradient of the loss for the other ranks' "
-            "examples never comes back to this rank's parameters")))
+            f"{collective_text(collectives)}: torch.distributed's collectives are not differentiable, what they "
+            "return (or write in place) is a constant to autograd, so the gradient of the loss for the other ranks' "
+            f"examples never comes back to this rank's parameters; {collective_fix(collectives)}")))
     return out, ScriptFacts(tuple(bn), draws, collectives)
 
 

@@ -165,17 +165,41 @@ def expand_args(args, world: int) -> list[str]:
     return out
 
 
-def batch_hint(args) -> str:
-    """How to keep the global batch, in the script's own batch-size argument where there is one."""
+def batch_hint(args, script: str | None = None, module: str | None = None) -> str:
+    """How to keep the global batch, in the script's own terms: the batch argument given in ARGS
+    (`--flag N`, `--flag=N`, hydra's `key=N`: written back as an expression of world_size, `key=`
+    kept), else the script's own batch options read from its source (scriptargs.py: argparse and
+    click flags, HF's HfArgumentParser, a hydra config's keys), else a plain instruction to add one.
+    It never names a flag the script does not have."""
+    from mgpu.scriptcheck.scriptargs import batch_options, script_source
+
     if any("world_size" in a for a in args):
         return "an ARGS expression of world_size that keeps the global batch (check the one given)"
+    found = batch_options(script_source(script, module))
+    own = {flag for flag, _ in found.flags}
     for i, a in enumerate(args):
-        if "batch" in a.lower():
-            value = a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
+        key, eq, value = a.partition("=")
+        if "batch" in a.lower() or key in own:
+            if not eq and i + 1 < len(args):
+                value = args[i + 1]
             if value.isdigit():
-                flag = a.split("=", 1)[0]
-                return f"{flag} {{{value} // world_size}} in ARGS"
-    return "--batch-size {64 // world_size} in ARGS (an expression of world_size, evaluated per run)"
+                expr = f"{{{value} // world_size}}"
+                return f'"{key}={expr}" in ARGS' if eq else f'{key} "{expr}" in ARGS'  # hydra's key=value keeps its =
+    if found.flags:
+        flag, default = found.flags[0]
+        if default is not None:
+            return f'{flag} "{{{default} // world_size}}" in ARGS (its default, {default}, as world 1\'s global batch)'
+        return f'{flag} "{{64 // world_size}}" in ARGS, 64 being the global batch (one every world size divides)'
+    if found.hydra:
+        key, value = found.hydra_keys[0] if found.hydra_keys else ("<your config's batch-size key>", None)
+        return (f'"{key}={{{value if value is not None else 64} // world_size}}" in ARGS (a hydra override, '
+                "key=value)")
+    if found.hf:
+        return '--per_device_train_batch_size "{64 // world_size}" in ARGS (TrainingArguments), 64 the global batch'
+    return ("a per-device batch size that keeps the global batch: the script takes no batch-size argument (none "
+            "found among its command-line options): add one and give it in ARGS as an expression of world_size "
+            "({64 // world_size} for a global batch of 64), or divide the global batch by the world size in the "
+            "script")
 
 
 # -- the runs ------------------------------------------------------------------------------------------

@@ -353,7 +353,8 @@ class Recorder:
             return
         index = self._optimizer_index(optimizer)
         rec = self._current
-        if is_setup_step(rec.grads, rec.forwards, self.forwards, self.counts.get(index, 0) + self.skipped.get(index, 0)):
+        made = self.counts.get(index, 0) + self.skipped.get(index, 0)
+        if is_setup_step(rec.grads, rec.forwards, self.forwards, made):
             self.skipped[index] = self.skipped.get(index, 0) + 1   # building the optimizer's state: not step 1
             return
         rec.backwards, rec.process_group = self.backwards, process_group_size()

@@ -4,8 +4,8 @@ per-device batch hint names (plan.batch_hint), so that a script is told of a fla
     batch_options("train.py")   # BatchOptions(flags=(("--batch-size", 16),), hydra_keys=(), hf=False)
 
 * argparse (and click): the option strings of `add_argument(...)` / `click.option(...)` calls that
-  mention "batch", with their integer default where there is one; evaluation batches last.
-* HF's `HfArgumentParser` / `TrainingArguments`: `--per_device_train_batch_size`.
+  mention "batch" or "per-device", with their integer default where there is one; evaluation batches last.
+* HF's `HfArgumentParser` (TrainingArguments from the command line): `--per_device_train_batch_size`.
 * hydra (`@hydra.main(config_path=..., config_name=...)`): the keys of its YAML config that mention
   "batch", dotted (`data.batch_size`), with their value; overridden as `key=value`.
 """
@@ -27,7 +27,7 @@ class BatchOptions:
     flags: tuple = ()        # (option string, integer default or None), training batches first
     hydra_keys: tuple = ()   # (dotted key, integer value or None) of a hydra config
     hydra: bool = False      # the script's entry is @hydra.main
-    hf: bool = False         # HfArgumentParser / TrainingArguments: --per_device_train_batch_size
+    hf: bool = False         # HfArgumentParser: --per_device_train_batch_size
 
 
 def script_source(script: str | None, module: str | None) -> str | None:
@@ -45,6 +45,11 @@ def script_source(script: str | None, module: str | None) -> str | None:
     return None
 
 
+def _batchy(name: str) -> bool:
+    name = name.lower().replace("-", "_")
+    return "batch" in name or "per_device" in name
+
+
 def _int(node) -> int | None:
     return node.value if isinstance(node, ast.Constant) and type(node.value) is int else None
 
@@ -56,18 +61,20 @@ def _flags(tree: ast.AST) -> list:
                 and node.func.attr in ("add_argument", "option")):
             continue
         names = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-        flags = [n for n in names if n.startswith("-") and "batch" in n.lower()]
+        flags = [n for n in names if n.startswith("-") and _batchy(n)]
         if flags:
             default = next((_int(k.value) for k in node.keywords if k.arg == "default"), None)
             found.append((max(flags, key=len), default))
     return sorted(found, key=lambda f: any(w in f[0].lower() for w in _EVALUATION))
 
 
-def _hydra_config(tree: ast.AST, folder: str) -> tuple[bool, list]:
+def _hydra_config(tree: ast.AST, source: str, folder: str) -> tuple[bool, list]:
+    """(whether the entry is @hydra.main, the batch keys of its config)."""
+    if "hydra" not in source:
+        return False, []
     for node in ast.walk(tree):
         for deco in getattr(node, "decorator_list", []):
-            if isinstance(deco, ast.Call) and getattr(deco.func, "attr", getattr(deco.func, "id", "")) == "main" \
-                    and "hydra" in ast.unparse(deco.func):
+            if isinstance(deco, ast.Call) and ast.unparse(deco.func).split(".")[-1] == "main":
                 kw = {k.arg: k.value.value for k in deco.keywords if isinstance(k.value, ast.Constant)}
                 path = os.path.join(folder, kw.get("config_path") or "", f"{kw.get('config_name') or 'config'}.yaml")
                 return True, _yaml_batch_keys(path)
@@ -104,6 +111,6 @@ def batch_options(path: str | None) -> BatchOptions:
         tree = ast.parse(source)
     except (OSError, SyntaxError, ValueError, TypeError):
         return BatchOptions()
-    hydra, keys = _hydra_config(tree, os.path.dirname(os.path.abspath(path)))
-    hf = "HfArgumentParser" in source or "TrainingArguments" in source
+    hydra, keys = _hydra_config(tree, source, os.path.dirname(os.path.abspath(path)))
+    hf = "HfArgumentParser" in source  # TrainingArguments from the command line
     return BatchOptions(tuple(_flags(tree)), tuple(keys), hydra, hf)
