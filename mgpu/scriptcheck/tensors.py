@@ -38,19 +38,23 @@ def same(a, b) -> bool:
         da = a.hex if isinstance(a, Digest) else tensor_digest(a)
         db = b.hex if isinstance(b, Digest) else tensor_digest(b)
         return da == db
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
-        torch.nan_to_num(a, nan=0.0) if a.is_floating_point() else a,
-        torch.nan_to_num(b, nan=0.0) if b.is_floating_point() else b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if torch.equal(a, b):  # one pass, no copy: the common case
+        return True
+    # torch.equal is False wherever both hold NaN: equal NaNs are equal here (rare: copies then)
+    return a.is_floating_point() and torch.equal(torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0))
 
 
-def module_scales(tensors: dict) -> dict:
+def module_scales(tensors: dict, big: dict | None = None) -> dict:
     """name -> the largest magnitude among the tensors of its module ('fc1.weight' and 'fc1.bias'):
     the floor's scale. A bias before a BatchNorm has an exact gradient of zero: what it holds is the
-    rounding of terms as large as its weight's gradient, so its own magnitude is no measure."""
+    rounding of terms as large as its weight's gradient, so its own magnitude is no measure. `big`:
+    name -> largest(tensor), where the caller has them already."""
     by_module: dict = {}
     for name, t in tensors.items():
         key = name.rsplit(".", 1)[0] if "." in name else name
-        by_module[key] = max(by_module.get(key, 0.0), largest(t))
+        by_module[key] = max(by_module.get(key, 0.0), big[name] if big is not None else largest(t))
     return {name: by_module[name.rsplit(".", 1)[0] if "." in name else name] for name in tensors}
 
 
@@ -81,7 +85,8 @@ def allowances(reference: dict, spread_run: dict | None, pool: float = POOL_RERU
     script does not change from run to run. Where the spread is the mixed precision's own rounding
     (world 1 as run against world 1 in float32), AdamW's first step turns a gradient at rounding level
     into lr * sign(g) in whichever tensors the rounding happens to flip: pooled at the largest."""
-    scales = module_scales(reference)
+    big = {name: largest(a) for name, a in reference.items()}
+    scales = module_scales(reference, big)
     out, relative, spreads = {}, [], {}
     for name, a in reference.items():
         if a is None or isinstance(a, Digest) or not a.is_floating_point() or a.numel() == 0:
@@ -89,7 +94,7 @@ def allowances(reference: dict, spread_run: dict | None, pool: float = POOL_RERU
             continue
         b = spread_run.get(name) if spread_run else None
         spread = err(b, a)[0] if b is not None and not isinstance(b, Digest) else 0.0
-        scale = max(largest(a), scales[name])
+        scale = max(big[name], scales[name])
         spreads[name] = (spread if math.isfinite(spread) else 0.0, scale)
         if scale > 0 and math.isfinite(spread):
             relative.append(spread / scale)
