@@ -20,8 +20,8 @@ __all__ = ["Divergence", "Finding"]
 
 # check-script's kinds of divergence, as its reports name them; `check` leaves `kind` empty and
 # names the tensor in full ("gradient fc.weight", "buffer bn.running_mean").
-KINDS = ("start", "ranks", "data", "gradient", "weight")
-_SCRIPT_LABELS = {"gradient": "gradient", "weight": "weight after the step", "start": "weight"}
+KINDS = ("start", "ranks", "data", "setting", "gradient", "update", "weight")
+_SCRIPT_LABELS = {"gradient": "gradient", "update": "update", "weight": "weight after the step", "start": "weight"}
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Divergence:
     step: int | None              # 0 = before step 1 (the start), k = at or after step k; None: the whole run
     _: KW_ONLY                    # the rest by name: Divergence(1, kind="gradient", tensor="fc.weight", ...)
     tensor: str | None = None     # "fc1.weight", "weight fc.bias", "inputs of Net"
-    kind: str = ""                # check-script's: start | ranks | data | gradient | weight
+    kind: str = ""                # check-script's: start | ranks | data | setting | gradient | update | weight
     rank: int | None = None       # the rank or replica that differs; None for figures of the whole run
     max_abs: float | None = None  # largest absolute difference
     max_rel: float | None = None  # max_abs over the reference's largest magnitude
@@ -65,6 +65,8 @@ class Divergence:
     def _describe_script(self) -> str:
         if self.kind == "data":
             what = f"{self.where()}, {self.detail}"
+        elif self.kind == "setting":  # "at step 2, optimizer setting lr of param group 0: world 2 2e-06, world 1 1e-06"
+            what = f"{self.where()}, optimizer setting {self.tensor}: {self.detail}"
         elif self.kind == "ranks":
             what = f"{self.where()}, {self.tensor} on rank {self.rank} differs from rank 0's"
             if self.max_abs is not None:

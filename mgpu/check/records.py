@@ -57,6 +57,7 @@ class StepRecord:
     before: dict | None = None         # name -> the weight before step 1 (step 1 only)
     backwards: int | None = None       # backward passes the rank had made by the step (None: not counted)
     process_group: int | None = None   # torch.distributed's world size at the step (0: no process group)
+    settings: list = field(default_factory=list)  # per param group: its settings but "params", as the step used them
 
 
 @dataclass(frozen=True)

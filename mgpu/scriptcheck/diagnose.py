@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from mgpu.check.records import CollectiveCall
 from mgpu.scriptcheck.collectives import differentiable_fix
 from mgpu.scriptcheck.data import StepData
@@ -141,17 +139,18 @@ def explained(facts: ScriptFacts) -> str:
     return ""
 
 
-def update_diagnosis(got: tuple[dict, dict], ref: tuple[dict, dict], n: int, facts: ScriptFacts) -> str:
-    """Why the weights part although the gradients agree; got and ref: (weights before, after) the step."""
-    def upd(after, before):
-        return {k: (a.double() - before[k].double()) for k, a in after.items()
-                if isinstance(a, torch.Tensor) and isinstance(before.get(k), torch.Tensor)}
-    c = common_factor(upd(got[1], got[0]), upd(ref[1], ref[0]))
+def update_diagnosis(got: dict, ref: dict, n: int, facts: ScriptFacts, rounding: str = "") -> str:
+    """Why the updates (weights after - before, name -> tensor) part although the gradients and every
+    param_groups setting agree (compare.py compares both first). `rounding`: what of the difference is
+    a normalising optimizer's sign of rounding-level gradients (optimizer.py), said but never blamed."""
+    c = common_factor(got, ref)
     if c is not None and abs(c - 1) > FACTOR_AGREE:
         name = name_factor(c, n)
-        return (f"the gradients agree, but every update is {c:.3f} x world 1's" + (f" = {name}" if name else "") +
-                ": the learning rate (or another optimizer setting) changes with the world size (a linear "
-                "scaling rule?)")
-    return explained(facts) or (
-        "the gradients agree, but the optimizer step does not: an optimizer setting, its state or the schedule "
-        "depends on the world size")
+        return (f"every update is {c:.3f} x world 1's" + (f" = {name}" if name else "") + ", although the gradients "
+                "and every param_groups setting (lr, weight decay, betas, momentum...) agree: a step size kept "
+                "outside param_groups changes with the world size (an optimizer's own scale or learning-rate "
+                "attribute, a wrapper that scales the step)")
+    return explained(facts) or ((rounding + "; beyond those, ") if rounding else "") + (
+        "the gradients and every param_groups setting agree, but the update does not: the optimizer's state "
+        "(loaded or built otherwise at this world size) or a step size kept outside param_groups depends on "
+        "the world size")

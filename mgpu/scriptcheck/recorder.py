@@ -46,6 +46,7 @@ from mgpu.scriptcheck.evidence import is_setup_step, process_group_size, suspect
 from mgpu.scriptcheck.precision import PrecisionSeen
 from mgpu.scriptcheck.plan import RankJob
 from mgpu.scriptcheck.inputs import Digest, call_kwargs, data_record, tensor_digest
+from mgpu.scriptcheck.optimizer import settings_of
 
 __all__ = ["Recorder", "StopScript", "ScriptMode", "strip_wrappers", "Digest", "tensor_digest", "WRAPPER_SEGMENTS"]
 
@@ -322,7 +323,7 @@ class Recorder:
             forwards = [f for f in forwards if f.training]
         self.pending = [f for f in self.pending if id(f) not in used and self.root_params[f.root] & trained]
         rec = StepRecord(optimizer=index, step=k, optimizer_type=type(optimizer).__name__, forwards=forwards,
-                         grads={})
+                         grads={}, settings=settings_of(optimizer))  # lr as a scheduler set it for this step
         if k == 1:
             rec.before = {names[id(p)]: self._keep(_full(p)) for p in params}
         for i, p in enumerate(params):

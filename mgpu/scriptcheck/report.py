@@ -163,6 +163,10 @@ def _comparison_line(c: WorldComparison) -> str:
     head = f"world {c.world} against world 1" + (f" ({c.precision})" if c.precision else "")
     sensitivity = c.tally.sensitivity_line()
     sensitivity = f"\n    sensitivity: would call a difference of {sensitivity}" if sensitivity else ""
+    # every other failure found after the first, then what was compared and what not (compare.py)
+    sensitivity += "".join(f"\n    also FAILED {d.describe()}" for d in c.later)
+    sensitivity += "".join(f"\n    {word}: {'; '.join(items)}" for word, items in
+                           (("compared", c.compared), ("not compared", c.not_compared)) if items)
     if c.status == "pass":
         worst = "; ".join(f"largest {k} error {w['error']:.2e} of {w['allowed']:.2e} allowed ({w['tensor']}, step {w['step']})"
                           for k, w in sorted(c.worst.items()))
