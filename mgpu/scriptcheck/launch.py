@@ -187,12 +187,12 @@ def run_worlds(target: Target, options: ScriptCheckOptions, progress=None, paral
 
 
 def liftable(run: WorldRun) -> bool:
-    """Run A computed in a mixed precision that check-script can lift to float32 (autocast, FSDP2's
-    policy: parameters in float32), as its rank 0 recorded (precision.PrecisionSeen)."""
+    """Run A computed below float32 (autocast, FSDP2's policy, a model cast whole), as its rank 0
+    recorded (precision.PrecisionSeen): check-script then also runs it lifted to float32."""
     from mgpu.scriptcheck.precision import LOW
 
     seen = run.ranks[0].precision if run.ranks else {}
-    return seen.get("lowest") in LOW and not any(p in LOW for p in seen.get("params", ()))
+    return seen.get("lowest") in LOW
 
 
 def run_checked(target: Target, options: ScriptCheckOptions, progress=None) -> list[WorldRun]:

@@ -116,7 +116,41 @@ class LiftPrecision:
         self._saved.append((autocast_mode.autocast, "__init__", original_init))
         autocast_mode.autocast.__init__ = init
         self._lift_fsdp_policy()
+        self._lift_module_casts()
         return self
+
+    def _lift_module_casts(self) -> None:
+        """A model cast whole (`model.to(torch.bfloat16)`, `.bfloat16()`, `.half()`) keeps float32
+        parameters (a device in the same `.to` still moves it), and a module whose parameters are
+        float32 gets its low-precision floating inputs in float32 (the batch the script casts down)."""
+        from torch import nn
+
+        lift = self
+        original_to, original_half, original_bf16 = nn.Module.to, nn.Module.half, nn.Module.bfloat16
+
+        def to(module, *args, **kwargs):
+            device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+            if dtype is not None and _name(dtype) in LOW:
+                lift._count(f"Module.to({_name(dtype)})")
+                if device is None and memory_format is None:
+                    return module
+                return original_to(module, device=device, non_blocking=non_blocking,
+                                   **({"memory_format": memory_format} if memory_format is not None else {}))
+            return original_to(module, *args, **kwargs)
+
+        def kept(name):
+            def cast(module, *args, **kwargs):
+                lift._count(f"Module.{name}()")
+                return module
+            return cast
+
+        for attr, value in (("to", to), ("half", kept("half")), ("bfloat16", kept("bfloat16"))):
+            self._saved.append((nn.Module, attr, {"to": original_to, "half": original_half,
+                                                  "bfloat16": original_bf16}[attr]))
+            setattr(nn.Module, attr, value)
+        from torch.nn.modules import module as module_hooks
+
+        self._hook = module_hooks.register_module_forward_pre_hook(_inputs_up)
 
     def _lift_fsdp_policy(self) -> None:
         try:
@@ -141,3 +175,17 @@ class LiftPrecision:
         for owner, name, value in reversed(self._saved):
             setattr(owner, name, value)
         self._saved = []
+        if getattr(self, "_hook", None) is not None:
+            self._hook.remove()
+            self._hook = None
+
+
+def _inputs_up(module, args):
+    """A module with float32 parameters called on bf16/fp16 tensors: the tensors in float32."""
+    param = next(module.parameters(recurse=False), None)
+    if param is None or param.dtype != torch.float32:
+        return None
+    if not any(isinstance(a, torch.Tensor) and a.is_floating_point() and _name(a.dtype) in LOW for a in args):
+        return None
+    return tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() and _name(a.dtype) in LOW else a
+                 for a in args)
