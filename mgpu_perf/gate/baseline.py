@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Baseline", "repository_root", "is_mgpu_checkout", "check_baseline", "uncommitted_changes",
-           "describe_candidate"]
+           "describe_candidate", "head_commit"]
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -113,6 +113,16 @@ def uncommitted_changes(root: Path) -> list[str]:
         return []
     return [line[3:].split(" -> ")[-1] for line in out.stdout.splitlines() if len(line) > 3] \
         if out.returncode == 0 else []
+
+
+def head_commit(root: Path) -> str | None:
+    """The full hash of the commit checked out at `root` (the candidate's commit; its working tree may
+    differ: uncommitted_changes); None outside git."""
+    try:
+        out = _git(root, "rev-parse", "--verify", "--quiet", "HEAD")
+    except OSError:
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def describe_candidate(root: Path, changes: list[str]) -> str:

@@ -60,6 +60,9 @@ GATE_OPTIONS = (
                "reads, graph breaks); gate: an increase of a guarded count fails the run as `slower (counted)` "
                "whatever the timing says; report: shown, never failed; off: nothing counted"),
     GateOption("strict", None, "", "an inconclusive or undecidable benchmark fails the run too"),
+    GateOption("markdown", "", "FILE",
+               "also write the verdicts as a Markdown summary to FILE (a pull request's comment; under GitHub "
+               "Actions it is appended to $GITHUB_STEP_SUMMARY whether or not this is given)"),
 )
 
 # Each valued option's default text by its dest ("max_rounds": "200"): the defaults of Settings and
@@ -82,5 +85,5 @@ def add_gate_options(add: Callable, prefix: str = "", defaults: dict | None = No
             continue
         default = defaults.get(option.name, option.default)
         add(f"--{prefix}{option.name}", default=default, metavar=option.metavar,
-            help=f"{text} (default {default})" if show_defaults else text)
+            help=f"{text} (default {default})" if show_defaults and default else text)
 

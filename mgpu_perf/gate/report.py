@@ -93,8 +93,9 @@ def _median(times: list[float]) -> float:
     return sorted(times)[len(times) // 2] * 1e3 if times else math.nan
 
 
-def _benchmark_json(results: list[Comparison], arm: str, versions: dict | None) -> dict:
-    """One arm's samples in pytest-benchmark's saved-run format (for `pytest-benchmark compare`)."""
+def _benchmark_json(results: list[Comparison], arm: str, versions: dict | None, commit: str | None = None) -> dict:
+    """One arm's samples in pytest-benchmark's saved-run format (for `pytest-benchmark compare`); the
+    candidate's commit_info holds its commit's id (as a saved run's does)."""
     import datetime
 
     from pytest_benchmark import __version__ as pb_version
@@ -115,17 +116,19 @@ def _benchmark_json(results: list[Comparison], arm: str, versions: dict | None) 
                            "options": {"disable_gc": False, "timer": "perf_counter", "min_rounds": 1,
                                        "max_time": 0, "min_time": 0, "warmup": False},
                            "stats": as_dict})
-    return {"machine_info": {"arm": arm, **(versions or {})}, "commit_info": {},
+    return {"machine_info": {"arm": arm, **(versions or {})}, "commit_info": {"id": commit} if commit else {},
             "benchmarks": benchmarks, "datetime": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "version": pb_version}
 
 
 def write_reports(results: list[Comparison], settings: Settings, out: Path, baseline: str, candidate: str,
-                  versions: dict, gpu_clocks: list) -> list[Path]:
-    """ab.json (everything: settings, versions, clocks, every sample) and both arms' files; their paths."""
+                  versions: dict, gpu_clocks: list, commit: str | None = None) -> list[Path]:
+    """ab.json (everything: settings, versions, clocks, every sample; `candidate_commit`: the full hash
+    of the commit the candidate's tree has checked out, None outside git) and both arms' files; their paths."""
     out.mkdir(parents=True, exist_ok=True)
     s = settings
-    report = {"baseline": baseline, "candidate": candidate, "versions": versions, "gpu_clocks": gpu_clocks,
+    report = {"baseline": baseline, "candidate": candidate, "candidate_commit": commit, "versions": versions,
+              "gpu_clocks": gpu_clocks,
               "settings": {"threshold": s.threshold, "alpha": s.alpha, "min_rounds": s.min_rounds,
                            "max_rounds": s.max_rounds, "look_every": s.look_every, "sample_s": s.sample_s,
                            "workers": s.workers, "budget_s": s.budget_s, "run_budget_s": s.run_budget_s,
@@ -136,5 +139,7 @@ def write_reports(results: list[Comparison], settings: Settings, out: Path, base
               "benchmarks": [r.to_dict() for r in results]}
     (out / "ab.json").write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
     for arm in ("baseline", "candidate"):
-        (out / f"ab-{arm}.json").write_text(json.dumps(_benchmark_json(results, arm, versions.get(arm)), indent=2) + "\n")
+        arm_commit = commit if arm == "candidate" else None
+        (out / f"ab-{arm}.json").write_text(
+            json.dumps(_benchmark_json(results, arm, versions.get(arm), arm_commit), indent=2) + "\n")
     return [out / "ab.json", out / "ab-baseline.json", out / "ab-candidate.json"]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from mgpu_perf.errors import GateError
 from mgpu_perf.gate.arm import Arm, ArmError, start_workers
-from mgpu_perf.gate.baseline import (Baseline, check_baseline, describe_candidate, is_mgpu_checkout,
+from mgpu_perf.gate.baseline import (Baseline, check_baseline, describe_candidate, head_commit, is_mgpu_checkout,
                                      uncommitted_changes)
 from mgpu_perf.gate.compare import compare, judge
 from mgpu_perf.gate.comparison import Comparison
@@ -78,6 +78,7 @@ class GateRun:
             (f" with {baseline_python}" if baseline_python else "")
         self.changes = uncommitted_changes(self.root)
         self.candidate_desc = describe_candidate(self.root, self.changes)
+        self.candidate_commit = head_commit(self.root)  # in ab.json and the Markdown summary
         self.gpu_clocks = gpu_clocks or []
         self.results: list[Comparison] = []
         self.arms: dict[str, list[Arm]] = {}  # settings.workers workers an arm
@@ -148,7 +149,13 @@ class GateRun:
         self.written = []
         if self.results and out_dir is not None:
             self.written = write_reports(self.results, self.settings, Path(out_dir), self.baseline_desc,
-                                         self.candidate_desc, self.versions_seen, self.gpu_clocks)
+                                         self.candidate_desc, self.versions_seen, self.gpu_clocks,
+                                         self.candidate_commit)
+        if self.results:  # --ab-markdown FILE, and the job's summary under GitHub Actions
+            from mgpu_perf.gate.markdown import write_summaries
+
+            self.written += write_summaries(self.results, self.settings, self.baseline_desc, self.candidate_desc,
+                                            self.candidate_commit)
         return gate_exit_status(self.results, self.settings)
 
     def summary_lines(self) -> list[str]:

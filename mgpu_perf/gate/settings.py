@@ -46,6 +46,7 @@ class Settings:
     amp: str = DEFAULTS["amp"]        # the workloads' --amp: off | bf16
     compile: bool = False     # the workloads' --compile (torch.compile)
     counts: str = DEFAULTS["counts"]  # gate: a guarded count's increase fails the run; report: shown only
+    markdown: str = ""        # --ab-markdown FILE: the verdicts as Markdown too (gate/markdown.py); "": none
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class OptionValues:
     compile: bool = False
     counts: str = DEFAULTS["counts"]
     strict: bool = False
+    markdown: str | None = DEFAULTS["markdown"]
 
 
 def settings_from(get: Callable[[str], object], smoke: bool = False, leave_out=()) -> Settings:
@@ -97,7 +99,8 @@ def parse_settings(values: OptionValues = OptionValues(), smoke: bool = False) -
     return Settings(threshold=percent / 100, max_rounds=3 if smoke else rounds,
                     min_rounds=min(Settings.min_rounds, rounds), strict=bool(values.strict), smoke=bool(smoke),
                     sample_s=seconds, workers=count, budget_s=budget, pair_bias=bias / 100, graphs=values.graphs,
-                    amp=values.amp, compile=bool(values.compile), run_budget_s=run_budget, counts=values.counts)
+                    amp=values.amp, compile=bool(values.compile), run_budget_s=run_budget, counts=values.counts,
+                    markdown=str(values.markdown or ""))
 
 
 def _rounds(text) -> int:

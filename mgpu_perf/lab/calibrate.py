@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=20, help="interleaved rounds a benchmark (default 20, >= 5)")
     # The gate's options (gate/options.py), as the gate would run; 2 workers an arm by default: the
     # pairs' spread is measured from 2 on. A run budget and --strict judge nothing here.
-    add_gate_options(p.add_argument, defaults={"workers": "2"}, leave_out=("run-budget-s", "strict"))
+    add_gate_options(p.add_argument, defaults={"workers": "2"}, leave_out=("run-budget-s", "strict", "markdown"))
     p.add_argument("--out", default="perf-results", help="folder for calibrate.json")
     return p
 
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 5:
         parser.error(f"--rounds must be at least 5, got {args.rounds}")
     try:
-        settings = settings_from(lambda dest: getattr(args, dest), leave_out=("run-budget-s", "strict"))
+        settings = settings_from(lambda dest: getattr(args, dest), leave_out=("run-budget-s", "strict", "markdown"))
     except GateError as e:
         parser.error(one_line(e).replace("--ab-", "--"))
     root = repository_root(Path.cwd())
