@@ -27,6 +27,9 @@ __all__ = ["WorldRun", "RankFailure", "run_worlds", "run_checked", "liftable", "
 # Run B's gradients are perturbed by this times (|g| + rms(g)) per element, with random signs: a few
 # float32 roundings, the size of the difference another summation order makes (compare.py).
 PERTURB = 2.0 ** -22
+# Run B's random signs are one fixed draw, so that a check gives one verdict on one machine; this
+# variable picks another draw (docs/notes/measure/repeat_checks.py counts false alarms over draws).
+PERTURB_SEED_VARIABLE = "MGPU_CHECK_PERTURB_SEED"
 # Lines of a failing rank's stderr shown.
 TAIL_LINES = 8
 
@@ -122,6 +125,7 @@ def run_world(target: Target, planned: PlannedRun, options: ScriptCheckOptions, 
                   trace_step or options.steps, folder, tag, perturb=PERTURB if run == "B" else 0.0,
                   threads=max(1, _cores() // world) if world > 1 else None, env=env,
                   exact_gpu_math=device == "cuda", sync_batchnorm=world > 1, lift_precision=lift,
+                  perturb_seed=int(os.environ.get(PERTURB_SEED_VARIABLE, "0") or 0),
                   trace_step=trace_step)
     out = WorldRun(world, run, device, args, lifted=lift)
     started = time.time()

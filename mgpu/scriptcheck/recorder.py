@@ -134,6 +134,7 @@ class Recorder:
     def __init__(self, job: RankJob):
         self.steps = job.steps
         self.perturb = job.perturb
+        self.perturb_seed = job.perturb_seed
         self.sync_batchnorm = job.sync_batchnorm
         self.rank = int(os.environ.get("RANK", "0"))
         self.keep_numel = math.inf if self.rank == 0 else KEEP_RANK_NUMEL
@@ -342,7 +343,7 @@ class Recorder:
         generator of its own, uncounted: not the script's randomness). perturb is in float32's units
         (launch.PERTURB: two float32 roundings); a tensor of a lower precision (a model cast whole to
         bf16) gets as many roundings of its own dtype, since float32's would round away."""
-        gen = torch.Generator().manual_seed(1_000_003 * step + i)
+        gen = torch.Generator().manual_seed(1_000_003 * step + i + 7_919 * self.perturb_seed)
         with _Uncounted(self):
             sign = (torch.randint(0, 2, tuple(g.shape), generator=gen).to(g.dtype) * 2 - 1).to(g.device)
         rms = g.double().pow(2).mean().sqrt().item() if g.numel() else 0.0

@@ -2,16 +2,20 @@
 
     python docs/notes/measure/repeat_checks.py --repeats 20 SCRIPT [ARGS...]
 
-Prints one line per run (verdict, first divergence if any, the worst error/allowed of each kind, seconds)
+Each repeat draws run B's random signs anew (MGPU_CHECK_PERTURB_SEED = the repeat's index): on one
+machine a check is deterministic, so the draw is what a repeat changes, as another machine's rounding
+would. Prints one line per run (verdict, first divergence if any, the worst error/allowed of each kind, seconds)
 and a summary: passed R' of R. Used for docs/notes/check-runs.md, "False alarms over repeated checks".
 """
 
 import argparse
 import json
+import os
 import sys
 import time
 
 from mgpu.scriptcheck import run_check_script
+from mgpu.scriptcheck.launch import PERTURB_SEED_VARIABLE
 
 
 def main() -> int:
@@ -26,6 +30,7 @@ def main() -> int:
     ranks = tuple(int(r) for r in a.ranks.split(","))
     rows = []
     for i in range(a.repeats):
+        os.environ[PERTURB_SEED_VARIABLE] = str(i)  # each repeat draws run B's random signs anew
         t = time.time()
         report = run_check_script(a.script, a.args, ranks=ranks, steps=a.steps)
         worst = {f"{c.world}{' ' + c.precision if c.precision else ''}": {k: round(w["ratio"], 3) for k, w in c.worst.items()}
