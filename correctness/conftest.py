@@ -69,30 +69,43 @@ def _in_ranks_module(item) -> bool:
     return module is not None and module.__name__ == RANKS_MODULE
 
 
+# The shared rank runs started in the background as collection ends (correctness/shared_runs.py).
+SHARED_RUNS = pytest.StashKey()
+
+
 @pytest.fixture(scope="session")
-def single_trajectory(tmp_path_factory):
+def single_trajectory(request, tmp_path_factory):
     """helpers.weights_config's single-device run step by step (helpers.reference_trajectory), once
-    per session, on the suite's COMPARISON_KIND: what test_weights compares every strategy's steps with."""
+    per session, on the suite's COMPARISON_KIND: what test_weights compares every strategy's steps with,
+    and what the shared rank runs start their steps from (then computed by their background process)."""
     from correctness.helpers import reference_trajectory, weights_config
 
+    shared = request.config.stash.get(SHARED_RUNS, None)
+    if shared is not None:
+        return shared.reference()
     with torch_threads(1):
         return reference_trajectory(weights_config("single"), tmp_path_factory.mktemp("trajectory"))
 
 
 @pytest.fixture(scope="session")
-def rank_runs(single_trajectory, tmp_path_factory):
+def rank_runs(request, single_trajectory, tmp_path_factory):
     """`rank_runs(world_size)`: the suite's shared ddp and fsdp runs (helpers.spawn_rank_runs), spawned at
-    most once per world size and session, on first use. A failed spawn is kept too, so that every
-    test needing that world size reports it rather than spawning again."""
+    most once per world size and session: in the background from the end of collection for the world
+    sizes the selected tests announce (correctness/shared_runs.py), else here on first use. A failed
+    spawn is kept too, so that every test needing that world size reports it rather than spawning again."""
     from correctness.helpers import spawn_rank_runs
 
+    shared = request.config.stash.get(SHARED_RUNS, None)
     outcomes = {}
 
     def get(world_size: int):
         if world_size not in outcomes:
             try:
-                outcomes[world_size] = spawn_rank_runs(world_size, single_trajectory,
-                                                       tmp_path_factory.mktemp(f"ranks{world_size}"))
+                if shared is not None and world_size in shared.world_sizes:
+                    outcomes[world_size] = shared.result(world_size)
+                else:
+                    outcomes[world_size] = spawn_rank_runs(world_size, single_trajectory,
+                                                           tmp_path_factory.mktemp(f"ranks{world_size}"))
             except Exception as e:
                 outcomes[world_size] = e
         outcome = outcomes[world_size]
@@ -156,15 +169,21 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     """When a test of test_reliability_ranks that reads its runs is selected, start them as collection ends:
     they are processes that mostly start up and wait (about 30 s), and they overlap the tests
-    that come before them, which use one core of two (one_thread). Nothing starts for
-    --collect-only."""
+    that come before them, which use one core of two (one_thread). So do the suite's shared rank
+    runs, for the world sizes the selected tests read (correctness/shared_runs.py). Nothing starts
+    for --collect-only."""
     if session.config.option.collectonly:
         return
+    factory = session.config._tmp_path_factory  # the tmp_path_factory fixture's, before any fixture runs
     for item in session.items:
         if _in_ranks_module(item) and {"runs", "launchers"} & set(item.fixturenames):
-            factory = session.config._tmp_path_factory  # the tmp_path_factory fixture's, before any fixture runs
             item.module.start_scenario(factory.mktemp("ddp"))
-            return
+            break
+    from correctness.shared_runs import BackgroundRankRuns, world_sizes_of
+
+    sizes = world_sizes_of(session.items)
+    if sizes:
+        session.config.stash[SHARED_RUNS] = BackgroundRankRuns.start(sizes, factory.mktemp("shared-ranks"))
 
 
 def pytest_sessionfinish(session):
@@ -174,3 +193,6 @@ def pytest_sessionfinish(session):
 
     if RANKS_MODULE in sys.modules and any(_in_ranks_module(item) for item in getattr(session, "items", ())):
         sys.modules[RANKS_MODULE].stop_scenario()
+    shared = session.config.stash.get(SHARED_RUNS, None)
+    if shared is not None:
+        shared.stop()

@@ -27,7 +27,9 @@ def batch_and_devices(draw, max_devices: int = 8, max_batch: int = 64):
 # -- Correctness properties of data-parallel training (issue #4) --------------------------------------------
 # Training tests keep to 1..4 emulated devices and small batches: every example runs real models.
 multi_device_counts = st.integers(min_value=2, max_value=4)
-training_steps = st.integers(min_value=3, max_value=5)
+# Step 1 starts from the seeded weights, step 2 from momentum buffers (and, step by step, a resumed
+# checkpoint): every later step takes step 2's path again on another batch, at the same cost each.
+training_steps = st.integers(min_value=2, max_value=3)
 
 
 @st.composite

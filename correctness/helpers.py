@@ -110,10 +110,13 @@ def weights_config(strategy: str, devices: int = 1) -> TrainConfig:
 @dataclass
 class Trajectory:
     """The single-device reference of `cfg`, step by step: the checkpoint folder after each step and
-    the weights after each step (both indexed from step 1)."""
+    the weights after each step (both indexed from step 1). `yardsticks` keeps what
+    assert_stepwise_close derives from the reference alone, step by step (StepYardstick), so that
+    the session's trajectory, against which six runs are judged, computes it once."""
     cfg: TrainConfig
     folders: list
     weights: list
+    yardsticks: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def steps(self) -> int:
         return len(self.weights)
@@ -150,26 +153,39 @@ def stepwise_configs(reference: Trajectory, strategy: str, devices: int, root, *
     return configs
 
 
+def saved_before(reference: Trajectory, step: int) -> dict | None:
+    """The reference's checkpoint after step - 1 (None for step 1: the seeded start)."""
+    from mgpu import checkpoint
+
+    if step == 1:
+        return None
+    saved = checkpoint.load(reference.folders[step - 2])
+    assert saved is not None, f"no checkpoint in {reference.folders[step - 2]}: was its folder removed?"
+    return saved
+
+
 def float64_step(reference: Trajectory, step: int, train_loader, dtype: torch.dtype = torch.float64,
-                 shards: int = 1) -> dict:
+                 shards: int = 1, saved: dict | None = None) -> dict:
     """The reference's step `step` in float64 (or `dtype`) on the CPU: from its float32 state after
     step - 1 (the checkpoint: weights and momentum buffers, cast), on the same global batch (the
     training set's batch order of that epoch), SGD with the run's settings on the mean cross-entropy,
     summed over `shards` contiguous shards of the batch as data parallelism sums it. LeNet-like
-    models only (no buffers written in forward). `train_loader`: make_loaders(reference.cfg)'s."""
-    from mgpu import checkpoint
+    models only (no buffers written in forward). `train_loader`: make_loaders(reference.cfg)'s;
+    `saved`: saved_before(reference, step), when the caller has it already (it is read otherwise)."""
     from mgpu.comm import shard_bounds
 
     cfg = reference.cfg
     model = build_model(cfg.model, width=cfg.width, seed=cfg.seed)
-    saved = checkpoint.load(reference.folders[step - 2]) if step > 1 else None
-    assert step == 1 or saved is not None, f"no checkpoint in {reference.folders[step - 2]}: was its folder removed?"
+    if saved is None:
+        saved = saved_before(reference, step)
     if saved is not None:
         model.load_state_dict(saved["model"])
     model = model.to(dtype).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if saved is not None:
-        optimizer.load_state_dict(saved["optimizer"])  # floating-point state is cast to the parameters' dtype
+        # Floating-point state is cast to the parameters' dtype; at float32 the cast is no copy and
+        # step() would update the caller's momentum buffers in place: the optimizer gets a copy.
+        optimizer.load_state_dict(copy.deepcopy(saved["optimizer"]))
     train_loader.set_epoch(step - 1)
     indices = next(iter(train_loader.index_batches()))
     X, y = train_loader.dataset.take(indices)
@@ -187,32 +203,58 @@ def float64_step(reference: Trajectory, step: int, train_loader, dtype: torch.dt
 YARDSTICK_SHARDS = (2, 3)
 
 
+@dataclass(frozen=True)
+class StepYardstick:
+    """What a run's step `step` is judged against (assert_stepwise_close): the float64 step from the
+    reference's state and, per tensor, the float32 step farthest from it."""
+    exact: dict
+    widest: dict
+
+
+def step_yardstick(reference: Trajectory, step: int, what: str) -> tuple[dict, dict]:
+    """(exact, widest) of the reference's step `step`, computed on first use and kept in
+    reference.yardsticks: they depend on the reference alone, not on the run judged."""
+    if step not in reference.yardsticks:
+        reference.yardsticks[step] = _step_yardstick(reference, step, what)
+    kept = reference.yardsticks[step]
+    return kept.exact, kept.widest
+
+
+def _step_yardstick(reference: Trajectory, step: int, what: str) -> StepYardstick:
+    from mgpu.data import make_loaders
+    from mgpu.parity.compare import error
+
+    cfg, single32 = reference.cfg, reference.weights[step - 1]
+    train_loader, _ = make_loaders(cfg)
+    saved = saved_before(reference, step)  # read once for the three steps below
+    exact = float64_step(reference, step, train_loader, saved=saved)
+    # The float64 step must be the reference's step (the same batch and settings), or every allowance
+    # would be a whole update wide. Its float32 run is then near it: within rounding, or a little off
+    # where a ReLU flips within the step (docs/notes/kernel-timings.md), not a whole update away.
+    before = reference.weights[step - 2] if step > 1 else build_model(cfg.model, width=cfg.width, seed=cfg.seed).state_dict()
+    floats = [k for k, v in exact.items() if v.is_floating_point()]
+    off = max(error(single32[k], exact[k])[0] for k in floats)
+    change = max(float((exact[k] - before[k].double()).abs().max()) for k in floats)
+    assert off < 0.25 * change, (f"{what}: the float64 step {step} is not the reference's step: the float32 "
+                                 f"reference is {off:.3g} from it, the step changes the weights by {change:.3g}")
+    # Per tensor, the float32 step farthest from the float64 one (YARDSTICK_SHARDS says why).
+    yardsticks = [single32] + [float64_step(reference, step, train_loader, torch.float32, shards, saved=saved)
+                               for shards in YARDSTICK_SHARDS]
+    widest = {k: max(yardsticks, key=lambda y: error(y[k], exact[k])[0] if k in y else 0.0).get(k)
+              for k in exact}
+    return StepYardstick(exact, widest)
+
+
 def assert_stepwise_close(results: list, reference: Trajectory, what: str) -> None:
     """Each step's weights (RunResults of stepwise_configs) as close to the float64 step from the
     reference's state as float32 steps from that state allow (mgpu.parity.compare): the reference's
     own, or the same step summed over shards (YARDSTICK_SHARDS), whichever is farther."""
-    from mgpu.data import make_loaders
-    from mgpu.parity.compare import compare_to_reference, error
+    from mgpu.parity.compare import compare_to_reference
 
     assert len(results) == reference.steps(), f"{what}: {len(results)} steps run, {reference.steps()} expected"
     cfg = reference.cfg
-    train_loader, _ = make_loaders(cfg)
-    for step, (result, single32) in enumerate(zip(results, reference.weights), start=1):
-        exact = float64_step(reference, step, train_loader)
-        # The float64 step must be the reference's step (the same batch and settings), or every allowance
-        # would be a whole update wide. Its float32 run is then near it: within rounding, or a little off
-        # where a ReLU flips within the step (docs/notes/kernel-timings.md), not a whole update away.
-        before = reference.weights[step - 2] if step > 1 else build_model(cfg.model, width=cfg.width, seed=cfg.seed).state_dict()
-        floats = [k for k, v in exact.items() if v.is_floating_point()]
-        off = max(error(single32[k], exact[k])[0] for k in floats)
-        change = max(float((exact[k] - before[k].double()).abs().max()) for k in floats)
-        assert off < 0.25 * change, (f"{what}: the float64 step {step} is not the reference's step: the float32 "
-                                     f"reference is {off:.3g} from it, the step changes the weights by {change:.3g}")
-        # Per tensor, the float32 step farthest from the float64 one (YARDSTICK_SHARDS says why).
-        yardsticks = [single32] + [float64_step(reference, step, train_loader, torch.float32, shards)
-                                   for shards in YARDSTICK_SHARDS]
-        widest = {k: max(yardsticks, key=lambda y: error(y[k], exact[k])[0] if k in y else 0.0).get(k)
-                  for k in exact}
+    for step, result in enumerate(results, start=1):
+        exact, widest = step_yardstick(reference, step, what)
         divergence = compare_to_reference(result.state_dict, exact, widest, step, 0,
                                           against=f"the float64 step from {cfg.strategy}'s state after step {step - 1}")
         assert divergence is None, (

@@ -5,6 +5,7 @@ adds reach mgpu's command line through the hook (mgpu/cli.py, COMMANDS_GROUP / C
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -19,14 +20,22 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    """The file's syntax tree, parsed once for the module's tests (read only: ast.walk)."""
+    return ast.parse(path.read_text(), str(path))
+
+
+@functools.cache
 def _imports() -> dict[str, set[str]]:
-    """Every module of both packages and the modules of both packages it imports, anywhere in it."""
+    """Every module of both packages and the modules of both packages it imports, anywhere in it
+    (computed once: three tests read it, none changes it)."""
     modules = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
     graph = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         found = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_parsed(path)):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -98,7 +107,7 @@ def test_no_function_takes_more_than_eight_parameters():
     crowded = []
     for pkg in PACKAGES:
         for path in sorted((ROOT / pkg).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for node in ast.walk(_parsed(path)):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     a = node.args
                     names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]

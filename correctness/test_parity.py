@@ -37,6 +37,7 @@ class ParityCase:
     examples: int                     # hypothesis examples of the in-process property
     world_sizes: dict                 # rank strategy -> world sizes, one spawn each; absent where the suite checks it elsewhere
     rank_steps: int = CheckOptions().steps  # steps of each rank run (the second already starts from momentum)
+    max_steps: int = 3                # the most steps the in-process property draws
 
 
 def _cases(config) -> dict[str, ParityCase]:
@@ -46,9 +47,12 @@ def _cases(config) -> dict[str, ParityCase]:
                                                       {s: (2, 3) for s in RANK_STRATEGIES})}
     # mgpu's own: LeNet under ddp (one spawn; fsdp's LeNet runs are test_weights' and test_evaluation's);
     # ResNet-18 (BatchNorm) under fsdp, whose BatchNorm follows ddp's rules (ddp's are test_batchnorm's).
-    # Two steps a rank run: fsdp's gathers make each step of ResNet-18 on gloo costly.
-    return {"lenet": ParityCase(builtin_spec("lenet"), 6, {"ddp": (2,)}, rank_steps=2),
-            "resnet18-w4": ParityCase(builtin_spec("resnet18", width=4), 4, {"fsdp": (2,)}, rank_steps=2)}
+    # Two steps a rank run: fsdp's gathers make each step of ResNet-18 on gloo costly. At most two
+    # in process too: the second step starts from momentum buffers (and accumulated micro-steps' state),
+    # and a third takes its path again at the cost of another step of every run the check makes.
+    return {"lenet": ParityCase(builtin_spec("lenet"), 6, {"ddp": (2,)}, rank_steps=2, max_steps=2),
+            "resnet18-w4": ParityCase(builtin_spec("resnet18", width=4), 4, {"fsdp": (2,)}, rank_steps=2,
+                                      max_steps=2)}
 
 
 def pytest_generate_tests(metafunc):
@@ -62,23 +66,36 @@ def pytest_generate_tests(metafunc):
             metafunc.parametrize("case", list(cases.values()), ids=list(cases), scope="module")
 
 
+# What the two fixtures below learn of a model, by the model's name: both tests use it, and the
+# rank test's parametrization (case, rank_strategy) is another fixture key than the in-process
+# test's (case), so module scope alone would probe each model twice.
+_LEARNT: dict = {}
+
+
+def _once(what: str, case: ParityCase, learn):
+    key = (what, case.spec.name)
+    if key not in _LEARNT:
+        _LEARNT[key] = learn(case)
+    return _LEARNT[key]
+
+
+def _randomness(case: ParityCase) -> str | None:
+    probe = run_check(case.spec, CheckOptions(strategies=("manual",), devices=(2,), batch_size=4, steps=1,
+                                              accumulate=1))
+    randomness = [r for r in probe.findings if r.name == "randomness"]
+    return randomness[0].reason if randomness else None
+
+
 @pytest.fixture(scope="module")
 def exact_or_skip(case) -> None:
     """Skip the properties (with the check's own reason) for a model whose forward draws random
     numbers beyond dropout: no run can be compared exactly with another."""
-    probe = run_check(case.spec, CheckOptions(strategies=("manual",), devices=(2,), batch_size=4, steps=1,
-                                              accumulate=1))
-    randomness = [r for r in probe.findings if r.name == "randomness"]
-    if randomness:
-        pytest.skip(f"{case.spec.name}: {randomness[0].reason}")
+    reason = _once("randomness", case, _randomness)
+    if reason is not None:
+        pytest.skip(f"{case.spec.name}: {reason}")
 
 
-@pytest.fixture(scope="module")
-def fewest_examples(case) -> int:
-    """The fewest examples one training step of the model accepts on one device: BatchNorm whose
-    input has shrunk to 1x1 needs two ("Expected more than 1 value per channel when training",
-    torchvision's MNASNet at 32x32), and single-device training fails there too. The draws give
-    every device at least that many examples per micro-step."""
+def _fewest_examples(case: ParityCase) -> int | str:
     model = case.spec.build_seeded(0).train()
     errors = []
     for n in (1, 2, 3, 4):
@@ -88,12 +105,24 @@ def fewest_examples(case) -> int:
             return n
         except Exception as e:  # noqa: BLE001 (any error of the model's own code)
             errors.append(f"{n}: {type(e).__name__}: {e}")
-    pytest.fail(f"{case.spec.name} trains on no batch of 1 to 4 examples on one device: {errors}")
+    return f"{case.spec.name} trains on no batch of 1 to 4 examples on one device: {errors}"
+
+
+@pytest.fixture(scope="module")
+def fewest_examples(case) -> int:
+    """The fewest examples one training step of the model accepts on one device: BatchNorm whose
+    input has shrunk to 1x1 needs two ("Expected more than 1 value per channel when training",
+    torchvision's MNASNet at 32x32), and single-device training fails there too. The draws give
+    every device at least that many examples per micro-step."""
+    fewest = _once("fewest", case, _fewest_examples)
+    if isinstance(fewest, str):
+        pytest.fail(fewest)
+    return fewest
 
 
 @st.composite
 def check_options(draw, fewest: int = 1, strategies=IN_PROCESS, max_devices: int = 4,
-                  max_batch: int = 16) -> dict:
+                  max_batch: int = 16, max_steps: int = 3) -> dict:
     """One strategy on one device count; a batch of at least `fewest` examples per device and
     micro-step, divisible or not (the check adds a batch no device count divides): CheckOptions
     fields, as check_data_parallel takes them."""
@@ -103,7 +132,7 @@ def check_options(draw, fewest: int = 1, strategies=IN_PROCESS, max_devices: int
     batch = draw(st.one_of(st.just(least), st.integers(min_value=least, max_value=max(least, max_batch))),
                  label="batch_size")
     return dict(strategies=(draw(st.sampled_from(strategies), label="strategy"),), devices=(n,),
-                batch_size=batch, steps=draw(st.integers(min_value=1, max_value=3), label="steps"),
+                batch_size=batch, steps=draw(st.integers(min_value=1, max_value=max_steps), label="steps"),
                 seed=draw(seeds, label="seed") % 2**16, accumulate=accumulate)
 
 
@@ -120,7 +149,7 @@ def test_in_process_strategies_match_single_device(case, exact_or_skip, fewest_e
     device count, batch size, number of steps, micro-steps and seed."""
 
     @settings(max_examples=case.examples)
-    @given(options=check_options(fewest_examples, max_batch=16 * fewest_examples))
+    @given(options=check_options(fewest_examples, max_batch=16 * fewest_examples, max_steps=case.max_steps))
     def prop(options):
         report = check_data_parallel(case.spec, **options, device=COMPARISON_KIND)  # ParityError: the first divergence
         _assert_checked(report, f"{case.spec.name}, {options['strategies'][0]} on {options['devices'][0]} devices")

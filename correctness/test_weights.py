@@ -1,4 +1,5 @@
-"""Property 2: step by step over k >= 3 SGD steps with momentum and weight decay, on data reshuffled
+"""Property 2: step by step over several SGD steps with momentum and weight decay (4 in the suite's
+shared runs, helpers.weights_config; 2 or 3 in the drawn ones), on data reshuffled
 between steps, manual (2 and 3 emulated devices), DDP and FSDP (2 and 3 processes) and, on 2+ GPUs,
 DataParallel compute what single-device training computes, within float32 tolerance.
 
