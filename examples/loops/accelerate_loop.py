@@ -3,6 +3,7 @@ accelerator.backward, accelerator.clip_grad_norm_ (over the averaged gradients),
 
     accelerate launch --num_processes 2 --cpu examples/loops/accelerate_loop.py --batch-size 8
     python -m mgpu check-script examples/loops/accelerate_loop.py --batch-size "{16 // world_size}"
+    python -m mgpu check-script examples/loops/accelerate_loop.py --batch-size "{16 // world_size}" --mixed-precision bf16
 
 The batch size is per device, as accelerate's DataLoader shards by whole batches (split_batches=False).
 """
@@ -21,6 +22,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch-size", type=int, default=8, help="per device")
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--mixed-precision", choices=["no", "bf16"], default="no",
+                        help="Accelerator(mixed_precision=...): bf16 autocast around the prepared model's forward")
     args = parser.parse_args()
 
     # A sampler seeded by set_seed, the same at every world size (the default draws its order from a
@@ -29,7 +32,7 @@ def main():
     # at every optimizer step (its schedule counts per-device batches), so the learning rate would fall N
     # times faster at N processes (accelerate_scheduler.py shows what the check says about that).
     accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
-                              step_scheduler_with_optimizer=False)
+                              step_scheduler_with_optimizer=False, mixed_precision=args.mixed_precision)
     set_seed(0)
 
     g = torch.Generator().manual_seed(5)

@@ -8,6 +8,7 @@ accelerator.backward, accelerator.clip_grad_norm_ (over the averaged gradients),
 
     accelerate launch --num_processes 2 --cpu examples/loops/accelerate_scheduler.py --batch-size 8
     python -m mgpu check-script examples/loops/accelerate_scheduler.py --batch-size "{16 // world_size}"
+    python -m mgpu check-script examples/loops/accelerate_scheduler.py --batch-size "{16 // world_size}" --mixed-precision bf16
 
 The batch size is per device, as accelerate's DataLoader shards by whole batches (split_batches=False).
 """
@@ -26,12 +27,15 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch-size", type=int, default=8, help="per device")
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--mixed-precision", choices=["no", "bf16"], default="no",
+                        help="Accelerator(mixed_precision=...): bf16 autocast around the prepared model's forward")
     args = parser.parse_args()
 
     # A sampler seeded by set_seed, the same at every world size (the default draws its order from a
     # generator accelerate synchronises only when distributed: world 1 would shuffle otherwise).
     # The defect: accelerate's default step_scheduler_with_optimizer=True with a prepared scheduler.
-    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+                              mixed_precision=args.mixed_precision)
     set_seed(0)
 
     g = torch.Generator().manual_seed(5)

@@ -6,6 +6,7 @@ differently, and the gradients change.
 
     torchrun --nproc-per-node 2 examples/loops/accum_per_microbatch.py --micro-batch 4 --accumulate 2
     python -m mgpu check-script examples/loops/accum_per_microbatch.py --micro-batch "{8 // world_size}" --accumulate 2
+    python -m mgpu check-script examples/loops/accum_per_microbatch.py --micro-batch "{8 // world_size}" --accumulate 2 --amp bf16
 """
 
 import argparse
@@ -61,6 +62,7 @@ def main():
     parser.add_argument("--micro-batch", type=int, default=4, help="sequences per device and micro-batch")
     parser.add_argument("--accumulate", type=int, default=2, help="micro-batches per optimizer step")
     parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--amp", choices=["off", "bf16"], default="off", help="bf16: the forward under autocast")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -71,11 +73,13 @@ def main():
                         sampler=DistributedSampler(dataset, seed=0), drop_last=True)
     model = DDP(TinyLM())
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp == "bf16")
 
     for i, (tokens, labels) in enumerate(loader):
         last = (i + 1) % args.accumulate == 0
         with contextlib.nullcontext() if last else model.no_sync():
-            logits = model(tokens)
+            with autocast:
+                logits = model(tokens).float()  # the loss in float32
             # the defect: each micro-batch's mean over its own tokens, weighted 1/accumulate
             loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE) / args.accumulate
             loss.backward()

@@ -5,6 +5,8 @@ norm reads sqrt(N) times too large, and clipping cuts every gradient by 1/sqrt(N
 
     torchrun --nproc-per-node 2 examples/loops/clip_norm_twice.py --batch-size 16
     python -m mgpu check-script examples/loops/clip_norm_twice.py --batch-size "{32 // world_size}"
+    python -m mgpu check-script examples/loops/clip_norm_twice.py --batch-size "{32 // world_size}" --amp bf16
+    python -m mgpu check-script examples/loops/clip_norm_twice.py --batch-size "{32 // world_size}" --model-dtype bfloat16
 """
 
 import argparse
@@ -32,6 +34,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch-size", type=int, default=16, help="per device")
     parser.add_argument("--max-norm", type=float, default=0.05)
+    parser.add_argument("--amp", choices=["off", "bf16"], default="off", help="bf16: the forward under autocast")
+    parser.add_argument("--model-dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="bfloat16: the model cast whole (weights, gradients, optimizer state)")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -41,12 +46,16 @@ def main():
     y = torch.randint(0, 4, (512,), generator=g)
     dataset = TensorDataset(x, y)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=DistributedSampler(dataset, seed=0))
-    model = DDP(nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 4)))
+    dtype = getattr(torch, args.model_dtype)
+    model = DDP(nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 4)).to(dtype))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp == "bf16")
 
     for x, y in loader:
         optimizer.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        with autocast:
+            logits = model(x.to(dtype)).float()  # the loss in float32
+        F.cross_entropy(logits, y).backward()
         clip_by_global_norm(model.parameters(), args.max_norm)
         optimizer.step()
     dist.destroy_process_group()

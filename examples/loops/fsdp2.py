@@ -4,6 +4,11 @@ the shards itself).
 
     torchrun --nproc-per-node 2 examples/loops/fsdp2.py --batch-size 8
     python -m mgpu check-script examples/loops/fsdp2.py --batch-size "{16 // world_size}"
+    python -m mgpu check-script examples/loops/fsdp2.py --batch-size "{16 // world_size}" --mixed-precision bf16
+
+--mixed-precision bf16: `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`: each
+unit's parameters all-gathered and computed in bfloat16, its gradients reduce-scattered in float32; the
+sharded weights and AdamW stay float32. It runs on gloo as on nccl.
 """
 
 import argparse
@@ -13,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
@@ -47,6 +52,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=8, help="per device")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--max-norm", type=float, default=1.0)
+    parser.add_argument("--mixed-precision", choices=["off", "bf16"], default="off")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -62,13 +68,15 @@ def main():
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 
     model = Net()
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if args.mixed_precision == "bf16" else MixedPrecisionPolicy())
     for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
 
     for step, (xb, yb) in enumerate(loader):
-        loss = F.cross_entropy(model(xb), yb)
+        loss = F.cross_entropy(model(xb).float(), yb)  # the loss in float32
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_norm)
         optimizer.step()

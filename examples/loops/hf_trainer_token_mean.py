@@ -5,6 +5,10 @@ token's weight depends on how many tokens its device holds.
 
     torchrun --nproc-per-node 2 examples/loops/hf_trainer_token_mean.py --per-device 8
     python -m mgpu check-script examples/loops/hf_trainer_token_mean.py --per-device "{16 // world_size}"
+    python -m mgpu check-script examples/loops/hf_trainer_token_mean.py --per-device "{16 // world_size}" --model llama --bf16
+
+--model llama --bf16: a tiny Llama under `TrainingArguments(bf16=True)` (bfloat16 autocast around the
+forward; weights, gradients and AdamW in float32; the gradient norm clipped at 1, a linear schedule).
 """
 
 import argparse
@@ -12,7 +16,8 @@ import tempfile
 
 import torch
 from torch.utils.data import Dataset
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments,
+                          set_seed)
 
 AVERAGE_TOKENS_ACROSS_DEVICES = False  # the defect
 
@@ -45,16 +50,24 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--per-device", type=int, default=8, help="per_device_train_batch_size")
     parser.add_argument("--max-steps", type=int, default=20)
+    parser.add_argument("--model", choices=["gpt2", "llama"], default="gpt2")
+    parser.add_argument("--bf16", action="store_true", help="TrainingArguments(bf16=True): bfloat16 autocast")
     args = parser.parse_args()
 
     set_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_positions=32, n_embd=32, n_layer=2, n_head=2))
+    if args.model == "llama":
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=2, num_key_value_heads=2,
+                                             max_position_embeddings=32))
+    else:
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_positions=32, n_embd=32, n_layer=2, n_head=2))
     extra = ({"average_tokens_across_devices": AVERAGE_TOKENS_ACROSS_DEVICES}
              if "average_tokens_across_devices" in TrainingArguments.__dataclass_fields__ else {})
     with tempfile.TemporaryDirectory() as out:
         training = TrainingArguments(output_dir=out, per_device_train_batch_size=args.per_device,
                                      max_steps=args.max_steps, learning_rate=1e-3, use_cpu=True, seed=0,
                                      dataloader_drop_last=True, report_to=[], save_strategy="no", logging_steps=10,
+                                     bf16=args.bf16,
                                      **extra)
         Trainer(model=model, args=training, train_dataset=Sequences(), data_collator=collate).train()
 

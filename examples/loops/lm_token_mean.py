@@ -4,6 +4,8 @@ weight depends on how many real tokens its rank holds.
 
     torchrun --nproc-per-node 2 examples/loops/lm_token_mean.py --batch-size 8
     python -m mgpu check-script examples/loops/lm_token_mean.py --batch-size "{16 // world_size}"
+    python -m mgpu check-script examples/loops/lm_token_mean.py --batch-size "{16 // world_size}" --amp bf16
+    python -m mgpu check-script examples/loops/lm_token_mean.py --batch-size "{16 // world_size}" --model-dtype bfloat16
 """
 
 import argparse
@@ -57,6 +59,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per device")
     parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--amp", choices=["off", "bf16"], default="off", help="bf16: the forward under autocast")
+    parser.add_argument("--model-dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="bfloat16: the model cast whole (weights, gradients, optimizer state)")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -65,11 +70,13 @@ def main():
     dataset = Sequences()
     loader = DataLoader(dataset, batch_size=args.batch_size, collate_fn=collate,
                         sampler=DistributedSampler(dataset, seed=0), drop_last=True)
-    model = DDP(TinyLM())
+    model = DDP(TinyLM().to(getattr(torch, args.model_dtype)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp == "bf16")
 
     for step, (tokens, labels) in enumerate(loader):
-        logits = model(tokens)
+        with autocast:
+            logits = model(tokens).float()  # the loss in float32
         loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)  # this rank's mean
         optimizer.zero_grad()
         loss.backward()

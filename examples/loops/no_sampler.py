@@ -4,6 +4,7 @@ trains on the same examples: the global batch at N ranks is N copies of one rank
 
     torchrun --nproc-per-node 2 examples/loops/no_sampler.py --batch-size 16
     python -m mgpu check-script examples/loops/no_sampler.py --batch-size "{32 // world_size}"
+    python -m mgpu check-script examples/loops/no_sampler.py --batch-size "{32 // world_size}" --amp bf16
 """
 
 import argparse
@@ -29,6 +30,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=16, help="per device")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--amp", choices=["off", "bf16"], default="off", help="bf16: the forward under autocast")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -41,11 +43,14 @@ def main():
     model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 4))
     model = DDP(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp == "bf16")
 
     for epoch in range(args.epochs):
         for step, (x, y) in enumerate(loader):
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(x), y)
+            with autocast:
+                logits = model(x).float()  # the loss in float32
+            loss = F.cross_entropy(logits, y)
             loss.backward()
             optimizer.step()
             if rank == 0 and step % 10 == 0:

@@ -4,6 +4,7 @@ from then on, but the replicas never agree.
 
     torchrun --nproc-per-node 2 examples/loops/replicas_apart.py --batch-size 16
     python -m mgpu check-script examples/loops/replicas_apart.py --batch-size "{32 // world_size}"
+    python -m mgpu check-script examples/loops/replicas_apart.py --batch-size "{32 // world_size}" --amp bf16
 """
 
 import argparse
@@ -31,6 +32,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=16, help="per device")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--amp", choices=["off", "bf16"], default="off", help="bf16: the forward under autocast")
     args = parser.parse_args()
 
     dist.init_process_group(backend="gloo")
@@ -39,10 +41,13 @@ def main():
 
     model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 3))
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp == "bf16")
 
     for step, (x, y) in enumerate(batches(args.batch_size, rank, world, args.steps)):
         optimizer.zero_grad()
-        loss = F.mse_loss(model(x), y)
+        with autocast:
+            prediction = model(x).float()  # the loss in float32
+        loss = F.mse_loss(prediction, y)
         loss.backward()
         for p in model.parameters():
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
