@@ -1,0 +1,289 @@
+"""`mgpu history --confirm`: each suspected change point put to the A/B gate, then bisected to the
+commit that made it. On a noisy runner a change point in the stored runs is a suspicion; the gate
+times both commits in one job, interleaved, and decides.
+
+    confirmed = confirm_changes(points, ConfirmOptions(repo=Path("."), budget_s=600, log=print))
+    [(p.verdict, p.commit) for p in confirmed]     # ("slower", "a1b2..."), ("creep", None), ("unconfirmed", None)
+
+The rule, for one change point whose runs say slower (faster: the same, with `faster`):
+1. **Confirm.** The gate between `before_commit` (baseline) and `after_commit` (candidate), on the
+   benchmark the history timed (its pytest id, which must be marked `mgpu_gate`): the gate itself,
+   `pytest ID --ab-baseline BEFORE` run in a worktree of AFTER (gate/baseline.py checks both commits
+   out; the gate's own workers, rounds and verdicts). Not `slower`: `unconfirmed`, with what it said.
+2. **Bisect** the first-parent commits between (`commits_between`, oldest first) as `git bisect`
+   does, each midpoint gated against the range's first commit (`before_commit`): `slower` moves the
+   end down, anything else the start up, to the first commit M that the gate calls slower.
+3. **Name or creep.** M gated against its parent (the bisection's last step when that is
+   `before_commit`): `slower` names M (`commit`, the full hash); otherwise no single commit crossed
+   the gate's threshold and the range is `creep`: "commits a1b2..f9e8, 8 commits, 1.16x; no single
+   commit above 5 %" (half the threshold: what `slower` means).
+4. **Budget.** `budget_s` bounds all the gating; the points go strongest first (smallest p-value).
+   A gate is not started with under MIN_GATE_S left, and each is given what is left (--ab-run-budget-s).
+   What the budget left undone is said: a point never gated is `unconfirmed` ("left unconfirmed: the
+   budget was spent"); a confirmed one whose bisection stopped keeps its verdict without a commit,
+   and the note gives the commits it narrowed the step to.
+
+Every gate's reports (ab.json, the candidate's commit in it) go to `out` when given.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from mgpu_perf.gate.arm import PACKAGE_DIR
+from mgpu_perf.gate.baseline import check_baseline
+from mgpu_perf.gate.options import GATE_OPTIONS
+from mgpu_perf.gate.settings import OptionValues, parse_settings
+
+__all__ = ["ConfirmOptions", "GateAnswer", "Confirmation", "confirm_changes", "confirm_all", "confirm_point",
+           "gate_between", "budget_note", "MIN_GATE_S", "VERDICTS"]
+
+VERDICTS = ("slower", "faster", "unconfirmed", "creep")
+MIN_GATE_S = 10.0   # a gate given less cannot set its workers up and take its first look
+GRACE_S = 60.0      # a gate's pytest start and collection, which its run budget does not count
+
+
+@dataclass(frozen=True)
+class ConfirmOptions:
+    repo: Path                                   # the repository whose commits the change points name
+    budget_s: float = 600.0                      # --confirm-budget-s: all the gating together
+    gate: OptionValues = OptionValues()          # the gate's options (threshold, rounds, workers, ...)
+    python: str = sys.executable                 # runs each gate's pytest (mgpu installed, or this checkout)
+    out: Path | None = None                      # each gate's reports in a folder of its own here
+    log: Callable[[str], None] = field(default=lambda line: None, compare=False)
+    clock: Callable[[], float] = field(default=time.perf_counter, compare=False)  # seconds, for the budget
+
+
+@dataclass(frozen=True)
+class GateAnswer:
+    """What one gate run said about one benchmark: the gate's verdict (or `failed`, `not gated`:
+    no verdict, the reason says why), its ratio (candidate / baseline time) and interval."""
+    verdict: str
+    ratio: float | None = None
+    interval: tuple | None = None
+    rounds: int = 0
+    seconds: float = 0.0
+    reason: str = ""
+
+    def said(self) -> str:
+        if self.ratio is None:
+            return f"{self.verdict} ({self.reason})" if self.reason else self.verdict
+        interval = f" [{self.interval[0]:.3f}, {self.interval[1]:.3f}]" if self.interval else ""
+        return f"{self.verdict} at {self.ratio:.3f}{interval} over {self.rounds} rounds"
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    point: object          # the ChangePoint (history/changes.py), its verdict and commit set
+    note: str              # one line: what the gate found, or what the budget left undone
+    gates: tuple = ()      # ((baseline commit, candidate commit, GateAnswer), ...) in the order run
+
+    def to_json(self) -> dict:
+        return {**self.point.to_json(), "note": self.note,
+                "gates": [{"baseline": b, "candidate": c, "verdict": a.verdict, "ratio": a.ratio,
+                           "interval": list(a.interval) if a.interval else None, "rounds": a.rounds,
+                           "seconds": round(a.seconds, 1), "reason": a.reason} for b, c, a in self.gates]}
+
+
+# -- one gate run ------------------------------------------------------------------------------------
+
+def gate_arguments(values: OptionValues, seconds_left: float) -> list[str]:
+    """The gate's options as pytest takes them (--ab-NAME), the budgets cut to `seconds_left`; no
+    Markdown summary (confirming is history's report, not a pull request's)."""
+    parse_settings(values)  # bad option text: GateError here, before anything is checked out
+    args = []
+    for option in GATE_OPTIONS:
+        value = getattr(values, option.dest)
+        if option.name == "markdown" or value is None:
+            continue
+        if option.default is None:  # a flag
+            args += [f"--ab-{option.name}"] if value else []
+            continue
+        if option.name == "budget-s":
+            value = min(float(value), seconds_left)
+        elif option.name == "run-budget-s":
+            value = seconds_left if float(value) <= 0 else min(float(value), seconds_left)
+        args += [f"--ab-{option.name}", str(value)]
+    return args
+
+
+def _environment() -> dict:
+    """The gate's pytest: this harness found (installed or not), no pytest options of the caller's,
+    and no GitHub job summary (each confirming gate would add its own)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "GITHUB_STEP_SUMMARY")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(PACKAGE_DIR.parent)]))
+    return env
+
+
+def _answer_from(report_dir: Path, benchmark: str, done: subprocess.CompletedProcess, seconds: float) -> GateAnswer:
+    """The benchmark's verdict from the gate's ab.json, or why there is none."""
+    report = report_dir / "ab.json"
+    tail = " | ".join(line for line in (done.stdout + done.stderr).splitlines()[-4:] if line.strip())[-400:]
+    if done.returncode == 5:  # pytest: no test ran
+        return GateAnswer("not gated", seconds=seconds, reason=f"no test {benchmark} marked mgpu_gate there")
+    if not report.is_file():
+        return GateAnswer("failed", seconds=seconds, reason=f"the gate wrote no report (exit {done.returncode}): {tail}")
+    benchmarks = json.loads(report.read_text()).get("benchmarks", [])
+    found = next((b for b in benchmarks if b["name"] == benchmark), None)
+    if found is None:
+        return GateAnswer("failed", seconds=seconds, reason=f"the gate did not judge it (exit {done.returncode}): {tail}")
+    interval = found.get("interval")
+    return GateAnswer(found["verdict"] or found["status"], found.get("ratio"),
+                      tuple(interval) if interval and None not in interval else None, found.get("rounds", 0),
+                      seconds, found.get("reason", ""))
+
+
+def gate_between(baseline: str, candidate: str, benchmark: str, options: ConfirmOptions, seconds_left: float,
+                 report_dir: Path) -> GateAnswer:
+    """The A/B gate, baseline commit against candidate commit, on one benchmark (its pytest id), as a
+    user runs it: `pytest ID --ab-baseline BASELINE` in a worktree of the candidate commit (the gate
+    checks the baseline out itself). Its reports go to `report_dir`."""
+    began = time.perf_counter()
+    try:
+        tree_of = check_baseline(candidate, Path(options.repo))  # the gate's worktree, at the candidate
+        tree = tree_of.checkout()
+    except ValueError as e:
+        return GateAnswer("failed", reason=str(e).replace("--ab-baseline ", ""))
+    command = [options.python, "-m", "pytest", benchmark, "--ab-baseline", baseline, "--perf-out", str(report_dir),
+               "-p", "mgpu_perf.plugin", "-p", "no:cacheprovider", "-q", "-rs",
+               *gate_arguments(options.gate, seconds_left)]
+    try:
+        done = subprocess.run(command, cwd=tree, env=_environment(), capture_output=True, text=True,
+                              timeout=seconds_left + GRACE_S)
+    except subprocess.TimeoutExpired:  # its workers end when their pipe does
+        return GateAnswer("failed", seconds=time.perf_counter() - began,
+                          reason=f"the gate ran past its {seconds_left:.0f} s and was stopped")
+    finally:
+        tree_of.remove()
+    return _answer_from(report_dir, benchmark, done, time.perf_counter() - began)
+
+
+# -- one change point ----------------------------------------------------------------------------------
+
+Gate = Callable[[str, str], "GateAnswer | None"]  # (baseline, candidate) -> answer; None: the budget is spent
+
+
+def _short(commit: str) -> str:
+    return commit[:4]
+
+
+def _percent(fraction: float) -> str:
+    return f"{fraction * 100:g} %"
+
+
+def confirm_point(point, gate: Gate, threshold: float) -> Confirmation:
+    """One change point through the gate (the module's rule, steps 1-3): `gate(baseline, candidate)`
+    runs or recalls one gate, None when the budget cannot start it. `threshold`: the gate's (fraction)."""
+    direction = "slower" if point.ratio > 1 else "faster"
+    line = (point.before_commit, *point.commits_between)
+    if line[-1] != point.after_commit:
+        line = (*line, point.after_commit)
+    gates = []
+
+    def run(baseline: str, candidate: str) -> GateAnswer | None:
+        answer = gate(baseline, candidate)
+        if answer is not None:
+            gates.append((baseline, candidate, answer))
+        return answer
+
+    def done(verdict: str, note: str, commit: str | None = None) -> Confirmation:
+        return Confirmation(replace(point, verdict=verdict, commit=commit), note, tuple(gates))
+
+    whole = run(line[0], line[-1])
+    if whole is None:
+        return done("unconfirmed", "left unconfirmed: the budget was spent before its gate could run")
+    if whole.verdict != direction:
+        return done("unconfirmed", f"unconfirmed: the gate between {line[0][:12]} and {line[-1][:12]} says "
+                                   f"{whole.said()}")
+    low, high = 0, len(line) - 1  # line[low] is not `direction` against line[0]; line[high] is
+    answers = {high: whole}
+    while high - low > 1:
+        middle = (low + high) // 2
+        answer = run(line[0], line[middle])
+        if answer is None:
+            return done(direction, f"{direction}: {whole.said()}; the budget stopped the bisection with the step "
+                                   f"in {line[low + 1][:12]}..{line[high][:12]} ({high - low} commits)")
+        answers[middle] = answer
+        if answer.verdict == direction:
+            high = middle
+        else:
+            low = middle
+    first = line[high]
+    single = answers[high] if low == 0 else run(line[high - 1], first)
+    if single is None:
+        return done(direction, f"{direction}: {whole.said()}; bisected to {first[:12]}, which the budget left "
+                               "ungated against its parent")
+    if single.verdict == direction:
+        return done(direction, f"{direction}: {first[:12]} ({single.said()} against its parent); the whole range "
+                               f"{whole.said()}", commit=first)
+    commits = len(line) - 1
+    said = (f"commits {_short(line[1])}..{_short(line[-1])}, {commits} commits, {whole.ratio:.2f}x; no single commit "
+            f"above {_percent(threshold / 2)} ({first[:12]}, where the bisection ended, is {single.said()} against "
+            "its parent)")
+    return done("creep" if direction == "slower" else "faster", ("creep: " if direction == "slower" else
+                                                                 "faster, gradually: ") + said)
+
+
+# -- every change point --------------------------------------------------------------------------------
+
+def _p_value(point) -> float:
+    return point.p_value if isinstance(point.p_value, (int, float)) and math.isfinite(point.p_value) else 1.0
+
+
+def confirm_all(points, options: ConfirmOptions) -> list[Confirmation]:
+    """Every change point confirmed (or not) within options.budget_s, strongest first (smallest
+    p-value); the confirmations in the points' own order, each one logged as it is decided."""
+    threshold = parse_settings(options.gate).threshold  # GateError on a bad gate option, before any gate
+    deadline = options.clock() + options.budget_s
+    work = Path(tempfile.mkdtemp(prefix="mgpu-confirm-")) if options.out is None else Path(options.out)
+    recalled: dict[tuple[str, str, str], GateAnswer] = {}
+    results: dict[int, Confirmation] = {}
+    try:
+        strongest_first = sorted(range(len(points)), key=lambda i: (_p_value(points[i]), i))
+        for index in strongest_first:
+            point = points[index]
+
+            def gate(baseline: str, candidate: str, point=point) -> GateAnswer | None:
+                key = (point.benchmark, baseline, candidate)
+                if key not in recalled:
+                    left = deadline - options.clock()
+                    if left < MIN_GATE_S:
+                        return None
+                    options.log(f"mgpu history: confirming {point.benchmark}: gate {baseline[:12]} -> "
+                                f"{candidate[:12]} ({left:.0f} s left) ...")
+                    report_dir = work / f"gate-{len(recalled) + 1:03d}-{baseline[:8]}-{candidate[:8]}"
+                    recalled[key] = gate_between(baseline, candidate, point.benchmark, options, left, report_dir)
+                return recalled[key]
+
+            results[index] = confirm_point(point, gate, threshold)
+            options.log(f"mgpu history: {point.benchmark} on {point.machine}: {results[index].note}")
+    finally:
+        if options.out is None:
+            shutil.rmtree(work, ignore_errors=True)
+    return [results[i] for i in range(len(points))]
+
+
+def confirm_changes(points, options: ConfirmOptions) -> list:
+    """The change points with their verdicts (`slower`, `faster`, `unconfirmed`, `creep`) and, where
+    the gate named one, `commit`: confirm_all's points, in the same order."""
+    return [confirmation.point for confirmation in confirm_all(points, options)]
+
+
+def budget_note(confirmations: list[Confirmation], budget_s: float) -> str | None:
+    """One line when the budget left work undone: how many points it left unconfirmed or unbisected."""
+    unconfirmed = sum(c.note.startswith("left unconfirmed") for c in confirmations)
+    unbisected = sum("the budget" in c.note and not c.note.startswith("left unconfirmed") for c in confirmations)
+    if not unconfirmed and not unbisected:
+        return None
+    return (f"--confirm-budget-s {budget_s:g} left {unconfirmed} change point(s) unconfirmed and {unbisected} "
+            "confirmed but not bisected to one commit; give it more to finish")
