@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_perf.gate.options import add_gate_options
+from mgpu_perf.gate.options import add_counts_baseline_options, add_gate_options
 from mgpu_perf.markers import MARKER, MARKER_HELP
 
 ENV_OUT = "MGPU_PERF_OUT"
 DEFAULT_OUT = "perf-results"
 GATE_PLUGIN = "mgpu-ab-gate"
+COUNTS_PLUGIN = "mgpu-counts-baseline"  # baseline_counts.PLUGIN (not imported: it imports torch lazily, pytest)
 
 
 def pytest_addoption(parser):
@@ -37,6 +38,7 @@ def pytest_addoption(parser):
     add_gate_options(group.addoption, prefix="ab-")  # threshold, rounds, workers, budgets, ... (gate/options.py)
     group.addoption("--perf-out", default=None, metavar="DIR",
                     help=f"folder for ab.json and the perf suite's outputs (default ${ENV_OUT} or {DEFAULT_OUT}/)")
+    add_counts_baseline_options(group.addoption)  # --counts-save/--counts-check FILE (baseline_counts.py)
 
 
 def gate_requested(config) -> bool:
@@ -53,6 +55,11 @@ def pytest_configure(config):
         from mgpu_perf.gate.session import ABGate  # bad input: a UsageError, nothing started
 
         config.pluginmanager.register(ABGate(config, out_dir(config)), GATE_PLUGIN)
+    if config.getoption("counts_save") or config.getoption("counts_check"):
+        from mgpu_perf.baseline_counts import register  # bad input: a UsageError, nothing started
+
+        register(config, config.getoption("counts_save"), config.getoption("counts_check"),
+                 bool(config.getoption("counts_strict") or config.getoption("strict", False)))
 
 
 @pytest.fixture
@@ -63,7 +70,7 @@ def mgpu_workload(request):
     marker = request.node.get_closest_marker(MARKER)
     if marker is None:
         pytest.fail(f"the mgpu_workload fixture needs an @pytest.mark.{MARKER}(...) marker on the test", pytrace=False)
-    if request.config.pluginmanager.has_plugin(GATE_PLUGIN):
+    if request.config.pluginmanager.has_plugin(GATE_PLUGIN) or request.config.pluginmanager.has_plugin(COUNTS_PLUGIN):
         yield None
         return
     from mgpu_perf.harness.workloads import make_gated
