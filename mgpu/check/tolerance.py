@@ -22,6 +22,7 @@ A real bug is off by orders of magnitude more than FACTOR times rounding.
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
@@ -44,14 +45,29 @@ def _working(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
+# largest() of each tensor, remembered while the tensor lives and is not changed in place (its
+# _version): a comparison asks it of one recorded tensor for the floor, the pool, the module's scale
+# and the sensitivity.
+# id(tensor) -> (a weak reference to it, its _version, the value); an entry leaves with its tensor.
+_LARGEST: dict[int, tuple] = {}
+
+
 def largest(t) -> float:
     """The largest magnitude of a floating tensor (NaN read as 0, infinity kept); 0.0 for anything else."""
     if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
         return 0.0
+    known = _LARGEST.get(id(t))
+    if known is not None and known[0]() is t and known[1] == t._version:
+        return known[2]
     # One pass without a copy (the infinity norm); NaN, rare, takes the slow path that reads it as 0.
     value = float(torch.linalg.vector_norm(_working(t), ord=math.inf))
     if math.isnan(value):
         value = float(t.double().abs().nan_to_num(nan=0.0, posinf=math.inf).max())
+    key = id(t)
+    try:
+        _LARGEST[key] = (weakref.ref(t, lambda _ref, key=key: _LARGEST.pop(key, None)), t._version, value)
+    except TypeError:  # a tensor subclass that cannot be referenced weakly: not remembered
+        pass
     return value
 
 

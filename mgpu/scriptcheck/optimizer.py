@@ -210,8 +210,10 @@ def normalising(optimizer_type: str) -> bool:
 
 
 def updates_of(before: dict, after: dict) -> dict:
-    """name -> after - before in float64, for every weight held whole before and after the step."""
-    return {k: a.double() - before[k].double() for k, a in after.items()
+    """name -> after - before, for every weight held whole before and after the step: in float32 for
+    float32 and lower weights (two float32 values this close subtract exactly), float64 for float64."""
+    wide = lambda t: t if t.dtype == torch.float64 else t.float()  # noqa: E731
+    return {k: wide(a) - wide(before[k]) for k, a in after.items()
             if isinstance(a, torch.Tensor) and isinstance(before.get(k), torch.Tensor) and a.shape == before[k].shape}
 
 
