@@ -34,6 +34,13 @@ convolutions. What is counted:
 Every count is a property of the code and the shapes, so two runs of the same tree give the same
 counts. Where a figure is not (the caching allocator's peak, which depends on what the process
 allocated before), it is not counted.
+
+Recomputation is counted: activation checkpointing (`torch.utils.checkpoint`, reentrant or not)
+runs a region's forward again in the backward with the dispatch modes on, so its ops, FLOPs and
+bytes are the step's (mgpu_perf_tests/test_recomputation.py). torch.profiler shows one call more
+than runs: non-reentrant checkpointing stops recomputing once the last tensor the backward needs is
+saved again, which an op does before its kernel runs; a region of one convolution is recorded as an
+`aten::convolution` whose kernel (`aten::_convolution`) never runs. That is no work, and not counted.
 """
 
 from __future__ import annotations

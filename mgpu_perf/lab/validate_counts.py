@@ -9,7 +9,8 @@ Run it from a checkout of mgpu with nothing else on the machine; it is not part 
 the tree into a temporary folder: `same` (the baseline of every run), `unchanged` (identical to
 it), and one copy per plant, each with one small structural regression appended to one of mgpu's
 files (PLANTS: an extra copy in the forward, a float64 layer, a host read a step, an extra
-all-reduce in ddp, a graph break under --compile, a boolean-mask index, a checkpoint every step).
+all-reduce in ddp, a graph break under --compile, a boolean-mask index, activation checkpointing of a stage, a
+checkpoint every step).
 Each run is a whole gate decision on the benchmark the plant touches, with fresh workers, as
 `pytest perf --ab-baseline` makes it: the timed verdict and the counted one. Required: every plant `slower (counted)` in every run, with the change
 named; every A/A run (the unchanged copy, rotated over the plants' benchmarks and fsdp) with no
@@ -127,6 +128,16 @@ DistributedDataParallel.optimizer_step = _optimizer_step_with_an_all_reduce
         unplanted_head_forward = head.forward
         head.forward = lambda x: unplanted_head_forward(x[x.abs().sum(dim=1) >= 0])
     """), "single", 1, what="a boolean-mask index in the forward (a sync on a GPU)"),
+    # Activation checkpointing switched on for the first residual stage: its forward runs again in the
+    # backward (torch.utils.checkpoint, non-reentrant), 4 of the 20 convolutions twice; the counters see
+    # the recomputation (it runs with the dispatch modes on), FLOPs +8 % at width 16.
+    "activation-checkpointing": Plant("mgpu/models.py", _in_resnet18("""
+        import torch.utils.checkpoint
+
+        stage = model[3]
+        unplanted_stage_forward = stage.forward
+        stage.forward = lambda x: torch.utils.checkpoint.checkpoint(unplanted_stage_forward, x, use_reentrant=False)
+    """), "single", 1, what="activation checkpointing of a residual stage (its forward recomputed in the backward)"),
     # The model's state saved every step (to memory): no aten op runs on a CPU, only Python's pickling.
     "checkpoint-every-step": Plant("mgpu/trainer.py", _after_trainer_step("""
         import io
