@@ -69,40 +69,46 @@ def _in_ranks_module(item) -> bool:
     return module is not None and module.__name__ == RANKS_MODULE
 
 
-# The shared rank runs started in the background as collection ends (correctness/shared_runs.py).
+# The multi-process runs started in the background as collection ends (correctness/shared_runs.py).
 SHARED_RUNS = pytest.StashKey()
 
 
 @pytest.fixture(scope="session")
-def single_trajectory(request, tmp_path_factory):
+def shared_runs(request):
+    """The background process's runs (shared_runs.SharedRuns: `job in shared_runs.jobs`,
+    `shared_runs.get(job)`), or None where none was started (nothing selected needs one)."""
+    return request.config.stash.get(SHARED_RUNS, None)
+
+
+@pytest.fixture(scope="session")
+def single_trajectory(shared_runs, tmp_path_factory):
     """helpers.weights_config's single-device run step by step (helpers.reference_trajectory), once
     per session, on the suite's COMPARISON_KIND: what test_weights compares every strategy's steps with,
     and what the shared rank runs start their steps from (then computed by their background process)."""
     from correctness.helpers import reference_trajectory, weights_config
 
-    shared = request.config.stash.get(SHARED_RUNS, None)
-    if shared is not None:
-        return shared.reference()
+    if shared_runs is not None and "reference" in shared_runs.jobs:
+        return shared_runs.get("reference")
     with torch_threads(1):
         return reference_trajectory(weights_config("single"), tmp_path_factory.mktemp("trajectory"))
 
 
 @pytest.fixture(scope="session")
-def rank_runs(request, single_trajectory, tmp_path_factory):
+def rank_runs(shared_runs, single_trajectory, tmp_path_factory):
     """`rank_runs(world_size)`: the suite's shared ddp and fsdp runs (helpers.spawn_rank_runs), spawned at
     most once per world size and session: in the background from the end of collection for the world
     sizes the selected tests announce (correctness/shared_runs.py), else here on first use. A failed
     spawn is kept too, so that every test needing that world size reports it rather than spawning again."""
     from correctness.helpers import spawn_rank_runs
+    from correctness.shared_runs import ranks_job
 
-    shared = request.config.stash.get(SHARED_RUNS, None)
     outcomes = {}
 
     def get(world_size: int):
         if world_size not in outcomes:
             try:
-                if shared is not None and world_size in shared.world_sizes:
-                    outcomes[world_size] = shared.result(world_size)
+                if shared_runs is not None and ranks_job(world_size) in shared_runs.jobs:
+                    outcomes[world_size] = shared_runs.get(ranks_job(world_size))
                 else:
                     outcomes[world_size] = spawn_rank_runs(world_size, single_trajectory,
                                                            tmp_path_factory.mktemp(f"ranks{world_size}"))
@@ -169,9 +175,9 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     """When a test of test_reliability_ranks that reads its runs is selected, start them as collection ends:
     they are processes that mostly start up and wait (about 30 s), and they overlap the tests
-    that come before them, which use one core of two (one_thread). So do the suite's shared rank
-    runs, for the world sizes the selected tests read (correctness/shared_runs.py). Nothing starts
-    for --collect-only."""
+    that come before them, which use one core of two (one_thread). So do the multi-process runs
+    that several tests read, those the selected tests need (correctness/shared_runs.py). Nothing
+    starts for --collect-only."""
     if session.config.option.collectonly:
         return
     factory = session.config._tmp_path_factory  # the tmp_path_factory fixture's, before any fixture runs
@@ -179,11 +185,11 @@ def pytest_collection_finish(session):
         if _in_ranks_module(item) and {"runs", "launchers"} & set(item.fixturenames):
             item.module.start_scenario(factory.mktemp("ddp"))
             break
-    from correctness.shared_runs import BackgroundRankRuns, world_sizes_of
+    from correctness.shared_runs import SharedRuns, jobs_for
 
-    sizes = world_sizes_of(session.items)
-    if sizes:
-        session.config.stash[SHARED_RUNS] = BackgroundRankRuns.start(sizes, factory.mktemp("shared-ranks"))
+    jobs = jobs_for(session.items)
+    if jobs:
+        session.config.stash[SHARED_RUNS] = SharedRuns.start(jobs, factory.mktemp("shared-runs"))
 
 
 def pytest_sessionfinish(session):

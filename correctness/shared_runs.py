@@ -1,20 +1,22 @@
-"""The suite's shared rank runs (helpers.spawn_rank_runs), started in the background as collection ends.
+"""The suite's multi-process runs that several tests read, started in the background as collection ends.
 
-Spawning them takes seconds of ranks per world size, during which the test process only waits;
-meanwhile the rest of the suite runs in one process on one core (conftest's `one_thread`) and
-leaves the machine's other cores idle. So when collection ends, conftest starts one process, at
-lower priority, that computes the single-device trajectory they start from (the session's
-`single_trajectory`, helpers.reference_trajectory) and then spawns the ranks of each world size
-the selected tests use, one world after the other, writing each result to a file. The session
-fixtures read those files, waiting where a test comes first; a world size nobody announced is
-spawned in the test process, as before.
+Spawning ranks takes seconds, during which the test process only waits; meanwhile the rest of the
+suite runs in one process on one core (conftest's `one_thread`) and leaves the machine's other
+cores idle. So when collection ends, conftest starts one process, at lower priority, that runs the
+jobs the selected tests need, one after the other, writing each result to a file:
 
-What the runs compute is unchanged: the same jobs (helpers.spawn_rank_runs) from the reference's
-checkpoints, in ranks forked the same way (mgpu.launch.spawn); only the process that launches them
-differs. The trajectory is computed as the test process would (one thread, exact GPU math), and the
-tests compare the ranks' steps with that very trajectory.
+* `reference`: the single-device trajectory (helpers.reference_trajectory of
+  helpers.weights_config), the session's `single_trajectory`;
+* `ranks2`, `ranks3`: the shared ddp and fsdp runs of each world size the selected tests read
+  (helpers.spawn_rank_runs from that trajectory's checkpoints), the session's `rank_runs`;
+* `figures-ddp2`: test_reported_figures' DDP run (test_reported_figures.timed_run), its fixture's.
 
-    python -c "from correctness.shared_runs import main; main()" FOLDER 2 3   # what the process runs
+The fixtures read those files, waiting where a test comes first; a run nobody announced is made in
+the test process, as before. What the runs compute is unchanged: the same jobs, with the same
+code, in ranks forked the same way (mgpu.launch.spawn); only the process that launches them
+differs, and it computes as the test process would (one thread, exact GPU math).
+
+    python -c "from correctness.shared_runs import main; main()" FOLDER JOB...   # what the process runs
 """
 
 from __future__ import annotations
@@ -31,41 +33,50 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Priority of the process and its ranks, as test_reliability_ranks' runs have: they overlap the suite.
 NICE = int(os.environ.get("MGPU_TEST_NICE", "10"))
-REFERENCE_FILE = "reference.pkl"
-# Long enough for both worlds' spawns on a busy machine, each bounded by helpers.DDP_DEADLINE_S itself.
+# Long enough for every job on a busy machine; each spawn is bounded by helpers.DDP_DEADLINE_S itself.
 WAIT_S = 280.0
+FIGURES_MODULE = "correctness.test_reported_figures"
 
 
-def world_sizes_of(items) -> list[int]:
-    """The world sizes of the shared runs these test items read: the tests that take the `rank_runs`
-    fixture and start processes (marker `multiprocess`; test_evaluation's manual cases take the
-    fixture without using it), at their parameter `world_size` or `n` (2 where they have neither:
-    every such test reads rank_runs(2)). Worlds of one run in the test process (helpers.run_job_in_this_process)."""
-    sizes = set()
+def ranks_job(world_size: int) -> str:
+    return f"ranks{world_size}"
+
+
+FIGURES_DDP_JOB = "figures-ddp2"
+
+
+def jobs_for(items) -> list[str]:
+    """The jobs these test items read, in the order they should come (empty: nothing to start).
+
+    Shared rank runs: the tests that take the `rank_runs` fixture and start processes (marker
+    `multiprocess`; test_evaluation's manual cases take the fixture without using it), at their
+    parameter `world_size` or `n` (2 where they have neither: every such test reads rank_runs(2));
+    worlds of one run in the test process (helpers.run_job_in_this_process). The reported figures'
+    DDP run: test_reported_figures' tests marked `multiprocess`."""
+    sizes, figures = set(), False
     for item in items:
-        if "rank_runs" not in getattr(item, "fixturenames", ()) or item.get_closest_marker("multiprocess") is None:
+        if item.get_closest_marker("multiprocess") is None:
             continue
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        size = params.get("world_size", params.get("n", 2))
-        if isinstance(size, int) and size >= 2:
-            sizes.add(size)
-    return sorted(sizes)
-
-
-def _result_file(folder: Path, world_size: int) -> Path:
-    return folder / f"ranks{world_size}.pkl"
+        if "rank_runs" in getattr(item, "fixturenames", ()):
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            size = params.get("world_size", params.get("n", 2))
+            if isinstance(size, int) and size >= 2:
+                sizes.add(size)
+        module = getattr(item, "module", None)
+        figures = figures or (module is not None and module.__name__ == FIGURES_MODULE)
+    jobs = ["reference", *(ranks_job(s) for s in sorted(sizes))] if sizes else []
+    return jobs + ([FIGURES_DDP_JOB] if figures else [])
 
 
 @dataclass
-class BackgroundRankRuns:
-    """The process computing the reference trajectory and the shared rank runs of `world_sizes`
-    from it, writing them under `folder`."""
-    world_sizes: tuple
+class SharedRuns:
+    """The process running `jobs`, writing their results under `folder`."""
+    jobs: tuple
     folder: Path
     proc: subprocess.Popen
 
     @classmethod
-    def start(cls, world_sizes, folder: Path) -> "BackgroundRankRuns":
+    def start(cls, jobs, folder: Path) -> "SharedRuns":
         from mgpu.config import EXACT_GPU_MATH_ENV
         from mgpu.faults import FAULT_ENV
 
@@ -76,37 +87,29 @@ class BackgroundRankRuns:
         # A session of its own: its priority (an autogroup's, where the kernel has them) is its own, and
         # stop() ends it with its fork server and ranks.
         proc = subprocess.Popen([sys.executable, "-c", "from correctness.shared_runs import main; main()", str(folder),
-                                 *map(str, world_sizes)], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                 *jobs], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
-        return cls(tuple(world_sizes), folder, proc)
+        return cls(tuple(jobs), folder, proc)
 
-    def reference(self, wait_s: float = WAIT_S):
-        """The single-device trajectory (helpers.Trajectory) the runs start from."""
-        return self._read(self.folder / REFERENCE_FILE, "the single-device trajectory", wait_s)
-
-    def result(self, world_size: int, wait_s: float = WAIT_S):
-        """The RankRuns of `world_size`."""
-        return self._read(_result_file(self.folder, world_size), f"the runs of {world_size} ranks", wait_s)
-
-    def _read(self, path: Path, what: str, wait_s: float):
-        """What the process wrote to `path`, once written; an exception naming what went wrong where it
-        failed (its own error, or its log's end when it died without one)."""
-        end = time.monotonic() + wait_s
+    def get(self, job: str, wait_s: float = WAIT_S):
+        """What `job` returned, once written; an exception naming what went wrong where it failed (the
+        job's own error, or the process's log's end when it died without one)."""
+        path, end = self.folder / f"{job}.pkl", time.monotonic() + wait_s
         if not path.exists():
             self._hurry()
         while not path.exists():
             if self.proc.poll() is not None and not path.exists():
                 raise RuntimeError(f"the background process ended (exit code {self.proc.returncode}) without "
-                                   f"{what}; its log ends:\n{self._log_tail()}")
+                                   f"{job}; its log ends:\n{self._log_tail()}")
             if time.monotonic() > end:
                 self.stop()
-                raise RuntimeError(f"{what} did not come within {wait_s:.0f} s; the background process's log "
+                raise RuntimeError(f"{job} did not come within {wait_s:.0f} s; the background process's log "
                                    f"ends:\n{self._log_tail()}")
             time.sleep(0.05)
         with open(path, "rb") as f:
             outcome = pickle.load(f)
-        if isinstance(outcome, str):  # the error, as the process caught it
+        if isinstance(outcome, str):  # the job's error, as the process caught it
             raise RuntimeError(outcome)
         return outcome
 
@@ -159,36 +162,44 @@ def _lower_priority() -> None:
         pass
 
 
-def _write(path: Path, outcome) -> None:
-    """`outcome` pickled to `path`, whole: a reader never sees half a file."""
-    with open(path.with_suffix(".tmp"), "wb") as f:
-        pickle.dump(outcome, f)
-    os.replace(path.with_suffix(".tmp"), path)
-    print(f"{path.name}: {'failed' if isinstance(outcome, str) else 'written'}", flush=True)
+def _run_job(job: str, folder: Path, done: dict):
+    from correctness import helpers
+
+    if job == "reference":
+        return helpers.reference_trajectory(helpers.weights_config("single"), folder / "trajectory")
+    if job.startswith("ranks"):
+        return helpers.spawn_rank_runs(int(job[len("ranks"):]), done["reference"], folder / job)
+    if job == FIGURES_DDP_JOB:
+        from correctness.test_reported_figures import timed_run
+
+        (folder / job).mkdir()
+        return timed_run("ddp", 2, folder / job)
+    raise ValueError(f"unknown job {job!r}")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """FOLDER SIZE...: the single-device trajectory into FOLDER/reference.pkl, then each world size's
-    RankRuns into FOLDER/ranksSIZE.pkl (an error as its text, for the tests to report)."""
+    """FOLDER JOB...: each job's result into FOLDER/JOB.pkl, written whole (a reader never sees half a
+    file); an error as its text, for the tests that read the job to report (and, for `reference`,
+    the rank runs that start from it)."""
     import torch
 
-    from correctness.helpers import reference_trajectory, spawn_rank_runs, weights_config
     from mgpu import devices as devmod
 
     argv = sys.argv[1:] if argv is None else argv
-    folder, sizes = Path(argv[0]), [int(a) for a in argv[1:]]
+    folder, jobs = Path(argv[0]), argv[1:]
     _lower_priority()
-    torch.set_num_threads(1)  # as the test process computes (conftest's one_thread); the ranks choose their own
+    torch.set_num_threads(1)  # as the test process computes (conftest's one_thread); ranks choose their own
     devmod.set_exact_gpu_math()  # as the test process does (conftest's _exact_gpu_math)
-    try:
-        reference = reference_trajectory(weights_config("single"), folder / "trajectory")
-    except Exception as e:  # noqa: BLE001 (reported by every test that reads it)
-        _write(folder / REFERENCE_FILE, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
-        return
-    _write(folder / REFERENCE_FILE, reference)
-    for size in sizes:
+    done = {}
+    for job in jobs:
         try:
-            outcome = spawn_rank_runs(size, reference, folder / f"ranks{size}")
-        except Exception as e:  # noqa: BLE001 (reported by every test that reads this world's runs)
-            outcome = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-        _write(_result_file(folder, size), outcome)
+            if job.startswith("ranks") and isinstance(done.get("reference"), str):
+                raise RuntimeError(f"no single-device trajectory to start from: {done['reference']}")
+            done[job] = _run_job(job, folder, done)
+        except Exception as e:  # noqa: BLE001 (reported by every test that reads this job)
+            done[job] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        path = folder / f"{job}.pkl"
+        with open(path.with_suffix(".tmp"), "wb") as f:
+            pickle.dump(done[job], f)
+        os.replace(path.with_suffix(".tmp"), path)
+        print(f"{job}: {'failed' if isinstance(done[job], str) else 'done'}", flush=True)

@@ -22,7 +22,8 @@
 
 The runs of 1 and 2 are tiny (1 epoch of 32 steps on 10x10 images, 61 test examples) and shared:
 each strategy runs once per module (fixture), the DDP one with the delay, so that both properties
-ride on it.
+ride on it (made by the suite's background process as the tests before this module run:
+correctness/shared_runs.py).
 """
 
 from __future__ import annotations
@@ -65,26 +66,37 @@ class Run:
     wall_s: float    # wall time around train(cfg)
 
 
+def timed_run(strategy: str, n: int, out) -> Run:
+    """RUN under `strategy` on `n` devices, writing into `out`; under ddp, rank 1 sleeps DELAY_MS at
+    the start of the epoch's first step."""
+    cfg = run_config(strategy, n, out=str(out), **RUN)
+    saved = os.environ.get(FAULT_ENV)
+    if strategy == "ddp":
+        os.environ[FAULT_ENV] = f"kind=delay,rank=1,epoch=1,step=1,ms={DELAY_MS}"
+    try:
+        start = time.perf_counter()
+        result = train(cfg)
+        return Run(result, out, time.perf_counter() - start)
+    finally:
+        os.environ.pop(FAULT_ENV, None)
+        if saved is not None:
+            os.environ[FAULT_ENV] = saved
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """One run per (strategy, devices), on first use."""
+def runs(tmp_path_factory, shared_runs):
+    """One run per (strategy, devices), on first use; the DDP one from the suite's background
+    process when it made it (correctness/shared_runs.py: it overlaps the tests before this module)."""
+    from correctness.shared_runs import FIGURES_DDP_JOB
+
     done = {}
 
     def get(strategy: str, n: int) -> Run:
         if (strategy, n) not in done:
-            out = tmp_path_factory.mktemp(f"{strategy}{n}")
-            cfg = run_config(strategy, n, out=str(out), **RUN)
-            saved = os.environ.get(FAULT_ENV)
-            if strategy == "ddp":  # rank 1 sleeps at the start of the epoch's first step
-                os.environ[FAULT_ENV] = f"kind=delay,rank=1,epoch=1,step=1,ms={DELAY_MS}"
-            try:
-                start = time.perf_counter()
-                result = train(cfg)
-                done[strategy, n] = Run(result, out, time.perf_counter() - start)
-            finally:
-                os.environ.pop(FAULT_ENV, None)
-                if saved is not None:
-                    os.environ[FAULT_ENV] = saved
+            if (strategy, n) == ("ddp", 2) and shared_runs is not None and FIGURES_DDP_JOB in shared_runs.jobs:
+                done[strategy, n] = shared_runs.get(FIGURES_DDP_JOB)
+            else:
+                done[strategy, n] = timed_run(strategy, n, tmp_path_factory.mktemp(f"{strategy}{n}"))
         return done[strategy, n]
 
     return get
