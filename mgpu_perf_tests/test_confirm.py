@@ -218,9 +218,25 @@ def history(repo: Path, delays: list[float]) -> list[str]:
 
 def confirm_on(repo: Path, points, tmp_path: Path, threshold: str, budget_s: float = 900):
     return confirm_all(points, ConfirmOptions(repo, budget_s=budget_s, out=tmp_path / "gates",
-                                              gate=OptionValues(threshold=threshold, max_rounds="30", sample_s="0.2")))
+                                              gate=OptionValues(threshold=threshold, max_rounds="12", sample_s="0.1")))
 
 
+def test_a_benchmark_the_gate_cannot_time_is_unconfirmed_saying_why(tmp_path):
+    """A benchmark the history timed that carries no `mgpu_gate` marker: its gate runs (pytest in a
+    worktree of the candidate, removed after) and times nothing; the point is `unconfirmed`, saying why."""
+    history(tmp_path / "repo", [0.1, 0.2])
+    (tmp_path / "repo" / "test_plain.py").write_text("def test_plain(benchmark):\n    benchmark(sum, [1, 2])\n")
+    _git(tmp_path / "repo", "add", "test_plain.py")
+    _git(tmp_path / "repo", "commit", "-q", "-m", "an ungated benchmark")
+    commits = _git(tmp_path / "repo", "rev-list", "--reverse", "HEAD").split()
+    point = ChangePoint("test_plain.py::test_plain", "m", commits[1], commits[2], (commits[2],), 1e-6, 2e-6, 2.0, 0.01)
+    [found] = confirm_on(tmp_path / "repo", [point], tmp_path, threshold="20")
+    assert found.point.verdict == "unconfirmed" and found.gates[0][2].verdict == "not gated", found
+    assert "no test test_plain.py::test_plain marked mgpu_gate there" in found.note, found.note
+    assert _git(tmp_path / "repo", "worktree", "list").count("\n") == 0, "a worktree was left behind"
+
+
+@pytest.mark.slow  # 2 gate runs: about 30 s on an idle 2-core machine, 4 minutes under a load of 13: make test-slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
 def test_the_gate_names_the_commit_that_slowed_the_step(tmp_path):

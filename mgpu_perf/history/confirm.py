@@ -150,7 +150,7 @@ def gate_between(baseline: str, candidate: str, benchmark: str, options: Confirm
     checks the baseline out itself). Its reports go to `report_dir`."""
     began = time.perf_counter()
     try:
-        tree_of = check_baseline(candidate, Path(options.repo))  # the gate's worktree, at the candidate
+        tree_of = check_baseline(candidate, Path(options.repo).resolve())  # the gate's worktree, at the candidate
         tree = tree_of.checkout()
     except ValueError as e:
         return GateAnswer("failed", reason=str(e).replace("--ab-baseline ", ""))
@@ -245,7 +245,8 @@ def confirm_all(points, options: ConfirmOptions) -> list[Confirmation]:
     p-value); the confirmations in the points' own order, each one logged as it is decided."""
     threshold = parse_settings(options.gate).threshold  # GateError on a bad gate option, before any gate
     deadline = options.clock() + options.budget_s
-    work = Path(tempfile.mkdtemp(prefix="mgpu-confirm-")) if options.out is None else Path(options.out)
+    # Absolute: each gate's pytest runs in a worktree of its candidate, which is removed after it.
+    work = Path(tempfile.mkdtemp(prefix="mgpu-confirm-")) if options.out is None else Path(options.out).resolve()
     recalled: dict[tuple[str, str, str], GateAnswer] = {}
     results: dict[int, Confirmation] = {}
     try:
