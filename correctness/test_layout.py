@@ -154,8 +154,8 @@ def test_bench_and_gate_come_from_mgpu_perf_through_the_hook(monkeypatch):
 
     monkeypatch.setenv(cli.COMMANDS_ENV, "mgpu_perf.cli")  # installed or not, the same provider
     mains = cli.build_parser().get_default("command_mains")
-    assert set(mains) == {"check", "check-script", "bench", "gate"}, mains
-    assert {mains[c].__module__ for c in ("bench", "gate")} == {"mgpu_perf.cli"}
+    assert set(mains) == {"check", "check-script", "bench", "gate", "history"}, mains
+    assert {mains[c].__module__ for c in ("bench", "gate", "history")} == {"mgpu_perf.cli"}
 
 
 def test_a_provided_command_missing_here_is_one_line_naming_how_to_get_it(monkeypatch, capsys):

@@ -8,6 +8,7 @@
     python -m mgpu check-script --ranks 1,2 --steps 4 train.py --batch-size "{64 // world_size}"
     python -m mgpu bench examples/tiny_lm.py:spec --devices 1,2          # your model's step, timed
     python -m mgpu gate mymodel.py:spec --baseline origin/main           # the A/B gate (docs/guide/gate.md)
+    python -m mgpu history .benchmarks --html history.html               # saved runs over commits (docs/guide/history.md)
 
 Every mistake a user can make ends in one line on stderr, `mgpu: error: ...`, and exit code 2.
 Exit codes (docs/guide/failures.md lists every case):
@@ -21,6 +22,7 @@ Exit codes (docs/guide/failures.md lists every case):
     2    bad input: a wrong option, missing or corrupt data, an unwritable folder, a bad checkpoint
     3    check, check-script: NOT VERIFIED: nothing differed, but too little was compared to say so
          (comparisons skipped, an unseeded script, gradients all zero)
+    4    history: a suspected slowdown that no gate confirmed (1: one the A/B gate confirmed, --confirm)
     130  interrupted by Ctrl-C (SIGINT); 143 stopped by SIGTERM; every rank is stopped first
 """
 
@@ -41,7 +43,7 @@ from mgpu.errors import (EXIT_FAILED, EXIT_USAGE, ConfigError, LaunchError, Mgpu
 COMMANDS_GROUP = "mgpu.commands"
 COMMANDS_ENV = "MGPU_COMMANDS"
 # Commands a provider adds, for the one-line answer when it is not there (a checkout used without install).
-PROVIDED_ELSEWHERE = {"bench": "mgpu_perf.cli", "gate": "mgpu_perf.cli"}
+PROVIDED_ELSEWHERE = {"bench": "mgpu_perf.cli", "gate": "mgpu_perf.cli", "history": "mgpu_perf.cli"}
 
 
 # Options are parsed into numbers here and checked in TrainConfig.validate, which holds every

@@ -1,8 +1,9 @@
-"""`mgpu bench` and `mgpu gate`: the commands mgpu_perf adds to mgpu's command line (entry-point group
+"""`mgpu bench`, `mgpu gate` and `mgpu history`: the commands mgpu_perf adds to mgpu's command line (entry-point group
 `mgpu.commands` in pyproject.toml; mgpu/cli.py loads them, and never imports mgpu_perf by name).
 
     python -m mgpu bench examples/tiny_lm.py:spec --devices 1,2          # your model's step, timed
     python -m mgpu gate mymodel.py:spec --baseline origin/main           # the A/B gate (mgpu_perf/gate/)
+    python -m mgpu history .benchmarks --html history.html               # saved runs over commits (mgpu_perf/history/)
 """
 
 from __future__ import annotations
@@ -19,10 +20,31 @@ __all__ = ["add_commands"]
 
 
 def add_commands(commands) -> dict:
-    """Adds `bench` and `gate` to mgpu's subcommands; their mains, by name."""
+    """Adds `bench`, `gate` and `history` to mgpu's subcommands; their mains, by name."""
     _add_bench_parser(commands)
     _add_gate_parser(commands)
-    return {"bench": _bench_main, "gate": _gate_main}
+    _add_history_parser(commands)
+    return {"bench": _bench_main, "gate": _gate_main, "history": _history_main}
+
+
+def _add_history_parser(commands) -> None:
+    """`mgpu history`: its options from history/options.py's table; the gate's, for --confirm, from gate's."""
+    from mgpu_perf.gate.options import add_gate_options
+    from mgpu_perf.history.options import add_history_options
+
+    h = commands.add_parser("history", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+                            help="saved benchmark runs over the branch's commits, per machine, with change points",
+                            description="Exit codes: 0 no slowdown, 1 a slowdown the gate confirmed (--confirm), "
+                                        "2 bad input, 4 a suspected slowdown (docs/guide/history.md).")
+    add_history_options(h.add_argument)
+    add_gate_options(h.add_argument_group("the A/B gate, with --confirm (as `mgpu gate` takes them)").add_argument,
+                     leave_out=("markdown",))  # a pull request's summary: confirming writes none
+
+
+def _history_main(parser: argparse.ArgumentParser, args) -> int:
+    from mgpu_perf.history.command import run_history_command
+
+    return run_history_command(args, parser.error)
 
 
 def _model_arguments(p) -> None:

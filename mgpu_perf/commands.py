@@ -6,7 +6,7 @@
     python -m mgpu_perf validate-gate              # the A/B gate's measured error rates (lab/validate_gate.py)
     python -m mgpu_perf validate-counts            # its counted verdict against planted regressions (lab/validate_counts.py)
     python -m mgpu_perf calibrate [--model M:F]    # the gate's noise and smallest detectable change (lab/calibrate.py)
-    python -m mgpu_perf bench | gate ...           # `python -m mgpu bench | gate`, from a checkout not installed
+    python -m mgpu_perf bench | gate | history ... # `python -m mgpu bench | gate | history`, from a checkout not installed
 
 Exit codes: 0 done, 1 a rank failed or the speedup is below --min-speedup, 2 bad input (one line).
 The ranks of every count start first (one pool per count; idle pools wait on their queues and
@@ -146,6 +146,7 @@ def _main_of(module: str) -> Callable[[list[str]], int]:
 OWN_PARSERS = {
     "bench": OwnParser("`python -m mgpu bench`, here without installing (`bench --help`)", _mgpu_command),
     "gate": OwnParser("`python -m mgpu gate`, here without installing (`gate --help`)", _mgpu_command),
+    "history": OwnParser("`python -m mgpu history`, here without installing (`history --help`)", _mgpu_command),
     "validate-gate": OwnParser("the A/B gate's false-alarm and detection rates, measured (`validate-gate --help`)",
                                _main_of("mgpu_perf.lab.validate_gate")),
     "validate-counts": OwnParser("the gate's counted verdict against planted structural regressions, measured "

@@ -1,0 +1,84 @@
+"""The history: every saved run read, placed on the branch's first-parent line, split by machine,
+and each benchmark's change points found.
+
+    history = build_history(settings)     # History: .machines (one per machine), .apart, .unreadable
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mgpu_perf.history.changes import ChangePoint, find_change_points
+from mgpu_perf.history.commits import Apart, first_parent_line, place_runs
+from mgpu_perf.history.machines import Machine
+from mgpu_perf.history.runs import read_runs
+
+__all__ = ["BenchmarkHistory", "MachineHistory", "History", "build_history"]
+
+
+@dataclass(frozen=True)
+class Timed:
+    commit: str      # full hash, on the first-parent line
+    position: int    # its place on that line, 0 the oldest
+    file: str        # the run's file in the storage
+    seconds: float   # the benchmark's median in that run
+
+
+@dataclass(frozen=True)
+class BenchmarkHistory:
+    benchmark: str
+    timed: tuple[Timed, ...]           # ordered by position
+    change_points: tuple[ChangePoint, ...]
+
+    @property
+    def commits(self) -> int:
+        return len({t.commit for t in self.timed})
+
+
+@dataclass(frozen=True)
+class MachineHistory:
+    machine: Machine
+    runs: int
+    benchmarks: tuple[BenchmarkHistory, ...]
+
+    @property
+    def change_points(self) -> tuple[ChangePoint, ...]:
+        return tuple(p for b in self.benchmarks for p in b.change_points)
+
+
+@dataclass(frozen=True)
+class History:
+    storage: str
+    head: str                          # HEAD's full hash: the line's newest commit
+    line: tuple[str, ...]              # HEAD's first-parent line, oldest first
+    machines: tuple[MachineHistory, ...]
+    apart: tuple[Apart, ...]           # runs with no place on the line, never in a machine's history
+    unreadable: tuple[str, ...]        # files pytest-benchmark's reader could not load
+
+    @property
+    def change_points(self) -> tuple[ChangePoint, ...]:
+        return tuple(p for m in self.machines for p in m.change_points)
+
+
+def _benchmark(name: str, placed, line, machine: Machine, settings) -> BenchmarkHistory:
+    timed = tuple(Timed(line[position], position, run.file, seconds)
+                  for position, run in placed for bench, seconds in run.medians if bench == name)
+    points = find_change_points([(t.position, t.seconds) for t in timed], line, name, machine.label, settings)
+    return BenchmarkHistory(name, timed, points)
+
+
+def _machine(machine: Machine, placed, line, settings) -> MachineHistory:
+    names = sorted({bench for _, run in placed for bench, _ in run.medians})
+    return MachineHistory(machine, len(placed), tuple(_benchmark(n, placed, line, machine, settings) for n in names))
+
+
+def build_history(settings) -> History:
+    """The history of settings.storage ordered by settings.repo's HEAD (HistorySettings).
+    HistoryError when either cannot be read."""
+    runs, unreadable = read_runs(settings.storage)
+    line = first_parent_line(settings.repo)
+    placed, apart = place_runs(runs, line)
+    machines = list(dict.fromkeys(run.machine for _, run in placed))
+    histories = tuple(_machine(m, [(pos, run) for pos, run in placed if run.machine == m], line, settings)
+                      for m in machines)
+    return History(str(settings.storage), line[-1] if line else "", line, histories, apart, unreadable)

@@ -1,0 +1,148 @@
+"""Change points of one benchmark's runs over the commits, found by a library made for it (ruptures'
+PELT, docs/guide/history.md says why this one) and each tested on the runs either side.
+
+    points = find_change_points(series, line, "test_step[single]", machine.label, settings)
+
+The rule:
+1. One value a commit: the median of its runs' log medians (a step is a ratio, so logs make it
+   additive and the same size at any speed). Breakpoints can only fall between commits: a change
+   between two runs of one commit is the machine's, no commit's.
+2. PELT with the l2 cost and the penalty 2 sigma^2 ln n (a BIC-like cost of one more segment), sigma the
+   commit-to-commit noise estimated robustly (the median absolute difference of neighbours, which a
+   few steps do not move); segments of at least 2 commits.
+3. Each breakpoint is tested on the runs of the segments either side: Welch's t-test on their log
+   medians (two-sided, scipy.stats; Otava tests its E-divisive candidates the same way) and the ratio
+   of their medians. Mann-Whitney's U cannot reach p < 0.01 with fewer than 5 runs a side, and a
+   history of one run a commit often has 3 or 4 before a step. A breakpoint is kept when p < alpha and
+   the ratio differs from 1 by at least min_change; the weakest that fails is dropped (its segments
+   merge) and the rest are tested again.
+   The p-value is optimistic (the breakpoint was chosen where the runs differ most): it ranks
+   suspicions, and the A/B gate (--confirm) decides.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+__all__ = ["ChangePoint", "find_change_points", "MIN_SEGMENT"]
+
+MIN_SEGMENT = 2  # commits a segment must span at least: one commit alone is one noisy moment
+
+
+@dataclass(frozen=True)
+class ChangePoint:
+    """A step in one benchmark's runs on one machine. before_commit: the last commit with runs before
+    the step; after_commit: the first with runs after it; commits_between: the first-parent commits in
+    before_commit..after_commit (git's range: after before_commit, up to and including after_commit),
+    oldest first: one of them made the step. verdict: `suspected` until confirmed (`slower`, `faster`,
+    `unconfirmed`, `creep`, set by history/confirm.py), which also names `commit`, the full hash of the
+    first commit after the step, when the gate finds it."""
+    benchmark: str
+    machine: str
+    before_commit: str
+    after_commit: str
+    commits_between: tuple
+    median_before: float      # seconds: the median of the runs in the segment before
+    median_after: float
+    ratio: float              # median_after / median_before: > 1 slower
+    p_value: float            # Welch's t-test, two-sided, on the log medians of the runs before and after
+    verdict: str = "suspected"
+    commit: str | None = None
+    runs_before: int = 0
+    runs_after: int = 0
+
+    @property
+    def slower(self) -> bool:
+        return self.ratio > 1
+
+    def to_json(self) -> dict:
+        record = asdict(self)
+        record["commits_between"] = list(self.commits_between)
+        record["direction"] = "slower" if self.slower else "faster"
+        return record
+
+
+def _noise(levels: list[float]) -> float:
+    """sigma of one commit's level, from the median absolute difference of neighbours (a step or two
+    among them moves it little), floored so that identical values give no breakpoint."""
+    diffs = sorted(abs(b - a) for a, b in zip(levels, levels[1:]))
+    mad = diffs[len(diffs) // 2] if diffs else 0.0
+    return max(mad / (0.6745 * math.sqrt(2)), 1e-4)
+
+
+def _breakpoints(levels: list[float]) -> list[int]:
+    """PELT's breakpoints: indices b such that a segment starts at levels[b] (0 and len excluded)."""
+    import numpy as np
+
+    try:
+        import ruptures
+    except ImportError:
+        from mgpu_perf.history.errors import HistoryError
+
+        raise HistoryError("mgpu history finds change points with ruptures, which this Python lacks: "
+                           "pip install 'mgpu[history]'") from None
+
+    n = len(levels)
+    if n < 2 * MIN_SEGMENT:
+        return []
+    sigma = _noise(levels)
+    algo = ruptures.Pelt(model="l2", min_size=MIN_SEGMENT, jump=1).fit(np.asarray(levels).reshape(-1, 1))
+    return [b for b in algo.predict(pen=2 * sigma ** 2 * math.log(n)) if 0 < b < n]
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _test(groups: list[list[float]], cuts: list[int], settings) -> list[tuple[int, float, float]]:
+    """(cut, ratio, p) of each cut, the runs of the segments either side compared."""
+    from scipy.stats import ttest_ind
+
+    bounds = [0, *cuts, len(groups)]
+    out = []
+    for k, cut in enumerate(cuts):
+        before = [v for g in groups[bounds[k]:cut] for v in g]
+        after = [v for g in groups[cut:bounds[k + 2]] for v in g]
+        ratio = _median(after) / _median(before)
+        p = float(ttest_ind([math.log(v) for v in before], [math.log(v) for v in after], equal_var=False).pvalue)
+        p = 1.0 if math.isnan(p) else p  # both sides constant: nothing to test
+        out.append((cut, ratio, p))
+    return out
+
+
+def _kept(tested, settings) -> list[tuple[int, float, float]]:
+    return [(cut, ratio, p) for cut, ratio, p in tested
+            if p < settings.alpha and abs(math.log(ratio)) >= math.log1p(settings.min_change)]
+
+
+def find_change_points(series, line: tuple[str, ...], benchmark: str, machine: str, settings) -> tuple[ChangePoint, ...]:
+    """The change points of one benchmark on one machine. `series`: (position on `line`, seconds)
+    per run, ordered by position; `settings`: alpha and min_change (HistorySettings)."""
+    positions, groups = [], []
+    for position, seconds in series:
+        if not positions or positions[-1] != position:
+            positions.append(position)
+            groups.append([])
+        groups[-1].append(seconds)
+    levels = [_median([math.log(v) for v in g]) for g in groups]
+    cuts = _breakpoints(levels)
+    while True:
+        tested = _test(groups, cuts, settings)
+        kept = _kept(tested, settings)
+        if len(kept) == len(tested):
+            break
+        weakest = max((item for item in tested if item not in kept), key=lambda item: item[2])
+        cuts = [cut for cut in cuts if cut != weakest[0]]
+    bounds = [0, *cuts, len(groups)]
+    points = []
+    for k, (cut, ratio, p) in enumerate(tested):
+        before = [v for g in groups[bounds[k]:cut] for v in g]
+        after = [v for g in groups[cut:bounds[k + 2]] for v in g]
+        first, last = positions[cut - 1], positions[cut]
+        points.append(ChangePoint(benchmark, machine, line[first], line[last], tuple(line[first + 1:last + 1]),
+                                  _median(before), _median(after), ratio, p, runs_before=len(before),
+                                  runs_after=len(after)))
+    return tuple(points)

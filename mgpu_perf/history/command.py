@@ -1,0 +1,94 @@
+"""`python -m mgpu history [STORAGE]`: the timed runs pytest-benchmark saved, per machine, ordered by
+the branch's first-parent line, with each benchmark's change points (docs/guide/history.md).
+
+    python -m mgpu history                                   # .benchmarks, this repository's HEAD
+    python -m mgpu history runs/.benchmarks --json history.json --html history.html
+    python -m mgpu history --confirm                         # the A/B gate confirms each suspicion
+
+Exit codes (history/verdicts.py): 0 no slowdown, 1 a slowdown the gate confirmed (--confirm),
+2 bad input (one line), 4 a suspected slowdown nothing has confirmed.
+
+--confirm hands the change points to mgpu_perf/history/confirm.py (`confirm_all(points, ConfirmOptions)`:
+the repository, --confirm-budget-s, --confirm-out and the gate's own options), which returns them with
+their verdicts (`slower`, `faster`, `unconfirmed`, `creep`), the commit when found, and a note each;
+without that module the option says it is not available.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+from typing import Callable
+
+from mgpu.errors import EXIT_USAGE, MgpuError, one_line
+from mgpu_perf.history.errors import HistoryError
+
+__all__ = ["run_history_command", "confirm_available"]
+
+CONFIRM_MODULE = "mgpu_perf.history.confirm"
+
+
+def confirm_available() -> bool:
+    return importlib.util.find_spec(CONFIRM_MODULE) is not None
+
+
+def _confirmed(points, settings, args) -> tuple[tuple, list[str]]:
+    """The change points after the gate looked at them, and a line each saying what it found (and one
+    for what the budget left undone): confirm.py's confirm_all, given the gate's options from `args`."""
+    from dataclasses import fields
+
+    from mgpu_perf.gate.settings import OptionValues
+
+    confirm = importlib.import_module(CONFIRM_MODULE)
+    gate = OptionValues(**{f.name: getattr(args, f.name) for f in fields(OptionValues) if hasattr(args, f.name)})
+    options = confirm.ConfirmOptions(repo=settings.repo, budget_s=settings.confirm_budget_s, gate=gate,
+                                     out=settings.confirm_out, log=lambda line: print(line, file=sys.stderr, flush=True))
+    confirmations = confirm.confirm_all(points, options)
+    notes = [f"{c.point.benchmark}: {c.note}" for c in confirmations]
+    left = confirm.budget_note(confirmations, settings.confirm_budget_s)
+    return tuple(c.point for c in confirmations), notes + ([left] if left else [])
+
+
+def _write(settings, history, points, notes) -> list[str]:
+    from mgpu_perf.history.page import write_page
+    from mgpu_perf.history.report import history_json
+
+    written = []
+    if settings.json:
+        settings.json.parent.mkdir(parents=True, exist_ok=True)
+        settings.json.write_text(json.dumps(history_json(history, points, notes), indent=2) + "\n", encoding="utf-8")
+        written.append(str(settings.json))
+    if settings.html:
+        written.append(str(write_page(history, points, settings.html)))
+    return written
+
+
+def run_history_command(args, error: Callable[[str], None]) -> int:
+    """The command on parsed arguments (one attribute per option of history/options.py); `error`
+    ends the program with one line and exit 2 (the parser's)."""
+    from mgpu_perf.history.build import build_history
+    from mgpu_perf.history.settings import settings_from
+    from mgpu_perf.history.text import history_lines
+    from mgpu_perf.history.verdicts import exit_code
+
+    try:
+        settings = settings_from(lambda dest: getattr(args, dest))
+        if settings.confirm and not confirm_available():
+            raise HistoryError("--confirm is not available in this mgpu (mgpu_perf/history/confirm.py is missing); "
+                               "the change points are suspicions until the A/B gate confirms them")
+        history = build_history(settings)
+        points, notes = history.change_points, []
+        if settings.confirm and points:
+            points, notes = _confirmed(points, settings, args)
+        print("\n".join(history_lines(history, points)))
+        for note in notes:
+            print(f"confirm: {note}")
+        for path in _write(settings, history, points, notes):
+            print(f"wrote {path}")
+    except (MgpuError, OSError) as e:
+        error(one_line(e))
+        return EXIT_USAGE  # error() exits; a caller's error() that returns still gets the code
+    sys.stdout.flush()
+    return exit_code(points)

@@ -1,0 +1,52 @@
+"""`mgpu history --html FILE`: one static page, opened from disk, nothing fetched and no script: per
+machine, per benchmark its plot (history/plot.py) and a table of its change points.
+
+    write_page(history, points, Path("history.html"))
+"""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+
+from mgpu_perf.history.plot import benchmark_svg
+from mgpu_perf.history.text import point_line
+from mgpu_perf.history.verdicts import summary
+
+__all__ = ["page_html", "write_page"]
+
+STYLE = ("body{font-family:sans-serif;margin:24px;color:#222}h2{margin-top:32px}h3{font-size:15px;margin:20px 0 4px}"
+         "pre{background:#f6f6f6;padding:6px;font-size:12px;white-space:pre-wrap}.summary{font-weight:bold}")
+
+
+def _key(p) -> tuple:
+    return p.machine, p.benchmark, p.before_commit, p.after_commit
+
+
+def page_html(history, points=None) -> str:
+    """The page's HTML: every plot inline, the change points' lines under each, the summary on top."""
+    points = history.change_points if points is None else tuple(points)
+    current = {_key(p): p for p in points}
+    body = [f"<h1>Benchmark runs over commits</h1><p>{escape(history.storage)}, ordered by HEAD "
+            f"{escape(history.head[:10])}'s first-parent line ({len(history.line)} commits).</p>",
+            f'<p class="summary">{escape(summary(points))}</p>']
+    for m in history.machines:
+        body.append(f"<h2>Machine {escape(m.machine.label)}</h2><p>{m.runs} run(s); runs of other machines are "
+                    "never compared with these.</p>")
+        for b in m.benchmarks:
+            now = [current.get(_key(p), p) for p in b.change_points]
+            body.append(f'<section class="benchmark"><h3>{escape(b.benchmark)}</h3>{benchmark_svg(b, now)}')
+            body.append("<pre>" + escape("\n".join(point_line(p) for p in now) or "no change point") + "</pre></section>")
+    if history.apart:
+        body.append("<h2>Runs not placed</h2><ul>" + "".join(
+            f"<li>{escape(a.run.file)}: commit {escape(a.run.commit[:10])}, {escape(a.why)}</li>" for a in history.apart)
+            + "</ul>")
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>mgpu history</title>'
+            f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>\n")
+
+
+def write_page(history, points, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page_html(history, points), encoding="utf-8")
+    return path

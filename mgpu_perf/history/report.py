@@ -1,0 +1,35 @@
+"""`mgpu history --json FILE`: every machine's runs and every change point, in one JSON record.
+
+    record = history_json(history, points, notes)   # points, notes: after --confirm; else the history's
+"""
+
+from __future__ import annotations
+
+from mgpu_perf.history.verdicts import exit_code, summary
+
+__all__ = ["history_json"]
+
+
+def _key(p) -> tuple:
+    return p.machine, p.benchmark, p.before_commit, p.after_commit
+
+
+def history_json(history, points=None, confirm_notes=()) -> dict:
+    """The record: storage, HEAD, per machine its benchmarks' runs and change points, the runs not
+    placed, the unreadable files, every change point (to_json), what confirming said (--confirm) and
+    the exit code with its summary."""
+    points = history.change_points if points is None else tuple(points)
+    current = {_key(p): p for p in points}
+    machines = []
+    for m in history.machines:
+        benchmarks = [{"benchmark": b.benchmark,
+                       "runs": [{"commit": t.commit, "position": t.position, "file": t.file, "seconds": t.seconds}
+                                for t in b.timed],
+                       "change_points": [current.get(_key(p), p).to_json() for p in b.change_points]}
+                      for b in m.benchmarks]
+        machines.append({"machine": m.machine.to_json(), "runs": m.runs, "benchmarks": benchmarks})
+    return {"storage": history.storage, "head": history.head, "first_parent_commits": len(history.line),
+            "machines": machines, "change_points": [p.to_json() for p in points],
+            "not_placed": [{"file": a.run.file, "commit": a.run.commit, "why": a.why, "machine": a.run.machine.label}
+                           for a in history.apart],
+            "unreadable": list(history.unreadable), "confirm_notes": list(confirm_notes), "exit_code": exit_code(points), "summary": summary(points)}

@@ -1,0 +1,70 @@
+"""`mgpu history`'s settings, read from option text: one HistorySettings a run, whichever front end
+reads the options of history/options.py. Every default comes from that table; every check is here.
+
+    settings = settings_from(lambda dest: getattr(args, dest))
+    settings = parse_settings(HistoryValues(alpha="0.05", min_change="5%", confirm_budget_s="900"))
+
+Bad option text raises HistoryError, one line naming the option.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from mgpu.validators import number
+from mgpu_perf.history.errors import HistoryError
+from mgpu_perf.history.options import DEFAULTS, HISTORY_OPTIONS
+
+__all__ = ["HistorySettings", "HistoryValues", "settings_from", "parse_settings"]
+
+
+@dataclass(frozen=True)
+class HistorySettings:
+    storage: Path = Path(DEFAULTS["storage"])
+    repo: Path = Path(DEFAULTS["repo"])
+    json: Path | None = None
+    html: Path | None = None
+    alpha: float = float(DEFAULTS["alpha"])              # the t-test's level, per change point
+    min_change: float = float(DEFAULTS["min_change"]) / 100  # the smallest step reported (fraction)
+    confirm: bool = False
+    confirm_budget_s: float = float(DEFAULTS["confirm_budget_s"])  # all the confirming gates together
+    confirm_out: Path | None = None                                # their reports, kept here when given
+
+
+@dataclass(frozen=True)
+class HistoryValues:
+    """The option values as a front end hands them over: text as typed (`5%`, `0.05`) or a number, and
+    the flags; one field for each option of history/options.py's table, its default the table's."""
+    storage: str | Path = DEFAULTS["storage"]
+    repo: str | Path = DEFAULTS["repo"]
+    json: str | Path | None = None
+    html: str | Path | None = None
+    alpha: str | float = DEFAULTS["alpha"]
+    min_change: str | float = DEFAULTS["min_change"]
+    confirm: bool = False
+    confirm_budget_s: str | float = DEFAULTS["confirm_budget_s"]
+    confirm_out: str | Path | None = None
+
+
+def settings_from(get: Callable[[str], object]) -> HistorySettings:
+    """HistorySettings from a front end's values: get(dest) gives one ("min_change")."""
+    return parse_settings(HistoryValues(**{option.dest: get(option.dest) for option in HISTORY_OPTIONS}))
+
+
+def _path(value) -> Path | None:
+    return Path(value) if value else None
+
+
+def parse_settings(values: HistoryValues = HistoryValues()) -> HistorySettings:
+    """The settings from option text (`--alpha 0.05`, `--min-change 5%`, `--confirm-budget-s 900`).
+    HistoryError naming a bad one."""
+    level = number(values.alpha, "--alpha", "a probability in (0, 0.5]", lambda p: 0 < p <= 0.5, error=HistoryError)
+    percent = number(str(values.min_change).strip().rstrip("%"), "--min-change", "a percentage in [0, 100)",
+                     lambda x: 0 <= x < 100, error=HistoryError)
+    budget = number(values.confirm_budget_s, "--confirm-budget-s", "a number of seconds > 0", lambda x: x > 0,
+                    error=HistoryError)
+    return HistorySettings(storage=Path(values.storage), repo=Path(values.repo), json=_path(values.json),
+                           html=_path(values.html), alpha=level, min_change=percent / 100, confirm=bool(values.confirm),
+                           confirm_budget_s=budget, confirm_out=_path(values.confirm_out))

@@ -1,0 +1,62 @@
+"""`mgpu history`'s table on stdout: per machine, per benchmark, its runs and change points.
+
+    print("\n".join(history_lines(history)))
+"""
+
+from __future__ import annotations
+
+from mgpu_perf.history.verdicts import summary
+
+__all__ = ["history_lines", "seconds_text", "point_line"]
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration at a readable scale: 41.2 ms, 812 us, 1.23 s."""
+    for scale, unit in ((1, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+def point_line(p) -> str:
+    """One change point: verdict, direction and ratio, the commit range, the medians, p."""
+    count = len(p.commits_between)
+    where = f"{p.before_commit[:10]}..{p.after_commit[:10]} ({count} commit{'s' if count != 1 else ''})"
+    named = f", made by {p.commit[:10]}" if p.commit else ""
+    return (f"{p.verdict:<11} {'slower' if p.ratio > 1 else 'faster'} {p.ratio:.3f}x  {where}{named}  "
+            f"{seconds_text(p.median_before)} -> {seconds_text(p.median_after)}  p={p.p_value:.2g}  "
+            f"({p.runs_before} runs | {p.runs_after} runs)")
+
+
+def _key(p) -> tuple:
+    return p.machine, p.benchmark, p.before_commit, p.after_commit
+
+
+def _machine_lines(m, current: dict) -> list[str]:
+    lines = [f"machine {m.machine.label}: {m.runs} run(s)"]
+    for b in m.benchmarks:
+        head = f"  {b.benchmark}: {len(b.timed)} run(s) over {b.commits} commit(s)"
+        if b.timed:
+            head += f", latest {seconds_text(b.timed[-1].seconds)}"
+        lines.append(head + ("" if b.change_points else ": no change point"))
+        lines += [f"    {point_line(current.get(_key(p), p))}" for p in b.change_points]
+    return lines
+
+
+def history_lines(history, points=None) -> list[str]:
+    """The whole table; `points`: the change points after confirming (default: the history's own)."""
+    points = history.change_points if points is None else points
+    lines = [f"mgpu history: {sum(m.runs for m in history.machines) + len(history.apart)} run(s) in "
+             f"{history.storage}, on HEAD {history.head[:10]}'s first-parent line ({len(history.line)} commits)"]
+    if len(history.machines) > 1:
+        lines.append(f"{len(history.machines)} machines: a history each, their runs never compared with each other")
+    current = {_key(p): p for p in points}  # a confirmed verdict replaces its suspicion
+    for m in history.machines:
+        lines += _machine_lines(m, current)
+    if history.apart:
+        lines.append(f"not placed ({len(history.apart)} run(s) with no place on HEAD's first-parent line, not analysed):")
+        lines += [f"  {a.run.file}: commit {a.run.commit[:10]}, {a.why} ({a.run.machine.label})" for a in history.apart]
+    for text in history.unreadable:
+        lines.append(f"unreadable: {text}")
+    lines.append(summary(points))
+    return lines
