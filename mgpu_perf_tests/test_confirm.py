@@ -102,6 +102,14 @@ def test_a_faster_step_is_named_as_faster():
     assert (found.point.verdict, found.point.commit) == ("faster", commits[2]), found.note
 
 
+def test_a_gradual_speed_up_is_faster_with_no_commit_named():
+    commits = _commits(9)
+    gate = SimulatedGate(_steps(commits, [1.0] + [0.98] * 8))
+    found = confirm_point(_point(commits, ratio=0.85), gate, THRESHOLD)
+    assert (found.point.verdict, found.point.commit) == ("faster", None), found.note
+    assert found.note.startswith("faster, gradually: commits") and "no single commit below 0.952x" in found.note, found.note
+
+
 def test_a_single_commit_range_is_named_by_its_one_gate():
     commits = _commits(2)
     gate = SimulatedGate(_steps(commits, [1.0, 1.3]))

@@ -227,11 +227,13 @@ def confirm_point(point, gate: Gate, threshold: float) -> Confirmation:
         return done(direction, f"{direction}: {first[:12]} ({single.said()} against its parent); the whole range "
                                f"{whole.said()}", commit=first)
     commits = len(line) - 1
+    limit = f"above {_percent(threshold / 2)}" if direction == "slower" else \
+        f"below {1 / (1 + threshold / 2):.3f}x"  # what `slower` (`faster`) means at this threshold
     said = (f"commits {_short(line[1])}..{_short(line[-1])}, {commits} commits, {whole.ratio:.2f}x; no single commit "
-            f"above {_percent(threshold / 2)} ({first[:12]}, where the bisection ended, is {single.said()} against "
-            "its parent)")
-    return done("creep" if direction == "slower" else "faster", ("creep: " if direction == "slower" else
-                                                                 "faster, gradually: ") + said)
+            f"{limit} ({first[:12]}, where the bisection ended, is {single.said()} against its parent)")
+    if direction == "slower":
+        return done("creep", f"creep: {said}")
+    return done("faster", f"faster, gradually: {said}")
 
 
 # -- every change point --------------------------------------------------------------------------------
