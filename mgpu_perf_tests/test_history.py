@@ -23,7 +23,7 @@ from mgpu_perf.history import HistoryError, HistoryValues, build_history, parse_
 from mgpu_perf.history.changes import ChangePoint
 from mgpu_perf.history.page import write_page
 from mgpu_perf.history.plot import AXIS_COLOUR, BOTTOM, HEIGHT, RUN_COLOUR, SLOWER_COLOUR, TOP
-from mgpu_perf.history.verdicts import EXIT_CONFIRMED, EXIT_NONE, EXIT_SUSPECTED, exit_code
+from mgpu_perf.history.verdicts import EXIT_CONFIRMED, EXIT_NONE, EXIT_SUSPECTED, Findings, exit_code
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP = "bench/test_step.py::test_step[single]"
@@ -213,6 +213,22 @@ def test_exit_codes_follow_the_verdicts():
     assert exit_code([point(1.2, "unconfirmed")]) == EXIT_NONE, "a suspicion the gate cleared is no slowdown"
     assert exit_code([point(1.2, "creep"), point(1.2)]) == EXIT_CONFIRMED
     assert exit_code([point(1.2, "slower")]) == EXIT_CONFIRMED
+    never_gated = point(1.2, "unconfirmed")
+    assert exit_code([never_gated], unchecked=(never_gated,)) == EXIT_SUSPECTED, \
+        "a suspicion --confirm's budget never reached is still one"
+
+
+def test_confirm_with_no_time_to_gate_leaves_every_suspicion_standing(scenario, tmp_path):
+    """--confirm hands the points to history/confirm.py; a budget too small to start one gate times
+    nothing, says so, and the slowdowns stay suspected (exit 4), never cleared."""
+    repo, storage, hashes, _ = scenario
+    done = subprocess.run([sys.executable, "-m", "mgpu", "history", str(storage), "--confirm", "--confirm-budget-s",
+                           "1", "--json", str(tmp_path / "h.json")], cwd=repo, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert done.returncode == EXIT_SUSPECTED, f"exit {done.returncode}: {done.stdout}{done.stderr}"
+    record = json.loads((tmp_path / "h.json").read_text())
+    assert record["change_points"] and len(record["unchecked"]) == len(record["change_points"]), record["unchecked"]
+    assert "confirm: " in done.stdout and "--confirm-budget-s 1 left" in done.stdout, done.stdout
 
 
 def test_noise_only_histories_raise_few_suspicions(tmp_path, capsys):
@@ -305,6 +321,6 @@ def test_the_page_names_the_commit_the_gate_confirmed(scenario, tmp_path):
     history = build_history(settings(storage, repo))
     point = next(p for p in history.change_points if p.after_commit == hashes[4])
     confirmed = [replace(p, verdict="slower", commit=hashes[4]) if p is point else p for p in history.change_points]
-    page = write_page(history, confirmed, tmp_path / "page.html").read_text()
+    page = write_page(history, Findings(tuple(confirmed)), tmp_path / "page.html").read_text()
     assert f"slower at {hashes[4][:7]}" in page and page.count('data-verdict="slower"') == 1, page[:300]
     assert "a slowdown is confirmed" in page, "the summary does not say the gate confirmed a slowdown"

@@ -24,6 +24,7 @@ from typing import Callable
 
 from mgpu.errors import EXIT_USAGE, MgpuError, one_line
 from mgpu_perf.history.errors import HistoryError
+from mgpu_perf.history.verdicts import Findings
 
 __all__ = ["run_history_command", "confirm_available"]
 
@@ -34,9 +35,10 @@ def confirm_available() -> bool:
     return importlib.util.find_spec(CONFIRM_MODULE) is not None
 
 
-def _confirmed(points, settings, args) -> tuple[tuple, list[str]]:
-    """The change points after the gate looked at them, and a line each saying what it found (and one
-    for what the budget left undone): confirm.py's confirm_all, given the gate's options from `args`."""
+def _confirmed(points, settings, args) -> Findings:
+    """The change points after the gate looked at them, a line each saying what it found (and one for
+    what the budget left undone), and those it had no gate time for (suspicions still):
+    confirm.py's confirm_all, given the gate's options from `args`."""
     from dataclasses import fields
 
     from mgpu_perf.gate.settings import OptionValues
@@ -48,20 +50,21 @@ def _confirmed(points, settings, args) -> tuple[tuple, list[str]]:
     confirmations = confirm.confirm_all(points, options)
     notes = [f"{c.point.benchmark}: {c.note}" for c in confirmations]
     left = confirm.budget_note(confirmations, settings.confirm_budget_s)
-    return tuple(c.point for c in confirmations), notes + ([left] if left else [])
+    return Findings(tuple(c.point for c in confirmations), tuple(notes + ([left] if left else [])),
+                    tuple(c.point for c in confirmations if not c.gates))
 
 
-def _write(settings, history, points, notes) -> list[str]:
+def _write(settings, history, findings) -> list[str]:
     from mgpu_perf.history.page import write_page
     from mgpu_perf.history.report import history_json
 
     written = []
     if settings.json:
         settings.json.parent.mkdir(parents=True, exist_ok=True)
-        settings.json.write_text(json.dumps(history_json(history, points, notes), indent=2) + "\n", encoding="utf-8")
+        settings.json.write_text(json.dumps(history_json(history, findings), indent=2) + "\n", encoding="utf-8")
         written.append(str(settings.json))
     if settings.html:
-        written.append(str(write_page(history, points, settings.html)))
+        written.append(str(write_page(history, findings, settings.html)))
     return written
 
 
@@ -71,7 +74,6 @@ def run_history_command(args, error: Callable[[str], None]) -> int:
     from mgpu_perf.history.build import build_history
     from mgpu_perf.history.settings import settings_from
     from mgpu_perf.history.text import history_lines
-    from mgpu_perf.history.verdicts import exit_code
 
     try:
         settings = settings_from(lambda dest: getattr(args, dest))
@@ -79,16 +81,14 @@ def run_history_command(args, error: Callable[[str], None]) -> int:
             raise HistoryError("--confirm is not available in this mgpu (mgpu_perf/history/confirm.py is missing); "
                                "the change points are suspicions until the A/B gate confirms them")
         history = build_history(settings)
-        points, notes = history.change_points, []
-        if settings.confirm and points:
-            points, notes = _confirmed(points, settings, args)
-        print("\n".join(history_lines(history, points)))
-        for note in notes:
-            print(f"confirm: {note}")
-        for path in _write(settings, history, points, notes):
+        findings = Findings(history.change_points)
+        if settings.confirm and findings.points:
+            findings = _confirmed(findings.points, settings, args)
+        print("\n".join(history_lines(history, findings)))
+        for path in _write(settings, history, findings):
             print(f"wrote {path}")
     except (MgpuError, OSError) as e:
         error(one_line(e))
         return EXIT_USAGE  # error() exits; a caller's error() that returns still gets the code
     sys.stdout.flush()
-    return exit_code(points)
+    return findings.exit_code

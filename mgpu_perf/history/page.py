@@ -1,7 +1,7 @@
 """`mgpu history --html FILE`: one static page, opened from disk, nothing fetched and no script: per
 machine, per benchmark its plot (history/plot.py) and a table of its change points.
 
-    write_page(history, points, Path("history.html"))
+    write_page(history, findings, Path("history.html"))   # findings None: the history's own
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mgpu_perf.history.plot import benchmark_svg
 from mgpu_perf.history.text import point_line
-from mgpu_perf.history.verdicts import summary
+from mgpu_perf.history.verdicts import Findings
 
 __all__ = ["page_html", "write_page"]
 
@@ -23,13 +23,13 @@ def _key(p) -> tuple:
     return p.machine, p.benchmark, p.before_commit, p.after_commit
 
 
-def page_html(history, points=None) -> str:
+def page_html(history, findings: Findings | None = None) -> str:
     """The page's HTML: every plot inline, the change points' lines under each, the summary on top."""
-    points = history.change_points if points is None else tuple(points)
-    current = {_key(p): p for p in points}
+    findings = findings or Findings(history.change_points)
+    current = {_key(p): p for p in findings.points}
     body = [f"<h1>Benchmark runs over commits</h1><p>{escape(history.storage)}, ordered by HEAD "
             f"{escape(history.head[:10])}'s first-parent line ({len(history.line)} commits).</p>",
-            f'<p class="summary">{escape(summary(points))}</p>']
+            f'<p class="summary">{escape(findings.summary)}</p>']
     for m in history.machines:
         body.append(f"<h2>Machine {escape(m.machine.label)}</h2><p>{m.runs} run(s); runs of other machines are "
                     "never compared with these.</p>")
@@ -45,8 +45,8 @@ def page_html(history, points=None) -> str:
             f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>\n")
 
 
-def write_page(history, points, path: Path) -> Path:
+def write_page(history, findings: Findings | None, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page_html(history, points), encoding="utf-8")
+    path.write_text(page_html(history, findings), encoding="utf-8")
     return path

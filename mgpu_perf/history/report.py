@@ -1,11 +1,11 @@
 """`mgpu history --json FILE`: every machine's runs and every change point, in one JSON record.
 
-    record = history_json(history, points, notes)   # points, notes: after --confirm; else the history's
+    record = history_json(history, findings)   # findings: after --confirm; else the history's own
 """
 
 from __future__ import annotations
 
-from mgpu_perf.history.verdicts import exit_code, summary
+from mgpu_perf.history.verdicts import Findings
 
 __all__ = ["history_json"]
 
@@ -14,11 +14,12 @@ def _key(p) -> tuple:
     return p.machine, p.benchmark, p.before_commit, p.after_commit
 
 
-def history_json(history, points=None, confirm_notes=()) -> dict:
+def history_json(history, findings: Findings | None = None) -> dict:
     """The record: storage, HEAD, per machine its benchmarks' runs and change points, the runs not
     placed, the unreadable files, every change point (to_json), what confirming said (--confirm) and
     the exit code with its summary."""
-    points = history.change_points if points is None else tuple(points)
+    findings = findings or Findings(history.change_points)
+    points = findings.points
     current = {_key(p): p for p in points}
     machines = []
     for m in history.machines:
@@ -32,4 +33,6 @@ def history_json(history, points=None, confirm_notes=()) -> dict:
             "machines": machines, "change_points": [p.to_json() for p in points],
             "not_placed": [{"file": a.run.file, "commit": a.run.commit, "why": a.why, "machine": a.run.machine.label}
                            for a in history.apart],
-            "unreadable": list(history.unreadable), "confirm_notes": list(confirm_notes), "exit_code": exit_code(points), "summary": summary(points)}
+            "unreadable": list(history.unreadable), "confirm_notes": list(findings.notes),
+            "unchecked": [p.to_json() for p in findings.unchecked], "exit_code": findings.exit_code,
+            "summary": findings.summary}

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from mgpu_perf.history.verdicts import summary
+from mgpu_perf.history.verdicts import Findings
 
 __all__ = ["history_lines", "seconds_text", "point_line"]
 
@@ -43,14 +43,14 @@ def _machine_lines(m, current: dict) -> list[str]:
     return lines
 
 
-def history_lines(history, points=None) -> list[str]:
-    """The whole table; `points`: the change points after confirming (default: the history's own)."""
-    points = history.change_points if points is None else points
+def history_lines(history, findings: Findings | None = None) -> list[str]:
+    """The whole table; `findings`: after confirming (default: the history's own change points)."""
+    findings = findings or Findings(history.change_points)
     lines = [f"mgpu history: {sum(m.runs for m in history.machines) + len(history.apart)} run(s) in "
              f"{history.storage}, on HEAD {history.head[:10]}'s first-parent line ({len(history.line)} commits)"]
     if len(history.machines) > 1:
         lines.append(f"{len(history.machines)} machines: a history each, their runs never compared with each other")
-    current = {_key(p): p for p in points}  # a confirmed verdict replaces its suspicion
+    current = {_key(p): p for p in findings.points}  # a confirmed verdict replaces its suspicion
     for m in history.machines:
         lines += _machine_lines(m, current)
     if history.apart:
@@ -58,5 +58,6 @@ def history_lines(history, points=None) -> list[str]:
         lines += [f"  {a.run.file}: commit {a.run.commit[:10]}, {a.why} ({a.run.machine.label})" for a in history.apart]
     for text in history.unreadable:
         lines.append(f"unreadable: {text}")
-    lines.append(summary(points))
+    lines += [f"confirm: {note}" for note in findings.notes]
+    lines.append(findings.summary)
     return lines
