@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: train test test-slow test-correctness test-kernels convergence perf gpu-check clean
+.PHONY: train test test-slow test-correctness test-kernels convergence perf counts-check gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,14 @@ convergence: $(VENV)/.installed
 		$(PY) -m mgpu train --strategy ddp --devices 2 $(CONVERGENCE_RUN) --batch-size 512 --lr 0.2 --seed $$seed \
 			--out runs/convergence/ddp-seed$$seed | tail -1; \
 	done
+
+# The counted baseline (docs/guide/gate.md, "A counted baseline in the repository"): the step of each
+# gated benchmark counted and compared exactly with perf/counts-cpu.json; no timing. Its own target, not
+# in `make test`: about 85 s on this 2-core VM under others' load (docs/notes/counted-baseline.md).
+# Exit 1: a guarded count grew or fell (the log prints the update command); 6: recorded under another torch.
+COUNTS_FILE ?= perf/counts-cpu.json
+counts-check: $(VENV)/.installed
+	$(PY) -m pytest perf --devices 2 --counts-check $(COUNTS_FILE) -p no:cacheprovider -q -rs
 
 # Real timings (a few minutes), with a scaling table at the end.
 perf: $(VENV)/.installed

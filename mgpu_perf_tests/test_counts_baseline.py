@@ -198,3 +198,18 @@ def test_the_update_command_turns_the_check_into_a_save():
     assert update_command(["perf", "--devices", "2", "--counts-check", "perf/c.json", "-q"], "perf/c.json") == \
         "python -m pytest perf --devices 2 -q --counts-save perf/c.json"
     assert re.search(r"--counts-save x$", update_command(["--counts-check=x"], "x"))
+
+
+def test_the_workflow_runs_the_counted_check_on_every_pull_request():
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    workflow = yaml.safe_load((root / ".github" / "workflows" / "counted-baseline.yml").read_text())
+    triggers = workflow.get(True, workflow.get("on"))  # YAML 1.1 reads a bare `on:` as True
+    assert "pull_request" in triggers, f"the counted baseline does not run on pull requests: {triggers}"
+    runs = [step.get("run", "") for job in workflow["jobs"].values() for step in job["steps"]]
+    assert "make counts-check" in runs, f"no step runs `make counts-check`: {runs}"
+    makefile = (root / "Makefile").read_text()
+    target = makefile[makefile.index("\ncounts-check:"):].split("\n\n")[0]
+    assert "--counts-check $(COUNTS_FILE)" in target and "COUNTS_FILE ?= perf/counts-cpu.json" in makefile, target
+    assert (root / "perf" / "counts-cpu.json").is_file(), "the committed baseline perf/counts-cpu.json is missing"
