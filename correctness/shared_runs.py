@@ -9,6 +9,8 @@ jobs the selected tests need, one after the other, writing each result to a file
   helpers.weights_config), the session's `single_trajectory`;
 * `ranks2`, `ranks3`: the shared ddp and fsdp runs of each world size the selected tests read
   (helpers.spawn_rank_runs from that trajectory's checkpoints), the session's `rank_runs`;
+* `parity-lenet-ddp`, `parity-resnet18-w4-fsdp`: the reports of test_parity's rank tests of mgpu's
+  own models (test_parity.rank_report; not for `--model`, whose model only the test process loads);
 * `figures-ddp2`: test_reported_figures' DDP run (test_reported_figures.timed_run), its fixture's.
 
 The fixtures read those files, waiting where a test comes first; a run nobody announced is made in
@@ -36,13 +38,17 @@ NICE = int(os.environ.get("MGPU_TEST_NICE", "10"))
 # Long enough for every job on a busy machine; each spawn is bounded by helpers.DDP_DEADLINE_S itself.
 WAIT_S = 280.0
 FIGURES_MODULE = "correctness.test_reported_figures"
+PARITY_MODULE = "correctness.test_parity"
+FIGURES_DDP_JOB = "figures-ddp2"
 
 
 def ranks_job(world_size: int) -> str:
     return f"ranks{world_size}"
 
 
-FIGURES_DDP_JOB = "figures-ddp2"
+def parity_job(test_id: str) -> str:
+    """The job of test_parity's rank test with this id ("lenet-ddp")."""
+    return f"parity-{test_id}"
 
 
 def jobs_for(items) -> list[str]:
@@ -52,20 +58,24 @@ def jobs_for(items) -> list[str]:
     `multiprocess`; test_evaluation's manual cases take the fixture without using it), at their
     parameter `world_size` or `n` (2 where they have neither: every such test reads rank_runs(2));
     worlds of one run in the test process (helpers.run_job_in_this_process). The reported figures'
-    DDP run: test_reported_figures' tests marked `multiprocess`."""
-    sizes, figures = set(), False
+    DDP run: test_reported_figures' tests marked `multiprocess`. The parity reports: test_parity's
+    rank tests, without `--model`. In the order the suite reads them."""
+    sizes, parity, figures = set(), [], False
     for item in items:
         if item.get_closest_marker("multiprocess") is None:
             continue
+        callspec = getattr(item, "callspec", None)
+        params = getattr(callspec, "params", {})
         if "rank_runs" in getattr(item, "fixturenames", ()):
-            params = getattr(getattr(item, "callspec", None), "params", {})
             size = params.get("world_size", params.get("n", 2))
             if isinstance(size, int) and size >= 2:
                 sizes.add(size)
-        module = getattr(item, "module", None)
-        figures = figures or (module is not None and module.__name__ == FIGURES_MODULE)
+        module = getattr(getattr(item, "module", None), "__name__", None)
+        figures = figures or module == FIGURES_MODULE
+        if module == PARITY_MODULE and "rank_strategy" in params and item.config.getoption("model") is None:
+            parity.append(parity_job(callspec.id))
     jobs = ["reference", *(ranks_job(s) for s in sorted(sizes))] if sizes else []
-    return jobs + ([FIGURES_DDP_JOB] if figures else [])
+    return jobs + sorted(set(parity)) + ([FIGURES_DDP_JOB] if figures else [])
 
 
 @dataclass
@@ -169,6 +179,10 @@ def _run_job(job: str, folder: Path, done: dict):
         return helpers.reference_trajectory(helpers.weights_config("single"), folder / "trajectory")
     if job.startswith("ranks"):
         return helpers.spawn_rank_runs(int(job[len("ranks"):]), done["reference"], folder / job)
+    if job.startswith("parity-"):
+        from correctness.test_parity import run_parity_job
+
+        return run_parity_job(job)
     if job == FIGURES_DDP_JOB:
         from correctness.test_reported_figures import timed_run
 

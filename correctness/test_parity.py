@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from correctness.draws import seeds
 from correctness.helpers import COMPARISON_KIND
+from correctness.shared_runs import parity_job
 from mgpu.parity import CheckOptions, check_data_parallel, run_check
 from mgpu.spec import ModelSpec, builtin_spec
 from mgpu.strategies import RANK_STRATEGIES
@@ -45,6 +46,10 @@ def _cases(config) -> dict[str, ParityCase]:
     if spec is not None:
         return {config.getoption("model"): ParityCase(spec, config.getoption("parity_examples"),
                                                       {s: (2, 3) for s in RANK_STRATEGIES})}
+    return builtin_cases()
+
+
+def builtin_cases() -> dict[str, ParityCase]:
     # mgpu's own: LeNet under ddp (one spawn; fsdp's LeNet runs are test_weights' and test_evaluation's);
     # ResNet-18 (BatchNorm) under fsdp, whose BatchNorm follows ddp's rules (ddp's are test_batchnorm's).
     # Two steps a rank run: fsdp's gathers make each step of ResNet-18 on gloo costly. At most two
@@ -157,18 +162,46 @@ def test_in_process_strategies_match_single_device(case, exact_or_skip, fewest_e
     prop()
 
 
+def rank_report(case: ParityCase, rank_strategy: str, fewest: int):
+    """The check of `case` under `rank_strategy` on its world sizes (one spawn each), with a batch that
+    gives every rank at least `fewest` examples a micro-step. For mgpu's own models the suite's
+    background process makes it (correctness/shared_runs.py, `parity_job`) while the tests before
+    this module run; a failure is then the check's error as text."""
+    sizes = case.world_sizes[rank_strategy]
+    batch = max(CheckOptions().batch_size, max(sizes) * CheckOptions().accumulate * fewest)
+    return check_data_parallel(case.spec, strategies=(rank_strategy,), devices=sizes, batch_size=batch,
+                               steps=case.rank_steps, device=COMPARISON_KIND)
+
+
+def run_parity_job(job: str):
+    """What the background process runs for `job` (shared_runs.parity_job of a rank test's id): that
+    test's report for one of mgpu's own models. (A model that draws random numbers would be skipped
+    by the test's own fixture before it reads the report.)"""
+    for name, case in builtin_cases().items():
+        for rank_strategy in case.world_sizes:
+            if parity_job(f"{name}-{rank_strategy}") == job:
+                fewest = _fewest_examples(case)
+                if isinstance(fewest, str):
+                    raise RuntimeError(fewest)
+                return rank_report(case, rank_strategy, fewest)
+    raise ValueError(f"no built-in parity case for {job!r}")
+
+
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
-def test_rank_strategies_match_single_device(case, rank_strategy, exact_or_skip, fewest_examples):
+def test_rank_strategies_match_single_device(case, rank_strategy, exact_or_skip, fewest_examples, request,
+                                             shared_runs):
     """ddp and fsdp on gloo ranks that build the model from different seeds: the ranks start equal
     (DDP's broadcast; mgpu's before fully_shard), stay bitwise equal after every step (fsdp: the
     gathered weights, every rank's buffers), tied weights stay tied, and gradients (fsdp: the
     gathered shards), weights, buffers, optimizer state, uneven shards and accumulation match the
     single-device run."""
     sizes = case.world_sizes[rank_strategy]
-    batch = max(CheckOptions().batch_size, max(sizes) * CheckOptions().accumulate * fewest_examples)
-    report = check_data_parallel(case.spec, strategies=(rank_strategy,), devices=sizes, batch_size=batch,
-                                 steps=case.rank_steps, device=COMPARISON_KIND)
+    job = parity_job(request.node.callspec.id)
+    if shared_runs is not None and job in shared_runs.jobs:  # made as the tests before this module ran
+        report = shared_runs.get(job)
+    else:
+        report = rank_report(case, rank_strategy, fewest_examples)
     _assert_checked(report, f"{case.spec.name} under {rank_strategy} on {sizes} ranks")
     for check in ("start", "replicas") + (("ties",) if any(r.name == "ties" for r in report.results) else ()):
         ran = [r for r in report.results if r.name == check]
