@@ -40,7 +40,7 @@ HISTORY_OPTIONS = (
     HistoryOption("html", None, "FILE", "write one static page here: per benchmark its runs over the commits, the "
                                         "change points marked (no server, no script, nothing fetched)"),
     HistoryOption("alpha", "0.01", "P",
-                  "a change point is reported when Welch's t-test of the runs either side (their log medians) gives p below "
+                  "a change point is reported when Student's t-test of the runs either side (their log medians) gives p below "
                   "this"),
     HistoryOption("min-change", "3", "PERCENT",
                   "and when the medians either side differ by at least this much (smaller steps are noise here)"),
