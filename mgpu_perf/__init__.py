@@ -24,5 +24,6 @@ Layout, one job a module:
                          (rank pools), peers (collective peers), interleave (interleaving, speed-ups),
                          workloads (the gated workload of a spec)
     gated.py             mgpu's own gated benchmark set, defined once
+    baseline_counts.py   the counted baseline in the repository: pytest --counts-save / --counts-check FILE
     sweep.py, scaling.py, clocks.py, bench.py, commands.py
 """
