@@ -158,7 +158,7 @@ def findings_of(runs: list[WorldRun]) -> tuple[list[Finding], ScriptFacts]:
         out.append(Finding("batch-mixing", (
             f"BatchNorm without SyncBatchNorm: {_listed(bn)}: as the script is, each rank normalises over its own "
             "shard and world 1 over the whole batch, so its training depends on the world size. The comparison ran "
-            "it synchronised over the ranks (SyncBatchNorm's statistics, put in by the check at world N), so that the "
+            "it synchronised over the ranks (SyncBatchNorm's statistics, put in by the check at every world size), so that the "
             "rest of the loop is checked; for training that does not depend on the world size convert with "
             "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) (CUDA), or use GroupNorm/LayerNorm")))
     zero = _zero_gradients(runs)

@@ -124,7 +124,7 @@ def run_world(target: Target, planned: PlannedRun, options: ScriptCheckOptions, 
     job = RankJob(os.path.abspath(target.script) if target.script else None, target.module, os.getcwd(), tuple(args),
                   trace_step or options.steps, folder, tag, perturb=PERTURB if run == "B" else 0.0,
                   threads=max(1, _cores() // world) if world > 1 else None, env=env,
-                  exact_gpu_math=device == "cuda", sync_batchnorm=world > 1, lift_precision=lift,
+                  exact_gpu_math=device == "cuda", sync_batchnorm=True, lift_precision=lift,
                   perturb_seed=int(os.environ.get(PERTURB_SEED_VARIABLE, "0") or 0),
                   trace_step=trace_step)
     out = WorldRun(world, run, device, args, lifted=lift)

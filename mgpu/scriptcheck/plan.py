@@ -117,7 +117,7 @@ class RankJob:
     threads: int | None = None     # torch threads a rank (None: torch's default)
     env: tuple = ()                # (name, value) set in each rank before the script (value None: unset)
     exact_gpu_math: bool = False   # TF32 off, cuDNN deterministic (runs on GPUs)
-    sync_batchnorm: bool = False   # BatchNorm synchronised over the ranks (world > 1)
+    sync_batchnorm: bool = False   # BatchNorm as SyncBatchNorm computes it, at every world size (batchnorm.py)
     lift_precision: bool = False   # autocast and FSDP2's mixed precision lifted to float32 (precision.py)
     perturb_seed: int = 0          # which draw of run B's random signs (launch.PERTURB_SEED_VARIABLE)
     trace_step: int = 0            # trace the forwards of this step (tracer.py; locate.py's second run), 0: none

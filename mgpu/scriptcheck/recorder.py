@@ -243,7 +243,7 @@ class Recorder:
 
     def _survey(self, root: nn.Module) -> None:
         """What a root model holds that the check must know about: un-synchronised BatchNorm in
-        training mode (at world N synchronised over the ranks here, job.sync_batchnorm), and the
+        training mode (computed as SyncBatchNorm would, at every world size: job.sync_batchnorm), and the
         dropout and stochastic-depth modules switched off."""
         for name, mod in root.named_modules():
             if isinstance(mod, nn.modules.batchnorm._BatchNorm) and not isinstance(mod, nn.SyncBatchNorm) \
