@@ -50,15 +50,20 @@ class PrecisionSeen:
         self.outputs: set[str] = set()       # floating dtypes of the root models' outputs
 
     def forward(self, root: torch.nn.Module) -> None:
+        self.inside()
+        for p in root.parameters():
+            if p.is_floating_point():
+                self.params.add(_name(p.dtype))
+
+    def inside(self) -> None:
+        """Autocast as it is now: at a root's training forward, and at the modules inside it (a wrapper
+        such as accelerate's enters autocast inside the root's forward and casts its output to float32)."""
         for device in ("cpu", "cuda"):
             try:
                 if torch.is_autocast_enabled(device):
                     self.autocast.add(f"{device}:{_name(torch.get_autocast_dtype(device))}")
             except (RuntimeError, TypeError):  # a device type this build does not know
                 continue
-        for p in root.parameters():
-            if p.is_floating_point():
-                self.params.add(_name(p.dtype))
 
     def output(self, output) -> None:
         t = output

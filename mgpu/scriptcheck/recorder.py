@@ -206,6 +206,8 @@ class Recorder:
             d.stack = []
         d.stack.append(module)
         d.value += 1
+        if d.value > 1 and d.root_forward and not self.precision.autocast:
+            self.precision.inside()  # autocast entered inside the root's forward (accelerate wraps forward so)
         if d.value != 1 or self.stopped or self.in_backward() or not torch.is_grad_enabled():
             return
         key = id(module)
