@@ -12,7 +12,7 @@ for dir in */; do
         diff -u --label "$orig" --label "$adapted" "$orig" "$adapted" >> adapt.diff
     done)
 done
-for pair in fabric_mnist:train_fabric.py:train_fabric_ddp.py accelerate_cv:cv_example.py:cv_example_batch_arg.py; do
+for pair in fsdp2:example.py:example_init.py fabric_mnist:train_fabric.py:train_fabric_ddp.py accelerate_cv:cv_example.py:cv_example_batch_arg.py; do
     IFS=: read -r dir adapted next <<< "$pair"
     (cd "$dir" && diff -u --label "$adapted" --label "$next" "$adapted" "$next" > fix.diff)
 done
