@@ -48,7 +48,8 @@ from mgpu.check.divergence import Divergence
 from mgpu.check.records import StepRecord
 from mgpu.check.tolerance import largest
 from mgpu.scriptcheck.data import StepData, data_divergence, step_data
-from mgpu.scriptcheck.diagnose import ScriptFacts, explained, gradient_diagnosis, uninitialised_cause, update_diagnosis
+from mgpu.scriptcheck.diagnose import (ScriptFacts, explained, gradient_diagnosis, other_start, uninitialised_cause,
+                                       update_diagnosis)
 from mgpu.scriptcheck.optimizer import StepWeights, UpdateWatch, ranks_settings_apart, setting_divergence, steps_text, \
     updates_of
 from mgpu.scriptcheck.tally import Tally
@@ -159,10 +160,9 @@ def _start_apart(rn: list[StepRecord], r1: StepRecord, n: int) -> Divergence | N
         allowed = allowance(t, None, scales[name])
         if not e[0] <= allowed:
             return Divergence(0, kind="start", tensor=name, rank=0, max_abs=e[0], allowed=allowed, max_rel=e[1],
-                              diagnosis=f"world {n} starts from other weights than world 1: the model is built from "
-                              "another random state at this world size; seed before building it, with "
-                              "the same seed at every world size (not seed + rank), or load the same checkpoint")
+                              diagnosis=other_start(got, n))
     return None
+
 
 
 def _gradients_apart(step: int, rn: list[StepRecord], refs: tuple, n: int, sd: StepData, facts: ScriptFacts,

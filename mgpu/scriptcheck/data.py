@@ -173,6 +173,10 @@ def data_divergence(step: int, sd: StepData, n: int, root: str, arg_hint: str,
                           detail=f"{tensor}: {sizes}")
     if total_n != total_1:
         hint = ("each rank took a whole world-1 batch: " if total_n == n * total_1 else "")
+        # the hint's stand-in global batch (plan.batch_hint's 64) is world 1's, counted here
+        arg_hint = arg_hint.replace("{64 // world_size}", f"{{{total_1} // world_size}}").replace(
+            "global batch of 64", f"global batch of {total_1}").replace("64 being the global batch",
+                                                                         f"{total_1} being world 1's global batch")
         return Divergence(step, kind="data",
                           diagnosis=f"the global batch changed size: {hint}per-device batch size? Keep the global batch "
                           f"fixed: {arg_hint}", detail=f"{tensor}: {sizes}")

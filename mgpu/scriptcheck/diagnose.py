@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from mgpu.check.records import CollectiveCall
 from mgpu.scriptcheck.collectives import differentiable_fix
 from mgpu.scriptcheck.data import StepData
 from mgpu.scriptcheck.tensors import FACTOR_AGREE, common_factor, name_factor
 
-__all__ = ["ScriptFacts", "gradient_diagnosis", "update_diagnosis", "explained", "collective_text", "collective_fix",
+__all__ = ["ScriptFacts", "other_start", "gradient_diagnosis", "update_diagnosis", "explained", "collective_text", "collective_fix",
            "merged_collectives", "uninitialised_cause", "no_process_group", "UNINITIALISED"]
 
 # The start of the reproducibility cause for weights that hold uninitialised memory (report.py says no "seed it").
@@ -154,3 +156,19 @@ def update_diagnosis(got: dict, ref: dict, n: int, facts: ScriptFacts, rounding:
         "the gradients and every param_groups setting agree, but the update does not: the optimizer's state "
         "(loaded or built otherwise at this world size) or a step size kept outside param_groups depends on "
         "the world size")
+
+
+def other_start(got, n: int) -> str:
+    """Why world N starts from other weights: shards each initialised from one seed (the whole tensor
+    is n bitwise-equal blocks along dim 0), or another random state."""
+    if torch.is_tensor(got) and got.dim() >= 1 and got.shape[0] % n == 0 and got.shape[0] >= n and got.numel() > n:
+        blocks = got.chunk(n, dim=0)
+        if all(torch.equal(blocks[0], b) for b in blocks[1:]):
+            rows = got.shape[0] // n
+            return (f"world {n} starts from other weights than world 1: each rank initialised its own shard from one "
+                    f"seed (rows {rows}-{2 * rows - 1} of world {n}'s tensor repeat rows 0-{rows - 1} bitwise), so the "
+                    "whole tensor is its shard n times over: initialise the model before sharding it (fully_shard, "
+                    "FSDP), or load a full state dict from rank 0 (broadcast_from_rank0)")
+    return (f"world {n} starts from other weights than world 1: the model is built from another random state at this "
+            "world size; seed before building it, with the same seed at every world size (not seed + rank), or load "
+            "the same checkpoint")
