@@ -10,6 +10,8 @@ twin (a loop bug does not depend on the precision).
 World N differs from world 1 by bf16 (fp16) rounding here, 2^16 (2^13) times float32's: a check whose
 tolerance is sized for float32 calls every correct loop below wrong. As test_loops.py: 4 optimizer
 steps, world 1 against 2 ranks (3 as well, marked slow), the global batch kept with `{B // world_size}`.
+`make test` runs five of them (bf16 and fp16 autocast, a model cast whole, two planted defects); the
+rest are `slow` (`make test-slow`): each mixed-precision check makes five runs.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ CORRECT = [
     pytest.param("lm_global_tokens.py", per_device(24) + CAST_BF16, (2,), "bfloat16", id="lm_global_tokens-cast_bf16",
                  marks=pytest.mark.slow),
     pytest.param("fsdp2.py", per_device(24) + ["--mixed-precision", "bf16"], (2,), "bfloat16",
-                 id="fsdp2_mixed_precision_policy"),
+                 id="fsdp2_mixed_precision_policy", marks=pytest.mark.slow),
     pytest.param("fsdp2.py", per_device(24) + ["--mixed-precision", "bf16"], (3,), "bfloat16",
                  id="fsdp2_mixed_precision_policy-1v3", marks=pytest.mark.slow),
     pytest.param("lm_global_tokens.py", per_device(24) + BF16, (2,), "bfloat16", id="lm_global_tokens-bf16",
@@ -80,7 +82,7 @@ DEFECTS = [
                  id="per_rank_token_mean-bf16"),
     pytest.param("lm_token_mean.py", per_device(24) + CAST_BF16, (2,),
                  ("gradient", 1, ["no common factor", "per rank"]),
-                 id="per_rank_token_mean-cast_bf16"),
+                 id="per_rank_token_mean-cast_bf16", marks=pytest.mark.slow),
     pytest.param("world_size_factor.py", per_device(24) + BF16, (2,), ("gradient", 1, ["= 1/N", "divided once more"]),
                  id="world_size_factor-bf16"),
     pytest.param("world_size_factor.py", per_device(24) + BF16, (3,), ("gradient", 1, ["= 1/N", "divided once more"]),
@@ -89,23 +91,23 @@ DEFECTS = [
                  ("gradient", 1, ["= 1/N", "divided once more"]), id="world_size_factor-cast_bf16",
                  marks=pytest.mark.slow),
     pytest.param("clip_norm_twice.py", per_device(48) + BF16, (2,),
-                 ("gradient", 1, ["= 1/sqrt(N)", "norm reduced twice"]), id="norm_reduced_twice-bf16"),
+                 ("gradient", 1, ["= 1/sqrt(N)", "norm reduced twice"]), id="norm_reduced_twice-bf16", marks=pytest.mark.slow),
     pytest.param("clip_norm_twice.py", per_device(48) + BF16, (3,),
                  ("gradient", 1, ["= 1/sqrt(N)", "norm reduced twice"]), id="norm_reduced_twice-bf16-1v3",
                  marks=pytest.mark.slow),
     pytest.param("clip_norm_twice.py", per_device(48) + CAST_BF16, (2,),
-                 ("gradient", 1, ["= 1/sqrt(N)", "norm reduced twice"]), id="norm_reduced_twice-cast_bf16"),
+                 ("gradient", 1, ["= 1/sqrt(N)", "norm reduced twice"]), id="norm_reduced_twice-cast_bf16", marks=pytest.mark.slow),
     pytest.param("no_sampler.py", per_device(48) + BF16, (2,),
-                 ("data", 1, ["every rank saw the same examples", "DistributedSampler"]), id="no_sampler-bf16"),
+                 ("data", 1, ["every rank saw the same examples", "DistributedSampler"]), id="no_sampler-bf16", marks=pytest.mark.slow),
     pytest.param("accum_per_microbatch.py", per_device(12, "--micro-batch") + ["--accumulate", "2"] + BF16, (2,),
-                 ("gradient", 1, ["per micro-batch", "2 per rank"]), id="accumulation_per_microbatch-bf16"),
+                 ("gradient", 1, ["per micro-batch", "2 per rank"]), id="accumulation_per_microbatch-bf16", marks=pytest.mark.slow),
     pytest.param("replicas_apart.py", per_device(48) + BF16, (2,), ("ranks", 0, ["replicas start apart", "broadcast"]),
-                 id="replicas_apart-bf16"),
+                 id="replicas_apart-bf16", marks=pytest.mark.slow),
     pytest.param("replicas_apart.py", per_device(48) + BF16, (3,), ("ranks", 0, ["replicas start apart", "broadcast"]),
                  id="replicas_apart-bf16-1v3", marks=pytest.mark.slow),
     # the correct bf16 loop above with a fixed per-device batch: the global batch grows with the world size
     pytest.param("ddp_amp.py", ["--batch-size", "16"] + BF16, (2,),
-                 ("data", 1, ["global batch changed size", "per-device batch size"]), id="per_device_batch_size-bf16"),
+                 ("data", 1, ["global batch changed size", "per-device batch size"]), id="per_device_batch_size-bf16", marks=pytest.mark.slow),
     pytest.param("ddp_amp.py", ["--batch-size", "16"] + FP16, (2,),
                  ("data", 1, ["global batch changed size", "per-device batch size"]),
                  id="per_device_batch_size-fp16_gradscaler", marks=pytest.mark.slow),
