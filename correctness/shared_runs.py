@@ -40,6 +40,7 @@ WAIT_S = 280.0
 FIGURES_MODULE = "correctness.test_reported_figures"
 PARITY_MODULE = "correctness.test_parity"
 FIGURES_DDP_JOB = "figures-ddp2"
+PARENT_ENV = "MGPU_TEST_SHARED_RUNS_PARENT"  # the test process's pid: the process dies with it
 
 
 def ranks_job(world_size: int) -> str:
@@ -93,6 +94,7 @@ class SharedRuns:
         env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, "RANK", "WORLD_SIZE")}
         env[EXACT_GPU_MATH_ENV] = "1"  # started before the suite's fixtures: GPU math as exact as theirs
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+        env[PARENT_ENV] = str(os.getpid())
         log = open(folder / "log.txt", "w")
         # A session of its own: its priority (an autogroup's, where the kernel has them) is its own, and
         # stop() ends it with its fork server and ranks.
@@ -161,6 +163,21 @@ def _autogroup_nice(pid: str = "self") -> str:
         return "0"
 
 
+def _die_with_parent() -> None:
+    """SIGKILL when the test process ends, however it ends (Linux; its ranks die with it in turn,
+    mgpu.launch), or now if it already has."""
+    import ctypes
+    import signal
+
+    parent = int(os.environ.get(PARENT_ENV, "0"))
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if parent and os.getppid() != parent:
+        os._exit(1)
+
+
 def _lower_priority() -> None:
     """This process's niceness, and its autogroup's where the kernel groups sessions (niceness then
     weighs only within the group), so that the suite's test process keeps its core."""
@@ -201,6 +218,7 @@ def main(argv: list[str] | None = None) -> None:
 
     argv = sys.argv[1:] if argv is None else argv
     folder, jobs = Path(argv[0]), argv[1:]
+    _die_with_parent()
     _lower_priority()
     torch.set_num_threads(1)  # as the test process computes (conftest's one_thread); ranks choose their own
     devmod.set_exact_gpu_math()  # as the test process does (conftest's _exact_gpu_math)
