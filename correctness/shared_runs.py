@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     _lower_priority()
     torch.set_num_threads(1)  # as the test process computes (conftest's one_thread); ranks choose their own
     devmod.set_exact_gpu_math()  # as the test process does (conftest's _exact_gpu_math)
-    done = {}
+    done, start = {}, time.monotonic()
     for job in jobs:
         try:
             if job.startswith("ranks") and isinstance(done.get("reference"), str):
@@ -234,4 +234,5 @@ def main(argv: list[str] | None = None) -> None:
         with open(path.with_suffix(".tmp"), "wb") as f:
             pickle.dump(done[job], f)
         os.replace(path.with_suffix(".tmp"), path)
-        print(f"{job}: {'failed' if isinstance(done[job], str) else 'done'}", flush=True)
+        print(f"{job}: {'failed' if isinstance(done[job], str) else 'done'} at {time.monotonic() - start:.1f} s",
+              flush=True)
