@@ -175,9 +175,9 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     """When a test of test_reliability_ranks that reads its runs is selected, start them as collection ends:
     they are processes that mostly start up and wait (about 30 s), and they overlap the tests
-    that come before them, which use one core of two (one_thread). So do the multi-process runs
-    that several tests read, those the selected tests need (correctness/shared_runs.py). Nothing
-    starts for --collect-only."""
+    that come before them, which use one core of two (one_thread). The shared runs' process
+    (pytest_sessionstart) is handed the jobs the selected tests need, or ended if there are none
+    (correctness/shared_runs.py). Nothing starts for --collect-only."""
     if session.config.option.collectonly:
         return
     factory = session.config._tmp_path_factory  # the tmp_path_factory fixture's, before any fixture runs
@@ -185,11 +185,26 @@ def pytest_collection_finish(session):
         if _in_ranks_module(item) and {"runs", "launchers"} & set(item.fixturenames):
             item.module.start_scenario(factory.mktemp("ddp"))
             break
-    from correctness.shared_runs import SharedRuns, jobs_for
+    from correctness.shared_runs import jobs_for
 
-    jobs = jobs_for(session.items)
-    if jobs:
-        session.config.stash[SHARED_RUNS] = SharedRuns.start(jobs, factory.mktemp("shared-runs"))
+    shared, jobs = session.config.stash.get(SHARED_RUNS, None), jobs_for(session.items)
+    if shared is not None and jobs:
+        shared.assign(jobs)
+    elif shared is not None:  # nothing selected reads its runs
+        shared.stop()
+        del session.config.stash[SHARED_RUNS]
+
+
+def pytest_sessionstart(session):
+    """The background process of the shared runs (correctness/shared_runs.py) starts with the session:
+    it imports torch and computes the single-device trajectory while the tests are collected, and
+    learns its jobs when collection ends. Not for --collect-only, nor with --model (whose session
+    runs test_parity's properties on that model alone, none of the shared runs)."""
+    if session.config.option.collectonly or session.config.getoption("model") is not None:
+        return
+    from correctness.shared_runs import SharedRuns
+
+    session.config.stash[SHARED_RUNS] = SharedRuns.start(session.config._tmp_path_factory.mktemp("shared-runs"))
 
 
 def pytest_sessionfinish(session):

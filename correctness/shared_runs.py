@@ -1,9 +1,11 @@
-"""The suite's multi-process runs that several tests read, started in the background as collection ends.
+"""The suite's multi-process runs that several tests read, made in the background while the tests run.
 
 Spawning ranks takes seconds, during which the test process only waits; meanwhile the rest of the
 suite runs in one process on one core (conftest's `one_thread`) and leaves the machine's other
-cores idle. So when collection ends, conftest starts one process, at lower priority, that runs the
-jobs the selected tests need, one after the other, writing each result to a file:
+cores idle. So when the session starts, conftest starts one process, at lower priority, which
+imports torch and computes the single-device trajectory while the tests are collected; when
+collection ends, conftest hands it the jobs the selected tests need (or ends it, if none), and it
+runs them one after the other, writing each result to a file:
 
 * `reference`: the single-device trajectory (helpers.reference_trajectory of
   helpers.weights_config), the session's `single_trajectory`;
@@ -18,7 +20,7 @@ the test process, as before. What the runs compute is unchanged: the same jobs, 
 code, in ranks forked the same way (mgpu.launch.spawn); only the process that launches them
 differs, and it computes as the test process would (one thread, exact GPU math).
 
-    python -c "from correctness.shared_runs import main; main()" FOLDER JOB...   # what the process runs
+    python -c "from correctness.shared_runs import main; main()" FOLDER   # what the process runs
 """
 
 from __future__ import annotations
@@ -79,15 +81,20 @@ def jobs_for(items) -> list[str]:
     return jobs + sorted(set(parity)) + ([FIGURES_DDP_JOB] if figures else [])
 
 
+JOBS_FILE = "jobs.txt"
+# Started before the jobs are known: almost every session that starts the process needs this one.
+SPECULATIVE_JOB = "reference"
+
+
 @dataclass
 class SharedRuns:
-    """The process running `jobs`, writing their results under `folder`."""
-    jobs: tuple
+    """The process running `jobs` (none until `assign`), writing their results under `folder`."""
     folder: Path
     proc: subprocess.Popen
+    jobs: tuple = ()
 
     @classmethod
-    def start(cls, jobs, folder: Path) -> "SharedRuns":
+    def start(cls, folder: Path) -> "SharedRuns":
         from mgpu.config import EXACT_GPU_MATH_ENV
         from mgpu.faults import FAULT_ENV
 
@@ -98,11 +105,19 @@ class SharedRuns:
         log = open(folder / "log.txt", "w")
         # A session of its own: its priority (an autogroup's, where the kernel has them) is its own, and
         # stop() ends it with its fork server and ranks.
-        proc = subprocess.Popen([sys.executable, "-c", "from correctness.shared_runs import main; main()", str(folder),
-                                 *jobs], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-c", "from correctness.shared_runs import main; main()", str(folder)],
+                                cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         log.close()
-        return cls(tuple(jobs), folder, proc)
+        return cls(folder, proc)
+
+    def assign(self, jobs) -> None:
+        """The jobs to run, in order (written whole: the process never reads half a list), after
+        SPECULATIVE_JOB, which it runs first in any case."""
+        self.jobs = (SPECULATIVE_JOB, *(job for job in jobs if job != SPECULATIVE_JOB))
+        path = self.folder / JOBS_FILE
+        path.with_suffix(".tmp").write_text("\n".join(self.jobs) + "\n")
+        os.replace(path.with_suffix(".tmp"), path)
 
     def get(self, job: str, wait_s: float = WAIT_S):
         """What `job` returned, once written; an exception naming what went wrong where it failed (the
@@ -208,31 +223,46 @@ def _run_job(job: str, folder: Path, done: dict):
     raise ValueError(f"unknown job {job!r}")
 
 
+def _jobs(folder: Path) -> list[str]:
+    """The jobs conftest assigns when collection ends (SharedRuns.assign); it ends this process
+    instead when there are none, and this process ends with it in any case (_die_with_parent)."""
+    path = folder / JOBS_FILE
+    while not path.exists():
+        time.sleep(0.05)
+    return path.read_text().split()
+
+
 def main(argv: list[str] | None = None) -> None:
-    """FOLDER JOB...: each job's result into FOLDER/JOB.pkl, written whole (a reader never sees half a
-    file); an error as its text, for the tests that read the job to report (and, for `reference`,
-    the rank runs that start from it)."""
+    """FOLDER: SPECULATIVE_JOB, then the jobs of FOLDER/jobs.txt once it is written; each job's result
+    into FOLDER/JOB.pkl, written whole (a reader never sees half a file); an error as its text, for
+    the tests that read the job to report (and, for `reference`, the rank runs that start from it)."""
+    argv = sys.argv[1:] if argv is None else argv
+    folder, start = Path(argv[0]), time.monotonic()
+    _die_with_parent()
+    _lower_priority()
     import torch
 
     from mgpu import devices as devmod
 
-    argv = sys.argv[1:] if argv is None else argv
-    folder, jobs = Path(argv[0]), argv[1:]
-    _die_with_parent()
-    _lower_priority()
     torch.set_num_threads(1)  # as the test process computes (conftest's one_thread); ranks choose their own
     devmod.set_exact_gpu_math()  # as the test process does (conftest's _exact_gpu_math)
-    done, start = {}, time.monotonic()
-    for job in jobs:
-        try:
-            if job.startswith("ranks") and isinstance(done.get("reference"), str):
-                raise RuntimeError(f"no single-device trajectory to start from: {done['reference']}")
-            done[job] = _run_job(job, folder, done)
-        except Exception as e:  # noqa: BLE001 (reported by every test that reads this job)
-            done[job] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-        path = folder / f"{job}.pkl"
-        with open(path.with_suffix(".tmp"), "wb") as f:
-            pickle.dump(done[job], f)
-        os.replace(path.with_suffix(".tmp"), path)
-        print(f"{job}: {'failed' if isinstance(done[job], str) else 'done'} at {time.monotonic() - start:.1f} s",
-              flush=True)
+    done = {}
+    _do(SPECULATIVE_JOB, folder, done, start)
+    for job in _jobs(folder):
+        if job not in done:
+            _do(job, folder, done, start)
+
+
+def _do(job: str, folder: Path, done: dict, start: float) -> None:
+    try:
+        if job.startswith("ranks") and isinstance(done.get("reference"), str):
+            raise RuntimeError(f"no single-device trajectory to start from: {done['reference']}")
+        done[job] = _run_job(job, folder, done)
+    except Exception as e:  # noqa: BLE001 (reported by every test that reads this job)
+        done[job] = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+    path = folder / f"{job}.pkl"
+    with open(path.with_suffix(".tmp"), "wb") as f:
+        pickle.dump(done[job], f)
+    os.replace(path.with_suffix(".tmp"), path)
+    print(f"{job}: {'failed' if isinstance(done[job], str) else 'done'} at {time.monotonic() - start:.1f} s",
+          flush=True)
