@@ -3,9 +3,10 @@ that say where and by how much two results differ, and the few DDP and FSDP runs
 
 Starting ranks costs seconds, so every multi-process check of the suite rides on one spawned run
 per world size (`spawn_rank_runs`: ddp's and fsdp's training and evaluation, one after the other in
-the same ranks), started once per test session by the session fixture `rank_runs`
-(correctness/conftest.py) and shared by test_weights, test_determinism, test_evaluation and
-test_memory.
+the same ranks), made once per test session for the session fixture `rank_runs`
+(correctness/conftest.py; in the background while the tests before them run:
+correctness/shared_runs.py) and shared by test_weights, test_determinism, test_evaluation,
+test_memory and the reliability tests.
 
 This module is imported by the spawned ranks too: it must not import hypothesis or the root
 conftest.
