@@ -141,15 +141,8 @@ class SharedRuns:
         return outcome
 
     def _hurry(self) -> None:
-        """A test waits for the process: it (and its fork server and ranks, its process group) gets the
-        test process's priority back, where this user may raise a priority (root; else it waits at the
-        lower one, which on a machine busy with other jobs may take longer)."""
-        try:
-            os.setpriority(os.PRIO_PGRP, self.proc.pid, os.getpriority(os.PRIO_PROCESS, 0))
-            with open(f"/proc/{self.proc.pid}/autogroup", "w") as f:
-                f.write(_autogroup_nice())
-        except OSError:
-            pass
+        """A test waits for the process: it gets the test process's priority back (raise_priority)."""
+        raise_priority(self.proc.pid)
 
     def stop(self) -> None:
         """End the process, its fork server and its ranks, if they still run (a session stopped early)."""
@@ -167,6 +160,19 @@ class SharedRuns:
             return "\n".join((self.folder / "log.txt").read_text().splitlines()[-lines:])
         except OSError as e:
             return f"(no log: {e})"
+
+
+def raise_priority(pid: int) -> None:
+    """The process group of `pid` (a process started in a session of its own, with its fork server
+    and ranks) and its session's autogroup get this process's priority back, where this user may
+    raise a priority (root); else they keep the lower one, which on a machine busy with other jobs
+    only makes a test that waits for them wait longer."""
+    try:
+        os.setpriority(os.PRIO_PGRP, pid, os.getpriority(os.PRIO_PROCESS, 0))
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(_autogroup_nice())
+    except OSError:
+        pass
 
 
 def _autogroup_nice(pid: str = "self") -> str:

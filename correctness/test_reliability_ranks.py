@@ -96,7 +96,7 @@ class Run:
         self.started = time.monotonic()
         command = ["-c", code, *args] if code else ["-m", module, *(["train"] if module == "mgpu" else []), *args]
         shim = SIGINT_SHIM.format("IGN" if sigint_ignored else "DFL")
-        shim = NICE_SHIM.format(NICE) + shim
+        shim = NICE_SHIM.format(0 if _HURRIED else NICE) + shim
         if cores is not None:  # the run (and everything it starts) may use these cores only
             shim = f"import os; os.sched_setaffinity(0, {sorted(cores)}); {shim}"
         command = [sys.executable, "-c", shim, *command]
@@ -292,6 +292,7 @@ class Scenario:
                 run.kill()
 
     def finish(self, timeout: float = 280) -> dict[str, Run]:
+        _hurry(self)
         self.thread.join(timeout)
         if self.thread.is_alive():
             self.kill()
@@ -337,6 +338,20 @@ def _start_nodes(tmp: Path, strategy: str) -> dict[str, Run]:
 
 
 _SCENARIO: list[Scenario] = []  # the one scenario of this session, once started
+_HURRIED: list = []  # not empty once the tests wait for the runs: those started then are not niced
+
+
+def _hurry(scenario: Scenario) -> None:
+    """The tests wait for the runs now: the rest of the suite no longer needs the core they were
+    niced to leave it, so the runs still going (and the launchers') get the test process's priority
+    back where this user may raise one (shared_runs.raise_priority), and the runs still to come start
+    without it. On a machine busy with other jobs, niced runs could otherwise keep the suite waiting
+    at its end."""
+    from correctness.shared_runs import raise_priority
+
+    _HURRIED.append(True)
+    for run in [*scenario.started.values(), *_LAUNCHERS.get("started", {}).values()]:
+        raise_priority(run.proc.pid)
 
 
 def start_scenario(tmp: Path) -> Scenario:
