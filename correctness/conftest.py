@@ -69,7 +69,7 @@ def _in_ranks_module(item) -> bool:
     return module is not None and module.__name__ == RANKS_MODULE
 
 
-# The multi-process runs started in the background as collection ends (correctness/shared_runs.py).
+# The background process of the shared multi-process runs, started with the session (correctness/shared_runs.py).
 SHARED_RUNS = pytest.StashKey()
 
 
@@ -96,8 +96,8 @@ def single_trajectory(shared_runs, tmp_path_factory):
 @pytest.fixture(scope="session")
 def rank_runs(shared_runs, single_trajectory, tmp_path_factory):
     """`rank_runs(world_size)`: the suite's shared ddp and fsdp runs (helpers.spawn_rank_runs), spawned at
-    most once per world size and session: in the background from the end of collection for the world
-    sizes the selected tests announce (correctness/shared_runs.py), else here on first use. A failed
+    most once per world size and session: in the background while the tests run, for the world sizes
+    the selected tests announce (correctness/shared_runs.py), else here on first use. A failed
     spawn is kept too, so that every test needing that world size reports it rather than spawning again."""
     from correctness.helpers import spawn_rank_runs
     from correctness.shared_runs import ranks_job
