@@ -74,6 +74,11 @@ def _missing(case: Case) -> list[str]:
     return [m for m in case.needs if importlib.util.find_spec(m) is None]
 
 
+# the pip package of each module a public script imports, where the names differ
+PIP_NAMES = {"hydra": "hydra-core", "lightning_fabric": "lightning-fabric", "lightning": "lightning",
+             "omegaconf": "omegaconf", "torchmetrics": "torchmetrics"}
+
+
 def checked(name: str, tmp_path_factory):
     """The report of CASES[name], made once a session (a case's true words and its wrong-today words
     are asserted by separate tests on the same report)."""
@@ -81,7 +86,8 @@ def checked(name: str, tmp_path_factory):
         return _REPORTS[name]
     case = CASES[name]
     if missing := _missing(case):
-        pytest.skip(f"{name} needs {', '.join(missing)}")
+        packages = " ".join(PIP_NAMES.get(m, m) for m in missing)
+        pytest.skip(f"{name} imports {', '.join(missing)}, not installed: pip install {packages} (not in mgpu's extras)")
     where = tmp_path_factory.mktemp(name) / case.folder
     # what a run left in the repository's folder (all git-ignored) stays there
     shutil.copytree(os.path.join(PUBLIC, case.folder), where,
