@@ -60,7 +60,7 @@ def judge(target: Target, options: ScriptCheckOptions, runs: list[WorldRun]) -> 
     for r in runs:
         if r.world > 1 and r.failure is None:
             compared = _compare(r, by_kind.get((r.device, r.lifted), {}), out.unreproducible, facts, hint)
-            compared.precision = _precision_label(r, by_kind.get((r.device, r.lifted), {}))
+            compared.precision = _precision_label(r)
             out.comparisons.append(compared)
     return out
 
@@ -80,20 +80,15 @@ def _references(runs: list[WorldRun]) -> dict[tuple[str, bool], dict[str, WorldR
     return out
 
 
-def _precision_label(run: WorldRun, world_1: dict) -> str:
-    """What the comparison's arithmetic was: '' for float32 as run, else a few words."""
-    seen = run.ranks[0].precision if run.ranks else {}
-    lowest = seen.get("lowest", "float32")
+def _precision_label(run: WorldRun) -> str:
+    """What the comparison's arithmetic was: '' for float32 as run, else a few words. A run below
+    float32 is always compared lifted as well (launch.run_checked), and as run with world 1 lifted as
+    its spread (_references)."""
     if run.lifted:
         lifted = run.ranks[0].lifted if run.ranks else {}
-        what = ", ".join(sorted(lifted)) or "mixed precision"
-        return f"float32, {what} lifted"
-    if lowest == "float32":
-        return ""
-    b = world_1.get("B")
-    spread = "its spread world 1 lifted to float32" if b is not None and b.lifted else "its spread a rerun perturbed " \
-        f"by {lowest} roundings"
-    return f"as run, {lowest}; {spread}"
+        return f"float32, {', '.join(sorted(lifted)) or 'mixed precision'} lifted"
+    lowest = (run.ranks[0].precision if run.ranks else {}).get("lowest", "float32")
+    return "" if lowest == "float32" else f"as run, {lowest}; its spread world 1 lifted to float32"
 
 
 def _compare(run: WorldRun, world_1: dict, unreproducible, facts: ScriptFacts, hint: str) -> WorldComparison:
