@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_perf.markers import MARKER, marker_spec
+from mgpu_perf.markers import keep_gated
 
 __all__ = ["NOT_COMPARABLE_EXIT", "PLUGIN", "CountsBaseline", "workload_key", "describe_workload", "environment",
            "Checked", "check_entry", "merge_entries", "count_workload"]
@@ -230,16 +230,7 @@ class CountsBaseline:
         config.addinivalue_line("filterwarnings", "ignore:Benchmark fixture was not used")
 
     def pytest_collection_modifyitems(self, config, items):
-        gated = [item for item in items if item.get_closest_marker(MARKER)]
-        deselected = [item for item in items if not item.get_closest_marker(MARKER)]
-        for item in gated:
-            try:
-                self.specs[item.nodeid] = marker_spec(item.get_closest_marker(MARKER))
-            except ValueError as e:
-                raise pytest.UsageError(f"{item.nodeid}: {e}") from None
-        if deselected:
-            config.hook.pytest_deselected(items=deselected)
-        items[:] = gated
+        self.specs.update(keep_gated(config, items))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem):

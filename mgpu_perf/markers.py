@@ -11,7 +11,7 @@ Cheap on purpose (no torch): the plugin reads markers while collecting.
 
 from __future__ import annotations
 
-__all__ = ["MARKER", "MARKER_HELP", "marker_spec", "model_step_spec"]
+__all__ = ["MARKER", "MARKER_HELP", "marker_spec", "model_step_spec", "keep_gated"]
 
 MARKER = "mgpu_gate"
 MARKER_HELP = (f"{MARKER}(model='MODULE:FUNCTION', strategy='single', devices=1, batch=32): a gated workload; "
@@ -60,3 +60,23 @@ def marker_spec(marker) -> dict:
         return model_step_spec(**marker.kwargs)
     except TypeError as e:  # a field that does not exist
         raise ValueError(f"{MARKER}: {e}".replace("model_step_spec()", "the marker")) from None
+
+
+def keep_gated(config, items: list) -> dict:
+    """Collection for a run of the gated workloads alone (the A/B gate, the counted baseline): the
+    items marked `mgpu_gate` kept, the others deselected (reported as pytest reports a deselection);
+    returns nodeid -> workload spec. A marker that reads wrong is a pytest.UsageError naming the test."""
+    import pytest
+
+    gated = [item for item in items if item.get_closest_marker(MARKER)]
+    specs = {}
+    for item in gated:
+        try:
+            specs[item.nodeid] = marker_spec(item.get_closest_marker(MARKER))
+        except ValueError as e:
+            raise pytest.UsageError(f"{item.nodeid}: {e}") from None
+    deselected = [item for item in items if not item.get_closest_marker(MARKER)]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+    items[:] = gated
+    return specs

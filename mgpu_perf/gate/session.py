@@ -20,7 +20,7 @@ from mgpu_perf.errors import GateError
 from mgpu_perf.gate import settings
 from mgpu_perf.gate.baseline import repository_root
 from mgpu_perf.gate.run import GateRun
-from mgpu_perf.markers import MARKER, marker_spec
+from mgpu_perf.markers import keep_gated
 
 __all__ = ["ABGate"]
 
@@ -47,17 +47,8 @@ class ABGate:
             raise pytest.UsageError(str(e)) from None
 
     def pytest_collection_modifyitems(self, config, items):
-        gated = [item for item in items if item.get_closest_marker(MARKER)]
-        deselected = [item for item in items if not item.get_closest_marker(MARKER)]
-        for item in gated:
-            try:
-                self.specs[item.nodeid] = marker_spec(item.get_closest_marker(MARKER))
-            except ValueError as e:
-                raise pytest.UsageError(f"{item.nodeid}: {e}") from None
-        if deselected:
-            config.hook.pytest_deselected(items=deselected)
-        items[:] = gated
-        self.family_size = max(1, len(gated))
+        self.specs.update(keep_gated(config, items))
+        self.family_size = max(1, len(items))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem):
