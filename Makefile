@@ -26,14 +26,14 @@ KERNEL_PATHS ?= default:SSE41 avx2:AVX2 $(if $(shell grep -m1 -o avx512f /proc/c
 # comparisons that rounding could break (marker `rounding`) again under the generic kernels, so that
 # a test tuned to this CPU's rounding goes red here before it reaches another machine.
 test: $(VENV)/.installed
-	$(PY) -m pytest correctness perf mgpu_perf_tests examples --benchmark-disable -q -m "not slow"
+	$(PY) -m pytest correctness scriptcheck_tests perf mgpu_perf_tests examples --benchmark-disable -q -m "not slow"
 	$(ROUNDING_PATH) $(PY) -m pytest correctness -m "rounding and not slow" -q -p no:cacheprovider
 
 # What `make test` leaves out to stay within CI's time (marker `slow`): check-script at 1 vs 3 ranks, HF Trainer's
 # loops, some example models and loops, the GPU workflow's rehearsal (mgpu_perf_tests/test_workflow.py), perf --model timed,
 # the `mgpu gate` command's A/A run end to end and `calibrate` (the plugin's slower-commit run stays in make test).
 test-slow: $(VENV)/.installed
-	$(PY) -m pytest correctness perf mgpu_perf_tests examples --benchmark-disable -q -m slow
+	$(PY) -m pytest correctness scriptcheck_tests perf mgpu_perf_tests examples --benchmark-disable -q -m slow
 
 # The whole correctness suite under every kernel path this CPU has (a few minutes each).
 test-kernels: $(VENV)/.installed

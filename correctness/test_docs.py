@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # Where code names documentation. Folders are walked; files are read as they are.
-CODE_PLACES = ("mgpu", "mgpu_perf", "correctness", "perf", "mgpu_perf_tests", "examples", ".github", ".ci",
+CODE_PLACES = ("mgpu", "mgpu_perf", "correctness", "scriptcheck_tests", "perf", "mgpu_perf_tests", "examples", ".github", ".ci",
                "docs", "Makefile", "pyproject.toml", "conftest.py", "pytest.ini", "README.md")
 TEXT_SUFFIXES = {".py", ".md", ".sh", ".yml", ".yaml", ".toml", ".ini", ".cfg", ".txt", ""}
 SKIP_DIRS = {"__pycache__", ".git", ".venv", ".pytest_cache", ".hypothesis", "node_modules"}

@@ -1,7 +1,7 @@
 """`mgpu check-script` on bad input and faults: one line and exit 2 for what the user must fix, the world,
 the rank and the last lines of the error for a crash, a bounded hang, a short script, an unseeded one.
 
-    pytest correctness/test_check_script.py
+    pytest scriptcheck_tests/test_check_script.py
 
 Each script here is a few lines of DDP on a tiny MLP, written into tmp_path; each check runs in this
 process (the fork server that forks the ranks is started once), 1 vs 2 ranks, 1 to 4 steps.

@@ -2,7 +2,7 @@
 pooled so that no tensor's tolerance rests on one random draw, and mixed precision is lifted to
 float32 for the loop's arithmetic (docs/guide/check-script.md, "Sensitivity" and "Mixed precision").
 
-    pytest correctness/test_check_sensitivity.py
+    pytest scriptcheck_tests/test_check_sensitivity.py
 """
 
 from __future__ import annotations

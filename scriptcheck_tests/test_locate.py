@@ -2,7 +2,7 @@
 each module's output per example and the gradient at the model's output, world N against world 1;
 and a check that passes runs nothing more.
 
-    pytest correctness/test_locate.py
+    pytest scriptcheck_tests/test_locate.py
 
 The tracer is tested in this process on a small model; the rest runs `check-script` on scripts
 written into tmp_path (and examples/loops/world_size_factor.py), 1 vs 2 ranks.

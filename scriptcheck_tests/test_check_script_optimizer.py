@@ -3,7 +3,7 @@ difference (compare.py): each step's param_groups settings against world 1's, ex
 update against world 1's, within its tolerance, with Adam's signs of rounding-level gradients told
 from a bug; the checks that need no world-1 data still run after the data differ.
 
-    pytest correctness/test_check_script_optimizer.py
+    pytest scriptcheck_tests/test_check_script_optimizer.py
 
 The record-level tests step a real torch AdamW on gradients made here and compare the records as
 the judge does (compare.compare_world), in this process; the others run a script at 1 and 2 ranks.
@@ -24,7 +24,7 @@ from mgpu.scriptcheck.diagnose import ScriptFacts
 from mgpu.scriptcheck.optimizer import (ranks_settings_apart, same_setting, setting_divergence, settings_of,
                                         steps_text)
 
-from correctness.test_check_script import LOOP
+from scriptcheck_tests.test_check_script import LOOP
 
 pytestmark = [pytest.mark.reliability]
 
