@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,41 @@ def test_creep_is_reported_as_creep_naming_the_range_and_no_commit():
     assert found.note.startswith(expected), found.note
     last = gate.asked[-1]
     assert gate.times[last[1]] / gate.times[last[0]] == pytest.approx(1.02), f"the last gate is a commit vs its parent: {last}"
+
+
+def _creep_seen_as_one_commit(commits: list[str], step: int):
+    """The detector's point in a creep where every commit was timed: one commit (step-1 -> step),
+    its ratio the segments' either side, which span all of `commits`."""
+    return replace(_point(commits[step - 1:step + 1], ratio=1.09), from_commit=commits[0], to_commit=commits[-1],
+                   span_between=tuple(commits[1:]))
+
+
+def test_a_creep_seen_as_one_commit_is_gated_over_its_segments_span_and_called_creep():
+    """The one commit's gate says unchanged (2 %); the span of the segments (8 commits, 1.17x) is
+    gated, bisected, and the range named as creep is the span's."""
+    commits = _commits(9)
+    gate = SimulatedGate(_steps(commits, [1.0] + [1.02] * 8))
+    found = confirm_point(_creep_seen_as_one_commit(commits, 5), gate, THRESHOLD)
+    assert (found.point.verdict, found.point.commit) == ("creep", None), (found.note, gate.asked)
+    assert gate.asked[:2] == [(commits[4], commits[5]), (commits[0], commits[8])], \
+        f"the step's own commit first, then the segments' span: {gate.asked}"
+    expected = f"creep: commits {commits[1][:4]}..{commits[8][:4]}, 8 commits, 1.17x; no single commit above 5 %"
+    assert found.note.startswith(expected), found.note
+
+
+@pytest.mark.parametrize("allowed, verdict, said", [
+    (100, "unconfirmed", "and over the segments' span"),
+    (1, "unconfirmed", "left unconfirmed: the gate between"),
+])
+def test_a_span_the_gate_does_not_confirm_or_cannot_reach_is_unconfirmed_saying_which(allowed, verdict, said):
+    """Same code throughout (an A/A history): both gates say unchanged; with the budget for one gate
+    only, the span is left ungated and said to be (a suspicion still, as a point never gated)."""
+    commits = _commits(9)
+    gate = SimulatedGate(_steps(commits, [1.0] * 9), allowed=allowed)
+    found = confirm_point(_creep_seen_as_one_commit(commits, 5), gate, THRESHOLD)
+    assert (found.point.verdict, found.point.commit) == (verdict, None) and said in found.note, found.note
+    assert len(gate.asked) == min(allowed, 2), f"one gate for the step, one for the span: {gate.asked}"
+    assert (budget_note([found], 60) is None) == (allowed == 100), budget_note([found], 60)
 
 
 def test_a_suspicion_the_gate_does_not_confirm_is_unconfirmed_after_one_gate():

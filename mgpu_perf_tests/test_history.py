@@ -143,6 +143,25 @@ def test_the_slow_commit_is_found_with_its_commit_range(scenario):
     assert other.change_points == (), f"an unchanged benchmark has change points: {other.change_points}"
 
 
+def test_each_change_point_spans_the_segments_its_ratio_compares(scenario):
+    """from_commit..to_commit: the first commit of the segment before to the last of the segment
+    after, holding the step's own range; runner-a timed each commit once, so its runs either side
+    are the span's commits, and span_between lists them after from_commit (what --confirm gates
+    when the step's own commits show too little: a creep)."""
+    repo, storage, hashes, _ = scenario
+    history = build_history(settings(storage, repo))
+    a = next(m for m in history.machines if dict(m.machine.fields)["node"] == "runner-a")
+    points = [p for b in a.benchmarks for p in b.change_points]
+    assert points, "no change point on runner-a"
+    for p in points:
+        start, end = hashes.index(p.from_commit), hashes.index(p.to_commit)
+        where = f"point {hashes.index(p.before_commit)}..{hashes.index(p.after_commit)} spans {start}..{end}"
+        assert start <= hashes.index(p.before_commit) < hashes.index(p.after_commit) <= end, where
+        assert p.span_between == tuple(hashes[start + 1:end + 1]), where
+        assert p.runs_before + p.runs_after == end - start + 1, f"{where} with {p.runs_before}+{p.runs_after} runs"
+        assert p.to_json()["span_between"] == list(p.span_between), where
+
+
 def test_runs_off_the_first_parent_line_are_listed_apart(scenario):
     repo, storage, hashes, side = scenario
     history = build_history(settings(storage, repo))

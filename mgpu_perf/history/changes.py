@@ -39,7 +39,10 @@ class ChangePoint:
     before_commit..after_commit (git's range: after before_commit, up to and including after_commit),
     oldest first: one of them made the step. verdict: `suspected` until confirmed (`slower`, `faster`,
     `unconfirmed`, `creep`, set by history/confirm.py), which also names `commit`, the full hash of the
-    first commit after the step, when the gate finds it."""
+    first commit after the step, when the gate finds it. from_commit..to_commit: the span whose runs
+    the ratio compares (the first commit of the segment before, the last of the segment after), and
+    span_between its first-parent commits after from_commit, oldest first: where a creep lies that
+    the commits of before..after alone do not show (history/confirm.py gates it)."""
     benchmark: str
     machine: str
     before_commit: str
@@ -53,6 +56,9 @@ class ChangePoint:
     commit: str | None = None
     runs_before: int = 0
     runs_after: int = 0
+    from_commit: str | None = None
+    to_commit: str | None = None
+    span_between: tuple = ()
 
     @property
     def slower(self) -> bool:
@@ -61,6 +67,7 @@ class ChangePoint:
     def to_json(self) -> dict:
         record = asdict(self)
         record["commits_between"] = list(self.commits_between)
+        record["span_between"] = list(self.span_between)
         record["direction"] = "slower" if self.slower else "faster"
         return record
 
@@ -146,7 +153,9 @@ def find_change_points(series, line: tuple[str, ...], benchmark: str, machine: s
         before = [v for g in groups[bounds[k]:cut] for v in g]
         after = [v for g in groups[cut:bounds[k + 2]] for v in g]
         first, last = positions[cut - 1], positions[cut]
+        start, end = positions[bounds[k]], positions[bounds[k + 2] - 1]
         points.append(ChangePoint(benchmark, machine, line[first], line[last], tuple(line[first + 1:last + 1]),
                                   _median(before), _median(after), ratio, p, runs_before=len(before),
-                                  runs_after=len(after)))
+                                  runs_after=len(after), from_commit=line[start], to_commit=line[end],
+                                  span_between=tuple(line[start + 1:end + 1])))
     return tuple(points)

@@ -51,7 +51,7 @@ def _confirmed(points, settings, args) -> Findings:
     notes = [f"{c.point.benchmark}: {c.note}" for c in confirmations]
     left = confirm.budget_note(confirmations, settings.confirm_budget_s)
     return Findings(tuple(c.point for c in confirmations), tuple(notes + ([left] if left else [])),
-                    tuple(c.point for c in confirmations if not c.gates))
+                    tuple(c.point for c in confirmations if c.note.startswith("left unconfirmed")))
 
 
 def _write(settings, history, findings) -> list[str]:

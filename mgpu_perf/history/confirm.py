@@ -9,19 +9,23 @@ The rule, for one change point whose runs say slower (faster: the same, with `fa
 1. **Confirm.** The gate between `before_commit` (baseline) and `after_commit` (candidate), on the
    benchmark the history timed (its pytest id, which must be marked `mgpu_gate`): the gate itself,
    `pytest ID --ab-baseline BEFORE` run in a worktree of AFTER (gate/baseline.py checks both commits
-   out; the gate's own workers, rounds and verdicts). Not `slower`: `unconfirmed`, with what it said.
-2. **Bisect** the first-parent commits between (`commits_between`, oldest first) as `git bisect`
-   does, each midpoint gated against the range's first commit (`before_commit`): `slower` moves the
-   end down, anything else the start up, to the first commit M that the gate calls slower.
+   out; the gate's own workers, rounds and verdicts). Not `slower`, and the point's ratio compares
+   a wider span (`from_commit`..`to_commit`, the segments either side: where every commit was timed,
+   a creep's change point is one commit of 2 % whose segments differ by 10 %): the gate between
+   `from_commit` and `to_commit`, and the range becomes that span. Still not `slower`:
+   `unconfirmed`, with what each gate said.
+2. **Bisect** the first-parent commits of the range (`commits_between`, or `span_between`; oldest
+   first) as `git bisect` does, each midpoint gated against the range's first commit: `slower` moves
+   the end down, anything else the start up, to the first commit M that the gate calls slower.
 3. **Name or creep.** M gated against its parent (the bisection's last step when that is
    `before_commit`): `slower` names M (`commit`, the full hash); otherwise no single commit crossed
    the gate's threshold and the range is `creep`: "commits a1b2..f9e8, 8 commits, 1.16x; no single
    commit above 5 %" (half the threshold: what `slower` means).
 4. **Budget.** `budget_s` bounds all the gating; the points go strongest first (smallest p-value).
    A gate is not started with under MIN_GATE_S left, and each is given what is left (--ab-run-budget-s).
-   What the budget left undone is said: a point never gated is `unconfirmed` ("left unconfirmed: the
-   budget was spent"); a confirmed one whose bisection stopped keeps its verdict without a commit,
-   and the note gives the commits it narrowed the step to.
+   What the budget left undone is said: a point never gated, or whose span was not, is `unconfirmed`
+   ("left unconfirmed: ... the budget was spent"), a suspicion still; a confirmed one whose bisection
+   stopped keeps its verdict without a commit, and the note gives the commits it narrowed the step to.
 
 Every gate's reports (ab.json, the candidate's commit in it) go to `out` when given.
 """
@@ -181,6 +185,15 @@ def _percent(fraction: float) -> str:
     return f"{fraction * 100:g} %"
 
 
+def _span(point) -> tuple:
+    """The commits whose runs the point's ratio compares (from_commit, *span_between), oldest first;
+    () when that span is no wider than the step's own range (before_commit..after_commit)."""
+    if point.from_commit is None or not point.span_between:
+        return ()
+    span = (point.from_commit, *point.span_between)
+    return () if (span[0], span[-1]) == (point.before_commit, point.after_commit) else span
+
+
 def confirm_point(point, gate: Gate, threshold: float) -> Confirmation:
     """One change point through the gate (the module's rule, steps 1-3): `gate(baseline, candidate)`
     runs or recalls one gate, None when the budget cannot start it. `threshold`: the gate's (fraction)."""
@@ -203,8 +216,17 @@ def confirm_point(point, gate: Gate, threshold: float) -> Confirmation:
     if whole is None:
         return done("unconfirmed", "left unconfirmed: the budget was spent before its gate could run")
     if whole.verdict != direction:
-        return done("unconfirmed", f"unconfirmed: the gate between {line[0][:12]} and {line[-1][:12]} says "
-                                   f"{whole.said()}")
+        said = f"the gate between {line[0][:12]} and {line[-1][:12]} says {whole.said()}"
+        span = _span(point)
+        if not span:
+            return done("unconfirmed", f"unconfirmed: {said}")
+        wide = run(span[0], span[-1])  # a creep: each commit of the step's range too small, the segments not
+        where = f"the segments' span {span[0][:12]}..{span[-1][:12]}"
+        if wide is None:
+            return done("unconfirmed", f"left unconfirmed: {said}; the budget was spent before {where} could be gated")
+        if wide.verdict != direction:
+            return done("unconfirmed", f"unconfirmed: {said}, and over {where} {wide.said()}")
+        line, whole = span, wide
     low, high = 0, len(line) - 1  # line[low] is not `direction` against line[0]; line[high] is
     answers = {high: whole}
     while high - low > 1:
