@@ -61,8 +61,11 @@ convergence: $(VENV)/.installed
 # in `make test`: about 85 s on this 2-core VM under others' load (docs/notes/counted-baseline.md).
 # Exit 1: a guarded count grew or fell (the log prints the update command); 6: recorded under another torch.
 COUNTS_FILE ?= perf/counts-cpu.json
+# hypothesis's, hydra's and anyio's pytest plugins are left out: the perf suite uses none of them, and
+# importing hypothesis alone costs a CPU-second or two at every start.
+COUNTS_PLUGINS_OFF := -p no:cacheprovider -p no:hypothesispytest -p no:hydra_pytest -p no:anyio
 counts-check: $(VENV)/.installed
-	$(PY) -m pytest perf --devices 2 --counts-check $(COUNTS_FILE) -p no:cacheprovider -q -rs
+	$(PY) -m pytest perf --devices 2 --counts-check $(COUNTS_FILE) $(COUNTS_PLUGINS_OFF) -q -rs
 
 # Real timings (a few minutes), with a scaling table at the end.
 perf: $(VENV)/.installed

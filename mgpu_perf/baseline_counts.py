@@ -7,7 +7,9 @@ kept in a JSON file beside the code, and the working tree checked against it wit
 Registered by the plugin (plugin.py) when --counts-save or --counts-check is given. Only the tests
 marked `mgpu_gate` run, and their bodies do not: each marker's workload is built in this process,
 stepped twice (the warm-up), and one more step is counted, as a gate worker counts it. Nothing is
-timed and no baseline is checked out.
+timed and no baseline is checked out. The workloads whose steps run in rank processes (ddp, fsdp)
+are counted ahead, beside the in-process ones, on a CPU (counts_ahead.py): their counts are the
+ranks' own, the same either way.
 
 An entry is keyed by the workload (`workload_key`: the marker's spec with the fields that follow this
 machine's core count left out, and amp and compile always said) and by what fixes the counts
@@ -35,15 +37,19 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_perf.counts_ahead import CountsAhead, can_count_ahead, in_process_first, spawns_ranks_of
 from mgpu_perf.markers import keep_gated
 
 __all__ = ["NOT_COMPARABLE_EXIT", "PLUGIN", "CountsBaseline", "workload_key", "describe_workload", "environment",
-           "Checked", "check_entry", "merge_entries", "count_workload"]
+           "Checked", "check_entry", "merge_entries", "count_workload", "count_built"]
 
 PLUGIN = "mgpu-counts-baseline"  # plugin.COUNTS_PLUGIN
 FORMAT = 1
 NOT_COMPARABLE_EXIT = 6  # pytest's own codes end at 5
-WARMUP_OPS = 2           # plain steps before the counted one: optimizer state made, caches warm
+# Plain steps before the counted one, as a gate worker takes them: optimizer state made, caches warm,
+# and DDP's buckets rebuilt (in its second step: counted after one warm-up step, ddp's step has 2
+# broadcasts and 2.8 MB allocated more than every later step).
+WARMUP_OPS = 2
 # Spec fields that follow this machine's cores (a CPU strategy's share of them) or how a step is timed
 # (CUDA graphs: the counted step is the plain one either way): not part of what a step does.
 NOT_KEYS = ("threads_per_device", "threads", "graphs")
@@ -91,27 +97,32 @@ def describe_environment(env: dict) -> str:
     return " ".join(parts)
 
 
-def count_workload(spec: dict, root: Path) -> list[dict]:
-    """The counted step of a gated workload, built in this process from `root` (where a model's
-    relative path starts): WARMUP_OPS plain steps, then one counted (each rank's counts); the
-    workload's own check (finite losses, weights moved) after it. The thread count is given back
-    after, so that the next workload does not inherit one set by this one."""
-    import torch
-
+def count_built(spec: dict) -> list[dict]:
+    """The counted step of a gated workload built here, in the current folder: WARMUP_OPS plain
+    steps, then one counted (each rank's counts); the workload's own check (finite losses, weights
+    moved) after it."""
     from mgpu_perf.harness.workloads import make_gated
+
+    workload = make_gated(spec)
+    try:
+        for _ in range(WARMUP_OPS):
+            workload.op()
+        counts = workload.count()
+        workload.check()
+        return counts
+    finally:
+        workload.close()
+
+
+def count_workload(spec: dict, root: Path) -> list[dict]:
+    """count_built from `root` (where a model's relative path starts). The thread count is given
+    back after, so that the next workload does not inherit one set by this one."""
+    import torch
 
     threads, cwd = torch.get_num_threads(), os.getcwd()
     os.chdir(root)
     try:
-        workload = make_gated(spec)
-        try:
-            for _ in range(WARMUP_OPS):
-                workload.op()
-            counts = workload.count()
-            workload.check()
-            return counts
-        finally:
-            workload.close()
+        return count_built(spec)
     finally:
         os.chdir(cwd)
         torch.set_num_threads(threads)
@@ -227,17 +238,28 @@ class CountsBaseline:
         self.specs: dict[str, dict] = {}
         self.saved: list[dict] = []
         self.results: dict[str, Checked] = {}
+        self.ahead: CountsAhead | None = None
         config.addinivalue_line("filterwarnings", "ignore:Benchmark fixture was not used")
 
     def pytest_collection_modifyitems(self, config, items):
         self.specs.update(keep_gated(config, items))
+        items[:] = in_process_first(items, {n for n, spec in self.specs.items() if spawns_ranks_of(spec)})
+
+    def pytest_collection_finish(self, session):
+        """The rank workloads that will run (after -k and the like) counted ahead, where it can be."""
+        ahead = {i.nodeid: self.specs[i.nodeid] for i in session.items
+                 if i.nodeid in self.specs and spawns_ranks_of(self.specs[i.nodeid])}
+        if ahead and not self.config.option.collectonly and can_count_ahead(self.root)[0]:
+            self.ahead = CountsAhead(count_built, ahead)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem):
         spec = self.specs.get(pyfuncitem.nodeid)
         if spec is None:
             return None
-        counts, key, env = count_workload(spec, self.root), workload_key(spec), environment()
+        ahead = self.ahead is not None and pyfuncitem.nodeid in self.ahead
+        counts = self.ahead.result(pyfuncitem.nodeid) if ahead else count_workload(spec, self.root)
+        key, env = workload_key(spec), environment()
         if self.saving:
             self.saved.append({"workload": key, "environment": env,
                                "test": pyfuncitem.nodeid, "counts": counts})
@@ -258,6 +280,8 @@ class CountsBaseline:
         return True
 
     def pytest_sessionfinish(self, session, exitstatus):
+        if self.ahead is not None:
+            self.ahead.close()
         if self.saving and self.saved:
             old = read_file(self.path) if self.path.is_file() else []
             write_file(self.path, merge_entries(old, self.saved))

@@ -2,7 +2,8 @@
 and `pytest --counts-check FILE` run by pytester on a tiny gated benchmark, as a user who installed
 mgpu runs them: saved then checked unchanged; a commit that adds a host read a step fails naming it;
 a removal fails with the command that updates the file; an entry of another torch is not comparable,
-with its own exit code.
+with its own exit code. The rank workloads (ddp) are counted ahead, beside the in-process ones
+(mgpu_perf/counts_ahead.py): the same counts as counted in order, and a rank's failure fails its test.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_perf.baseline_counts import NOT_COMPARABLE_EXIT, describe_workload, update_command, workload_key
+from mgpu_perf.baseline_counts import (NOT_COMPARABLE_EXIT, count_workload, describe_workload, update_command,
+                                       workload_key)
+from mgpu_perf.counts_ahead import in_process_first, spawns_ranks_of
 
 MODEL = '''
 import torch
@@ -62,6 +65,21 @@ def test_step(mgpu_workload):
 
 def test_unrelated():
     raise AssertionError("a test not marked mgpu_gate ran under --counts-check")
+'''
+
+# The same tiny step in pytest's process and in 2 DDP ranks (counted ahead), listed ranks first.
+RANK_TESTS = '''
+import pytest
+
+
+@pytest.mark.mgpu_gate(model="model.py:spec", strategy="ddp", devices=2, batch=8)
+def test_ddp(mgpu_workload):
+    mgpu_workload.op()
+
+
+@pytest.mark.mgpu_gate(model="model.py:spec", strategy="single", devices=1, batch=8)
+def test_single(mgpu_workload):
+    mgpu_workload.op()
 '''
 
 FILE = "counts.json"
@@ -172,6 +190,67 @@ def test_a_gated_benchmark_without_an_entry_is_said_and_fails_under_strict(pytes
     assert result.ret == 0, f"a benchmark with no entry failed without --counts-strict: {result.outlines[-10:]}"
     assert "no entry for model.py:spec single x1 batch 8" in result.stdout.str(), result.outlines[-10:]
     assert _run(pytester, "--counts-check", FILE, "--counts-strict").ret == 1, "no entry passed under --counts-strict"
+
+
+def _counted_here(workload: dict, repo: Path) -> list[dict]:
+    """The workload counted in order, from this test's thread; the user's model it imported is
+    dropped after, as pytester's runs drop theirs, so that the next run imports the file as it is then."""
+    before = set(sys.modules)
+    try:
+        return count_workload(dict(workload), repo)
+    finally:
+        for name in set(sys.modules) - before:
+            if name.startswith("mgpu_user_"):
+                del sys.modules[name]
+
+
+def test_rank_workloads_counted_ahead_count_what_they_count_in_order_and_a_host_read_fails_in_the_ranks(pytester):
+    repo = Path(pytester.path)
+    _git(repo, "init", "-q")
+    _commit(repo, {"model.py": MODEL, "test_speed.py": RANK_TESTS}, "a model stepped in pytest's process and in ranks")
+    saved = _run(pytester, "--counts-save", FILE, "-v")
+    assert saved.ret == 0, f"--counts-save failed: {saved.outlines[-15:]}"
+    ran = [line.split(" ")[0] for line in saved.outlines if line.startswith("test_speed.py::") and "PASSED" in line]
+    assert ran == ["test_speed.py::test_single", "test_speed.py::test_ddp"], f"not in-process first: {ran}"
+    entry = next(e for e in json.loads((repo / FILE).read_text())["entries"] if e["workload"]["strategy"] == "ddp")
+    in_order = _counted_here(entry["workload"], repo)
+    assert entry["counts"] == in_order, "the ranks counted ahead differ from the ranks counted in order: " + str(
+        [(rank, k) for rank, (a, b) in enumerate(zip(entry["counts"], in_order)) for k in a if a[k] != b.get(k)])
+    reads = [rank["host_reads"] for rank in entry["counts"]]
+    _commit(repo, {"model.py": MODEL.replace("READS = 0", "READS = 1")}, "a host read a step")
+    text = _run(pytester, "--counts-check", FILE).stdout.str()
+    assert f"rank 0: host reads {reads[0]} → {reads[0] + 1} a step" in text, f"ddp's read not named: {text[-1500:]}"
+    assert "2 failed" in text, f"the host read did not fail both benchmarks: {text[-800:]}"
+
+
+def test_a_rank_that_fails_while_counted_ahead_fails_its_test_and_the_rest_run(pytester):
+    failing = MODEL.replace("    def forward(self, x):\n", "    def forward(self, x):\n"
+                            "        if torch.distributed.is_initialized():\n"
+                            "            raise RuntimeError('a forward that fails in the ranks')\n")
+    (Path(pytester.path) / "model.py").write_text(failing)
+    (Path(pytester.path) / "test_speed.py").write_text(RANK_TESTS)
+    (Path(pytester.path) / FILE).write_text('{"format": 1, "entries": []}')
+    result = _run(pytester, "--counts-check", FILE)
+    text = result.stdout.str()
+    assert result.ret == 1, f"a rank's failure did not fail the run (exit {result.ret}): {text[-1500:]}"
+    result.assert_outcomes(failed=1, skipped=1)  # single: counted, no entry
+    assert "RuntimeError: a forward that fails in the ranks" in text, f"the rank's error is not said: {text[-1500:]}"
+
+
+def test_only_the_workloads_whose_steps_run_in_ranks_are_counted_ahead_and_they_run_last():
+    specs = {"a": {"kind": "model-step", "strategy": "ddp", "devices": 2}, "b": {"kind": "matmul"},
+             "c": {"kind": "train-step", "strategy": "fsdp", "devices": 2},
+             "d": {"kind": "train-step", "strategy": "manual", "devices": 2},
+             "e": {"kind": "train-step", "strategy": "no-such-strategy"}}
+    ahead = {n for n, spec in specs.items() if spawns_ranks_of(spec)}
+    assert ahead == {"a", "c"}, f"counted ahead: {sorted(ahead)}, not ddp's and fsdp's"
+
+    class Item:
+        def __init__(self, nodeid):
+            self.nodeid = nodeid
+
+    order = [i.nodeid for i in in_process_first([Item(n) for n in "abcde"], ahead)]
+    assert order == ["b", "d", "e", "a", "c"], f"in-process first, each lane in its order: {order}"
 
 
 @pytest.mark.parametrize("args, message", [

@@ -25,11 +25,14 @@ __all__ = ["RankPool", "RankPoolError", "StrategyRankPool", "IndependentPool", "
 # -- one pool of rank processes, for DDP steps and for collective peers -------------------------
 
 # What the fork server imports once, before it forks any rank (see rank_context). torch._dynamo:
-# DDP's constructor imports it (about 1 s of every rank's start otherwise). mgpu's modules come from
-# the tree of the process that starts the server (a baseline arm: the baseline's); a module that
-# tree lacks is skipped by multiprocessing, and the rank that needs it fails as it would anyway.
+# DDP's constructor imports it (about 1 s of every rank's start otherwise). mgpu_perf.counting and
+# torch's FLOP counter: the step counted in every rank (the gate's, the counted baseline's). mgpu's
+# modules come from the tree of the process that starts the server (a baseline arm: the baseline's);
+# a module that tree lacks is skipped by multiprocessing, and the rank that needs it fails as it
+# would anyway.
 SERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "torch.distributed.fsdp",
-                  "mgpu.strategies", "mgpu.trainer", "mgpu_perf.harness.sessions"]
+                  "mgpu.strategies", "mgpu.trainer", "mgpu_perf.harness.sessions", "mgpu_perf.counting",
+                  "torch.utils.flop_counter"]
 
 
 def rank_context():
