@@ -46,18 +46,19 @@ def check_with(target: Target, options: ScriptCheckOptions, progress=None):
     from mgpu.scriptcheck.judge import judge
     from mgpu.scriptcheck.launch import run_checked
     from mgpu.scriptcheck.locate import locate_failures
+    from mgpu.scriptcheck.plan import plan_check
     from mgpu.scriptcheck.report import ScriptReport, timings_of
 
     started = time.time()
-    target = target.validate(options.worlds)
+    plan = plan_check(target, options)
     setup = time.time() - started
-    runs = run_checked(target, options, progress=progress)
+    runs = run_checked(plan, progress=progress)
     judged_at = time.time()
-    judgement = judge(target, options, runs)
+    judgement = judge(plan, runs)
     compare_s = time.time() - judged_at
     # Only a comparison that failed at a gradient or a weight: a second, traced run says where it enters.
-    locate_s = locate_failures(target, options, runs, judgement.comparisons)
-    report = ScriptReport.of(target, options, runs, judgement)
+    locate_s = locate_failures(plan, runs, judgement.comparisons)
+    report = ScriptReport.of(plan.target, options, runs, judgement)
     report.seconds = time.time() - started
     report.timings = timings_of(runs, report.seconds, compare_s, setup)
     if locate_s:

@@ -1,6 +1,6 @@
 """The judge stage of check-script: from every run's records, what the check concludes.
 
-    judgement = judge(target, options, runs)     # ScriptCheckError when there is nothing to judge
+    judgement = judge(plan, runs)     # ScriptCheckError when there is nothing to judge
 
 In this order: the runs that crashed or hung; the findings every rank's record supports (dropout,
 random draws, BatchNorm per rank, zero gradients) and the facts that explain a divergence; whether
@@ -18,7 +18,7 @@ from mgpu.scriptcheck.compare import ScriptFacts, WorldComparison, compare_world
 from mgpu.scriptcheck.diagnose import (collective_fix, collective_text, merged_collectives, no_process_group,
                                       uninitialised_cause)
 from mgpu.scriptcheck.launch import RankFailure, WorldRun
-from mgpu.scriptcheck.plan import ScriptCheckError, ScriptCheckOptions, Target, batch_hint
+from mgpu.scriptcheck.plan import CheckPlan, ScriptCheckError, Target
 
 __all__ = ["Judgement", "judge", "findings_of"]
 
@@ -34,35 +34,60 @@ class Judgement:
     comparisons: list[WorldComparison] = field(default_factory=list)
 
 
-def judge(target: Target, options: ScriptCheckOptions, runs: list[WorldRun]) -> Judgement:
-    """The judgement of the runs; ScriptCheckError when world 1 made no optimizer step (nothing to judge)."""
+def judge(plan: CheckPlan, runs: list[WorldRun]) -> Judgement:
+    """The judgement of the runs; ScriptCheckError when world 1 made no optimizer step (nothing to judge).
+    In one pass a stage: what world 1 shows, then the findings (diagnose.py: what the records explain),
+    then world 1 against itself and each world N against world 1 (compare.py)."""
+    target, options = plan.target, plan.options
     out = Judgement(failures=[r.failure for r in runs if r.failure is not None])
-    out.findings, facts = findings_of(runs)
     by_kind = _references(runs)
     a_runs = [r for r in runs if r.world == 1 and r.run == "A" and r.failure is None and not r.lifted]
     if a_runs and not a_runs[0].ranks[0].steps:
         _nothing_stepped(target, a_runs[0])
-    for r in a_runs:
-        made = len(r.ranks[0].steps)
-        if made < options.steps:
-            out.notes.append(f"the script made {made} optimizer step(s) at world 1 ({r.device}), fewer than the "
-                             f"{options.steps} asked (--steps): compared on the steps it made")
-        if r.ranks[0].setup_steps:
-            out.notes.append(f"the script stepped its optimizer {r.ranks[0].setup_steps} time(s) with zero gradients "
-                             "before the model consumed any training data (building the optimizer's state, as a "
-                             "torch.distributed.checkpoint load does): not counted as training steps")
+    out.notes = _world_1_notes(a_runs, options.steps)
+    compared = [r for r in runs if r.world > 1 and r.failure is None]
+    labels = [_precision_label(r) for r in compared]
+    out.findings, facts = findings_of(runs)
+    # whatever parts first at world N, N copies of world 1 (no process group) explain it
+    no_group = [no_process_group(r.ranks, r.world) for r in compared]
     for pair in by_kind.values():
         # world 1 as run against itself lifted is the precision's yardstick, not a rerun: its weights
         # start in another dtype; the lifted pair says whether the script reproduces itself.
         if "A" in pair and "B" in pair and pair["A"].lifted == pair["B"].lifted and out.unreproducible is None:
             out.unreproducible = reproducibility(pair["A"], pair["B"])
-    hint = batch_hint(target.args, target.script, target.module)
-    for r in runs:
-        if r.world > 1 and r.failure is None:
-            compared = _compare(r, by_kind.get((r.device, r.lifted), {}), out.unreproducible, facts, hint)
-            compared.precision = _precision_label(r)
-            out.comparisons.append(compared)
+    for r, label, cause in zip(compared, labels, no_group):
+        world_1 = by_kind.get((r.device, r.lifted), {})
+        if "A" not in world_1 or "B" not in world_1:
+            result = WorldComparison(r.world, "not-compared", 0, reason="world 1 failed")
+        elif out.unreproducible is not None:
+            result = WorldComparison(r.world, "not-compared", 0, reason="two world-1 runs differ (see above)")
+        elif not r.ranks[0].steps:
+            result = WorldComparison(r.world, "fail", 0, reason="no optimizer step", first=Divergence(
+                1, kind="data", detail="no step recorded",
+                diagnosis=f"world {r.world} made no optimizer step where world 1 did: does the script take another "
+                          "path when distributed?"))
+        else:
+            result = compare_world(r, world_1["A"], world_1["B"], facts, plan.batch_hint)
+            if cause and result.first is not None:
+                result.status, result.first = "fail", dataclasses.replace(result.first, diagnosis=cause)
+        result.precision = label
+        out.comparisons.append(result)
     return out
+
+
+def _world_1_notes(a_runs: list[WorldRun], steps: int) -> list[str]:
+    """What world 1's runs A did that the comparison must say: fewer steps than asked, set-up steps."""
+    notes = []
+    for r in a_runs:
+        made = len(r.ranks[0].steps)
+        if made < steps:
+            notes.append(f"the script made {made} optimizer step(s) at world 1 ({r.device}), fewer than the "
+                         f"{steps} asked (--steps): compared on the steps it made")
+        if r.ranks[0].setup_steps:
+            notes.append(f"the script stepped its optimizer {r.ranks[0].setup_steps} time(s) with zero gradients "
+                         "before the model consumed any training data (building the optimizer's state, as a "
+                         "torch.distributed.checkpoint load does): not counted as training steps")
+    return notes
 
 
 def _references(runs: list[WorldRun]) -> dict[tuple[str, bool], dict[str, WorldRun]]:
@@ -89,23 +114,6 @@ def _precision_label(run: WorldRun) -> str:
         return f"float32, {', '.join(sorted(lifted)) or 'mixed precision'} lifted"
     lowest = (run.ranks[0].precision if run.ranks else {}).get("lowest", "float32")
     return "" if lowest == "float32" else f"as run, {lowest}; its spread world 1 lifted to float32"
-
-
-def _compare(run: WorldRun, world_1: dict, unreproducible, facts: ScriptFacts, hint: str) -> WorldComparison:
-    if "A" not in world_1 or "B" not in world_1:
-        return WorldComparison(run.world, "not-compared", 0, reason="world 1 failed")
-    if unreproducible is not None:
-        return WorldComparison(run.world, "not-compared", 0, reason="two world-1 runs differ (see above)")
-    if not run.ranks[0].steps:
-        return WorldComparison(run.world, "fail", 0, reason="no optimizer step", first=Divergence(
-            1, kind="data", detail="no step recorded",
-            diagnosis=f"world {run.world} made no optimizer step where world 1 did: does the script take another "
-                      "path when distributed?"))
-    compared = compare_world(run, world_1["A"], world_1["B"], facts, hint)
-    cause = no_process_group(run.ranks, run.world)  # whatever parted first, N copies of world 1 explain it
-    if cause and compared.first is not None:
-        compared.status, compared.first = "fail", dataclasses.replace(compared.first, diagnosis=cause)
-    return compared
 
 
 def _nothing_stepped(target: Target, run: WorldRun) -> None:

@@ -5,7 +5,8 @@ MASTER_ADDR, MASTER_PORT; ranks forked from a fork server that has imported torc
 costs a fork, not an interpreter and an import of torch) of `rank.run_rank`, which runs the
 script with runpy as `python SCRIPT` would. Every rank writes its record (a RankRecord) and its
 stdout/stderr into one temporary folder, removed when the check ends (also on a crash or a timeout).
-Which runs there are is the plan's (plan.py: world 1 twice, A and its perturbed rerun B).
+Which runs there are, and what each rank is told, is the plan's (plan.CheckPlan: world 1 twice, A and
+its perturbed rerun B, then each world N; lifted to float32 as well where run A ran below it).
 """
 
 from __future__ import annotations
@@ -15,21 +16,15 @@ import re
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from mgpu.check.records import RankRecord
 from mgpu.errors import LaunchError
-from mgpu.scriptcheck.plan import (PlannedRun, RankJob, ScriptCheckError, ScriptCheckOptions, Target, expand_args,
-                                   plan_runs)
+from mgpu.scriptcheck.plan import (PERTURB, PERTURB_SEED_VARIABLE, CheckPlan, PlannedRun, ScriptCheckError,
+                                   expand_args)
 
-__all__ = ["WorldRun", "RankFailure", "run_worlds", "run_checked", "liftable", "PERTURB", "ScriptCheckError", "expand_args"]
-
-# Run B's gradients are perturbed by this times (|g| + rms(g)) per element, with random signs: a few
-# float32 roundings, the size of the difference another summation order makes (compare.py).
-PERTURB = 2.0 ** -22
-# Run B's random signs are one fixed draw, so that a check gives one verdict on one machine; this
-# variable picks another draw (docs/notes/measure/repeat_checks.py counts false alarms over draws).
-PERTURB_SEED_VARIABLE = "MGPU_CHECK_PERTURB_SEED"
+__all__ = ["WorldRun", "RankFailure", "run_worlds", "run_checked", "liftable", "PERTURB", "PERTURB_SEED_VARIABLE",
+           "ScriptCheckError", "expand_args"]
 # Lines of a failing rank's stderr shown.
 TAIL_LINES = 8
 
@@ -107,57 +102,44 @@ def _failure(e: LaunchError, world: int, folder: str, tag: str, timeout: float |
     return RankFailure(world, rank, "crash", first, tail)
 
 
-def run_world(target: Target, planned: PlannedRun, options: ScriptCheckOptions, folder: str,
-              gpus: int, trace_step: int = 0) -> WorldRun:
-    """One planned run (plan.PlannedRun): every rank spawned, its record loaded, or its failure.
-    With trace_step k: up to step k, whose forwards are traced (locate.py)."""
+def run_world(plan: CheckPlan, planned: PlannedRun, folder: str, trace_step: int = 0) -> WorldRun:
+    """One planned run (plan.PlannedRun), as its RankJob says: every rank spawned, its record loaded, or
+    its failure. With trace_step k: up to step k, whose forwards are traced (locate.py)."""
     import torch
 
     from mgpu.launch import spawn
     from mgpu.scriptcheck.rank import run_rank
 
-    world, run, device, lift = planned
-    timeout = options.timeout
-    tag = f"w{world}{run or 'N'}-{device}{'-lifted' if lift else ''}{f'-t{trace_step}' if trace_step else ''}"
-    args = expand_args(target.args, world)
-    env = (("CUDA_VISIBLE_DEVICES", ""),) if device == "cpu" and gpus else ()
-    job = RankJob(os.path.abspath(target.script) if target.script else None, target.module, os.getcwd(), tuple(args),
-                  trace_step or options.steps, folder, tag, perturb=PERTURB if run == "B" else 0.0,
-                  threads=max(1, _cores() // world) if world > 1 else None, env=env,
-                  exact_gpu_math=device == "cuda", sync_batchnorm=True, lift_precision=lift,
-                  perturb_seed=int(os.environ.get(PERTURB_SEED_VARIABLE, "0") or 0),
-                  trace_step=trace_step)
-    out = WorldRun(world, run, device, args, lifted=lift)
+    job = replace(plan.jobs[planned], folder=folder)
+    if trace_step:
+        job = replace(job, steps=trace_step, trace_step=trace_step, tag=f"{job.tag}-t{trace_step}")
+    timeout = plan.options.timeout
+    out = WorldRun(planned.world, planned.run, planned.device, list(job.args), lifted=planned.lift)
     started = time.time()
     try:
-        spawn(run_rank, job, nprocs=world, deadline_s=timeout)
+        spawn(run_rank, job, nprocs=planned.world, deadline_s=timeout)
     except LaunchError as e:
-        out.failure = _failure(e, world, folder, tag, timeout)
+        out.failure = _failure(e, planned.world, folder, job.tag, timeout)
     out.started, out.ended = started, time.time()
     out.seconds = out.ended - started
     if out.failure is None:
-        for r in range(world):
-            path = os.path.join(folder, f"{tag}-rank{r}.pt")
+        for r in range(planned.world):
+            path = os.path.join(folder, f"{job.tag}-rank{r}.pt")
             out.ranks.append(torch.load(path, weights_only=False))
     return out
 
 
-def run_worlds(target: Target, options: ScriptCheckOptions, progress=None, parallel: int | None = None,
-               plan: list[PlannedRun] | None = None) -> list[WorldRun]:
-    """Every run of the plan (default: plan.plan_runs's); `parallel` runs at a time (default: as many as the cores allow, one
-    rank a core: one at a time on two cores, in this thread, where SIGTERM and Ctrl-C reach the
-    agent), in one temporary folder that is removed afterwards. An error of a run other than its
-    ranks' failure (which is the run's result) is raised here, after every started run has ended."""
-    import torch
-
-    gpus = torch.cuda.device_count()
-    plan = plan_runs(options.worlds, gpus) if plan is None else plan
+def run_worlds(plan: CheckPlan, runs: tuple[PlannedRun, ...], progress=None, parallel: int | None = None) -> list[WorldRun]:
+    """The planned `runs`; `parallel` at a time (default: as many as the cores allow, one rank a core: one
+    at a time on two cores, in this thread, where SIGTERM and Ctrl-C reach the agent), in one temporary
+    folder that is removed afterwards. An error of a run other than its ranks' failure (which is the
+    run's result) is raised here, after every started run has ended."""
     if parallel is None:
-        parallel = 1 if gpus else max(1, _cores() // 2)
+        parallel = 1 if plan.gpus else max(1, _cores() // 2)
     results: dict[tuple, WorldRun] = {}
     errors: list[BaseException] = []
     with tempfile.TemporaryDirectory(prefix="mgpu-script-") as folder:
-        pending = list(plan)
+        pending = list(runs)
         lock = threading.Lock()
 
         def worker():
@@ -167,7 +149,7 @@ def run_worlds(target: Target, options: ScriptCheckOptions, progress=None, paral
                         return
                     planned = pending.pop(0)
                 try:
-                    result = run_world(target, planned, options, folder, gpus)
+                    result = run_world(plan, planned, folder)
                 except BaseException as e:  # noqa: BLE001 - raised by the caller below, not lost in a thread
                     with lock:
                         errors.append(e)
@@ -187,7 +169,7 @@ def run_worlds(target: Target, options: ScriptCheckOptions, progress=None, paral
             t.join()
     if errors:
         raise errors[0]
-    return [results[p] for p in plan if p in results]
+    return [results[p] for p in runs if p in results]
 
 
 def liftable(run: WorldRun) -> bool:
@@ -199,16 +181,11 @@ def liftable(run: WorldRun) -> bool:
     return seen.get("lowest") in LOW
 
 
-def run_checked(target: Target, options: ScriptCheckOptions, progress=None) -> list[WorldRun]:
+def run_checked(plan: CheckPlan, progress=None) -> list[WorldRun]:
     """Every run the check needs: world 1's run A first (on each device kind), and what it ran at
-    decides the rest (plan.plan_runs: a mixed precision that can be lifted adds the lifted runs)."""
-    import torch
-
-    gpus = torch.cuda.device_count()
-    first = [p for p in plan_runs(options.worlds, gpus) if p.run == "A"]
-    runs = run_worlds(target, options, progress, plan=first)
+    decides the rest (the plan's `plain` runs, or its `lifted` ones for a mixed precision)."""
+    runs = run_worlds(plan, plan.first, progress)
     if any(r.failure is not None or not r.ranks[0].steps for r in runs):
         return runs  # world 1 crashed or never stepped: the judge says so; nothing to compare it with
-    lift = any(liftable(r) for r in runs)
-    rest = [p for p in plan_runs(options.worlds, gpus, lift) if p not in first]
-    return runs + run_worlds(target, options, progress, plan=rest)
+    rest = plan.lifted if any(liftable(r) for r in runs) else plan.plain
+    return runs + run_worlds(plan, rest, progress)

@@ -2,7 +2,7 @@
 from world 1's, each module's output per example and the gradient that reaches the model's output,
 world N against world 1.
 
-    seconds = locate_failures(target, options, runs, comparisons)   # sets WorldComparison.entered
+    seconds = locate_failures(plan, runs, comparisons)              # sets WorldComparison.entered
     entered = locate(traced_a, traced_b, traced_n, kind)             # {"sentence": ..., "where": ...}
 
 Only a comparison that failed at a gradient or a weight is located, so a passing check costs nothing:
@@ -50,27 +50,24 @@ LOCATED = ("gradient", "update", "weight")
 
 # -- the traced runs ---------------------------------------------------------------------------------------
 
-def traced_runs(target, options, run_n, step: int, cache: dict) -> tuple:
+def traced_runs(plan, run_n, step: int, cache: dict) -> tuple:
     """World 1's A and B and world N (as `run_n` ran: device, lifted) again up to `step`, traced; world
     1's runs shared through `cache` between world sizes that failed at the same step."""
-    import torch as _torch
-
     from mgpu.scriptcheck.launch import run_world
     from mgpu.scriptcheck.plan import PlannedRun
 
-    gpus = _torch.cuda.device_count()
     out = []
     with tempfile.TemporaryDirectory(prefix="mgpu-locate-") as folder:
         for planned in (PlannedRun(1, "A", run_n.device, run_n.lifted), PlannedRun(1, "B", run_n.device, run_n.lifted),
                         PlannedRun(run_n.world, "", run_n.device, run_n.lifted)):
             key = (planned, step)
             if key not in cache:
-                cache[key] = run_world(target, planned, options, folder, gpus, trace_step=step)
+                cache[key] = run_world(plan, planned, folder, trace_step=step)
             out.append(cache[key])
     return tuple(out)
 
 
-def locate_failures(target, options, runs: list, comparisons: list) -> float:
+def locate_failures(plan, runs: list, comparisons: list) -> float:
     """For each world size whose comparison failed at a gradient or a weight (its float32 comparison
     where there are two): where the divergence enters, as `comparison.entered`. The seconds it took
     (0.0 where nothing failed so: nothing runs)."""
@@ -87,7 +84,7 @@ def locate_failures(target, options, runs: list, comparisons: list) -> float:
         return 0.0
     cache: dict = {}
     for run, c in chosen.values():
-        a, b, n = traced_runs(target, options, run, c.first.step, cache)
+        a, b, n = traced_runs(plan, run, c.first.step, cache)
         failed = next((r for r in (a, b, n) if r.failure is not None), None)
         if failed is not None:
             c.entered = {"sentence": f"not located: the traced run of {failed.name} failed: {failed.failure.message}",

@@ -2,8 +2,9 @@
 target (a script or a module, with its ARGS), the `{world_size}` expressions in ARGS, and the runs.
 
     options = ScriptCheckOptions(ranks=(1, 2), steps=4).validate()
-    target = Target("train.py", None, ("--batch-size", "{64 // world_size}")).validate()
-    plan_runs(options.worlds, gpus=0)    # [(1, "A", "cpu"), (1, "B", "cpu"), (2, "", "cpu")]
+    plan = plan_check(Target("train.py", None, ("--batch-size", "{64 // world_size}")), options)
+    plan.first, plan.plain     # ((1, "A", "cpu"),), ((1, "B", "cpu"), (2, "", "cpu"))
+    plan.jobs[plan.first[0]]   # what every rank of that run is told (RankJob), ARGS evaluated
 
 World 1 runs twice on each kind of device the comparison uses: run A, plain, and run B, whose
 gradients get a rounding-sized perturbation (the tolerance's spread, compare.py), which also shows
@@ -16,19 +17,25 @@ from __future__ import annotations
 import ast
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from mgpu.errors import MgpuError
 from mgpu.validators import number, positive_int, world_sizes
 
-__all__ = ["ScriptCheckError", "ScriptCheckOptions", "Target", "RankJob", "PlannedRun", "expand_args", "plan_runs",
-           "batch_hint",
+__all__ = ["ScriptCheckError", "ScriptCheckOptions", "Target", "RankJob", "PlannedRun", "CheckPlan", "expand_args",
+           "plan_runs", "plan_check", "batch_hint", "PERTURB", "PERTURB_SEED_VARIABLE",
            "DEFAULT_RANKS", "DEFAULT_STEPS", "DEFAULT_TIMEOUT"]
 
 DEFAULT_RANKS = (1, 2)
 DEFAULT_STEPS = 4
 DEFAULT_TIMEOUT = 300.0
+# Run B's gradients are perturbed by this times (|g| + rms(g)) per element, with random signs: a few
+# float32 roundings, the size of the difference another summation order makes (compare.py).
+PERTURB = 2.0 ** -22
+# Run B's random signs are one fixed draw, so that a check gives one verdict on one machine; this
+# variable picks another draw (docs/notes/measure/repeat_checks.py counts false alarms over draws).
+PERTURB_SEED_VARIABLE = "MGPU_CHECK_PERTURB_SEED"
 
 
 class ScriptCheckError(MgpuError, ValueError):
@@ -113,13 +120,13 @@ class RankJob:
     steps: int                     # stop after this many steps of the first optimizer
     folder: str                    # where each rank writes its record and its stdout/stderr
     tag: str                       # this run's file names: "w2N-cpu-rank1.pt"
-    perturb: float = 0.0           # run B's perturbation (launch.PERTURB); 0 for every other run
+    perturb: float = 0.0           # run B's perturbation (PERTURB); 0 for every other run
     threads: int | None = None     # torch threads a rank (None: torch's default)
     env: tuple = ()                # (name, value) set in each rank before the script (value None: unset)
     exact_gpu_math: bool = False   # TF32 off, cuDNN deterministic (runs on GPUs)
     sync_batchnorm: bool = False   # BatchNorm as SyncBatchNorm computes it, at every world size (batchnorm.py)
     lift_precision: bool = False   # autocast and FSDP2's mixed precision lifted to float32 (precision.py)
-    perturb_seed: int = 0          # which draw of run B's random signs (launch.PERTURB_SEED_VARIABLE)
+    perturb_seed: int = 0          # which draw of run B's random signs (PERTURB_SEED_VARIABLE)
     trace_step: int = 0            # trace the forwards of this step (tracer.py; locate.py's second run), 0: none
 
 
@@ -227,3 +234,54 @@ def plan_runs(worlds: tuple[int, ...], gpus: int, lift: bool = False) -> list[Pl
         return plan + [PlannedRun(n, "", kind(n)) for n in others]
     plan = [PlannedRun(1, "A", k) for k in kinds] + [PlannedRun(1, run, k, True) for k in kinds for run in ("A", "B")]
     return plan + [PlannedRun(n, "", kind(n), True) for n in others] + [PlannedRun(n, "", kind(n)) for n in others]
+
+
+@dataclass(frozen=True)
+class CheckPlan:
+    """Everything the check decides before anything runs, handed to the run stage (launch.run_checked)
+    and the judge. Run A goes first; what it computed at picks the rest: `plain` (B and each world N)
+    when it ran at float32, `lifted` (plan_runs with lift) when it ran below. Every planned run's
+    RankJob is here, its ARGS evaluated; only its folder, the run stage's temporary one, is left empty."""
+
+    target: Target
+    options: ScriptCheckOptions
+    gpus: int
+    first: tuple[PlannedRun, ...]
+    plain: tuple[PlannedRun, ...]
+    lifted: tuple[PlannedRun, ...]
+    jobs: dict = field(default_factory=dict)   # PlannedRun -> RankJob
+    batch_hint: str = ""                       # how to keep the global batch, in the script's own terms
+
+
+def plan_check(target: Target, options: ScriptCheckOptions, gpus: int | None = None,
+               cores: int | None = None) -> CheckPlan:
+    """The check's plan for a target and validated options: the target validated at every world size
+    (ScriptCheckError), the runs (plan_runs, both ways), each run's RankJob and the batch hint.
+    `gpus` and `cores` default to this machine's (a rank of world N gets cores // N torch threads)."""
+    if gpus is None:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    if cores is None:
+        from mgpu.devices import usable_cores
+
+        cores = max(1, len(usable_cores()))
+    target = target.validate(options.worlds)
+    plain, lifted = plan_runs(options.worlds, gpus), plan_runs(options.worlds, gpus, lift=True)
+    first = tuple(p for p in plain if p.run == "A")
+    seed = int(os.environ.get(PERTURB_SEED_VARIABLE, "0") or 0)
+    jobs = {p: _job(target, options, p, gpus, cores, seed) for p in (*plain, *lifted)}
+    return CheckPlan(target, options, gpus, first, tuple(p for p in plain if p not in first),
+                     tuple(p for p in lifted if p not in first), jobs,
+                     batch_hint(target.args, target.script, target.module))
+
+
+def _job(target: Target, options: ScriptCheckOptions, planned: PlannedRun, gpus: int, cores: int,
+         seed: int) -> RankJob:
+    world, run, device, lift = planned
+    return RankJob(os.path.abspath(target.script) if target.script else None, target.module, os.getcwd(),
+                   tuple(expand_args(target.args, world)), options.steps, "",
+                   f"w{world}{run or 'N'}-{device}{'-lifted' if lift else ''}",
+                   perturb=PERTURB if run == "B" else 0.0, threads=max(1, cores // world) if world > 1 else None,
+                   env=(("CUDA_VISIBLE_DEVICES", ""),) if device == "cpu" and gpus else (),
+                   exact_gpu_math=device == "cuda", sync_batchnorm=True, lift_precision=lift, perturb_seed=seed)
