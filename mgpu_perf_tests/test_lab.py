@@ -36,3 +36,50 @@ def test_the_gate_never_imports_the_lab():
             todo.extend(t for t in graph.get(name, ()) if t in graph)
     lab = sorted(name for name in reached if name.startswith("mgpu_perf.lab"))
     assert not lab, f"the gate reaches the lab: {lab}"
+
+
+# -- validate-gate counts a wrong `unchanged` apart from `undecidable` ------------------------------
+
+def _experiment(plant: float, set_big: str | None = None):
+    from mgpu_perf.gate.settings import Settings
+    from mgpu_perf.lab.validate_gate import Experiment
+
+    big = f"{plant * 100:g}% slower"
+    return Experiment("test_train_step[single]", {}, 7, runs=3, set_runs=2, settings=Settings(threshold=0.10),
+                      big=big, set_big=set_big or big, plant=plant, set_slowed_only=True)
+
+
+def _set_run(**verdicts) -> dict:
+    return {"exit": 1, "seconds": 200.0, "verdicts": {f"test_train_step[{k}]": v for k, v in verdicts.items()}
+            | {"test_matmul_one_device[synchronised]": "unchanged"}}
+
+
+def test_validate_gate_counts_a_planted_slowdown_judged_unchanged_apart_from_undecidable():
+    from mgpu_perf.lab.validate_gate import summarise, verdict_counts, wrong_unchanged
+
+    e = _experiment(0.15)
+    decisions = {"same tree": [{"verdict": "unchanged", "seconds": 10, "rounds": 10}],
+                 e.big: [{"verdict": v, "seconds": 30, "rounds": 40} for v in ("slower", "unchanged", "undecidable")]}
+    sets = {"same tree": [], e.big: [_set_run(single="unchanged", ddp="undecidable"),
+                                     _set_run(single="slower", ddp="slower")]}
+    wrong = wrong_unchanged(e, decisions, sets)
+    assert wrong["single"] == 1, f"one of three single-step runs of a 15 % plant said unchanged: {wrong}"
+    assert wrong["set"] == {"test_train_step[single]": 1, "test_train_step[ddp]": 0}, \
+        f"the kernel is not counted, undecidable is not a wrong unchanged: {wrong}"
+    assert wrong["set_total"] == 1 and wrong["set_training_verdicts"] == 4, wrong
+    counts = verdict_counts(sets[e.big])
+    assert counts["test_train_step[ddp]"] == {"undecidable": 1, "slower": 1}, counts
+    summary = summarise(e, decisions, sets, total=500.0)
+    assert summary["met"]["no_wrong_unchanged"] is False and summary["wrong_unchanged"] == wrong, summary["met"]
+    assert summary["set_verdicts"][e.big]["test_train_step[single]"] == {"unchanged": 1, "slower": 1}
+
+
+def test_an_unchanged_below_the_threshold_or_for_a_slower_forward_is_not_counted_wrong():
+    from mgpu_perf.lab.validate_gate import wrong_unchanged
+
+    small = _experiment(0.05)  # a 5 % plant under a 10 % threshold: `unchanged` is a right answer
+    sets = {small.big: [_set_run(single="unchanged")]}
+    assert wrong_unchanged(small, {small.big: [{"verdict": "unchanged"}]}, sets)["single"] is None
+    forward = _experiment(0.15, set_big="forward 20% slower")  # the step slowed by less than its forward
+    counted = wrong_unchanged(forward, {forward.big: []}, {"forward 20% slower": [_set_run(single="unchanged")]})
+    assert counted["set_total"] == 0 and counted["set_training_verdicts"] == 0, counted

@@ -33,13 +33,17 @@ class RoundBuffer:
     host_samples: dict = field(default_factory=by_arm)  # host wall time beside
     pairs: list = field(default_factory=list)           # the worker pair of each round
     pilot: dict | None = None                           # rounds set aside (ab.json's shape, above)
+    facts: list = field(default_factory=list)           # each round's facts (gate/health.py), where reported
 
-    def add_round(self, pair: int, times: dict) -> None:
-        """One round's samples: {arm: (deciding time, host time)} from its worker pair."""
+    def add_round(self, pair: int, times: dict, facts: dict | None = None) -> None:
+        """One round's samples: {arm: (deciding time, host time)} from its worker pair, and what the
+        round health checks (RoundFacts.to_dict), when the round has it."""
         for label, (decided, host) in times.items():
             self.samples[label].append(decided)
             self.host_samples[label].append(host)
         self.pairs.append(pair)
+        if facts is not None:
+            self.facts.append(facts)
 
     def set_aside(self, ops: int) -> None:
         """Move the rounds taken so far (of `ops` operations a sample) to the pilot: rounds the sizing
@@ -51,8 +55,10 @@ class RoundBuffer:
                 pilot[key][label] += getattr(self, key)[label]
         pilot["pairs"] += self.pairs
         pilot["ops"] += [ops] * len(self.pairs)
+        pilot["facts"] = pilot.get("facts", []) + (self.facts if len(self.facts) == len(self.pairs)
+                                                   else [None] * len(self.pairs))
         self.pilot = pilot
-        self.samples, self.host_samples, self.pairs = by_arm(), by_arm(), []
+        self.samples, self.host_samples, self.pairs, self.facts = by_arm(), by_arm(), [], []
 
     def take_back(self, ops: int) -> None:
         """Put the rounds set aside that had `ops` operations a sample back among the rounds (before
@@ -68,6 +74,10 @@ class RoundBuffer:
                 self.pilot[key][label] = [old[i] for i in keep]
         self.pairs[:0] = [self.pilot["pairs"][i] for i in back]
         self.pilot["pairs"] = [self.pilot["pairs"][i] for i in keep]
+        facts = self.pilot.pop("facts", [None] * len(self.pilot["ops"]))
+        if all(facts[i] is not None for i in back) and len(self.facts) + len(back) == len(self.pairs):
+            self.facts[:0] = [facts[i] for i in back]
+        self.pilot["facts"] = [facts[i] for i in keep]
         self.pilot["ops"] = [self.pilot["ops"][i] for i in keep]
         if not self.pilot["ops"]:
             self.pilot = None

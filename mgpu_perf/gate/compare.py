@@ -36,11 +36,12 @@ from mgpu_perf.gate.arm import Arm, ArmError
 from mgpu_perf.gate.buffer import RoundBuffer
 from mgpu_perf.gate.comparison import Comparison
 from mgpu_perf.gate.counted import Counted, count_in_both
+from mgpu_perf.gate.health import RoundFacts, check_rounds
 from mgpu_perf.gate.looks import REFUSAL_LOOKS, Benchmark, Next, first_look, later_look
 from mgpu_perf.gate.rounds import Pools, agree_on_graphs, choose_clock, close_workers, in_both, sample_times, take_round
 from mgpu_perf.gate.settings import Settings
 
-__all__ = ["Settings", "Comparison", "compare", "judge", "ArmError", "REFUSAL_LOOKS"]
+__all__ = ["Settings", "Comparison", "compare", "judge", "with_round_health", "ArmError", "REFUSAL_LOOKS"]
 
 
 def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: Settings, family_size: int = 1,
@@ -68,6 +69,7 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
         bench = Benchmark(name, RoundBuffer(), pools, settings, settings.alpha / family_size, start,
                           timer=time.perf_counter, limit=settings.max_rounds)
         clock_reason = _warm_up(bench)
+        cpu_applies = bench.clock == "host" and all(a.get("in_process") for group in answers.values() for a in group)
         counting_began = time.perf_counter()
         counted = count_in_both(pools) if settings.counts != "off" else Counted(reason="--ab-counts off")
         count_s = time.perf_counter() - counting_began
@@ -84,7 +86,8 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
         ops_per_sample=bench.ops, samples=rounds.samples, host_samples=rounds.host_samples, pairs=rounds.pairs,
         clock=bench.clock, clock_reason=clock_reason, graphs=graphs, plans=bench.plans, budget_s=settings.budget_s,
         pilot=rounds.pilot, seconds=time.perf_counter() - start, round_s=round_s, count_s=count_s,
-        estimate=estimate, counted=counted, spent=bench.spent, early=bench.early)
+        estimate=estimate, counted=counted, spent=bench.spent, early=bench.early, facts=rounds.facts,
+        cpu_applies=cpu_applies)
     log(f"{name}: {len(rounds.samples['baseline'])} rounds, ratio {estimate.ratio:.3f}")
     return result
 
@@ -157,5 +160,17 @@ def judge(results: list[Comparison], settings: Settings) -> list[Comparison]:
         level -= r.spent  # what the refusal looks' tests spent (at most half the strictest level)
         if r.spent:
             verdict = abstats.verdict(r.estimate, settings.threshold, level)
-        judged.append(dataclasses.replace(r, verdict=verdict, level=level))
+        judged.append(with_round_health(r, verdict, level, settings.threshold))
     return judged
+
+
+def with_round_health(r: Comparison, verdict: str, level: float, threshold: float) -> Comparison:
+    """The result judged `verdict` at `level`, its rounds' health (gate/health.py) checked: an
+    `unchanged` whose rounds do not show it by every check becomes `undecidable`, the doubt its
+    reason. Other verdicts stand (a `slower` is tested at its level whatever the rounds' health)."""
+    health = check_rounds(r.samples, [RoundFacts.from_dict(f) for f in r.facts], threshold, level, r.cpu_applies)
+    if verdict == "unchanged" and health.doubt:
+        return dataclasses.replace(r, status="undecidable", verdict="undecidable", level=level, health=health,
+                                   reason=f"no positive evidence of `unchanged` ({r.estimate.ratio:.3f}): "
+                                          f"{health.doubt}")
+    return dataclasses.replace(r, verdict=verdict, level=level, health=health)

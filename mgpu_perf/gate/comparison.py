@@ -18,6 +18,7 @@ from mgpu_perf.gate import sizing
 from mgpu_perf.gate import stats as abstats
 from mgpu_perf.gate.buffer import by_arm
 from mgpu_perf.gate.counted import Counted
+from mgpu_perf.gate.health import RoundHealth
 
 __all__ = ["Comparison"]
 
@@ -47,6 +48,9 @@ class Comparison:
     counted: Counted = field(default_factory=Counted)  # one step counted in both arms (gate/counted.py)
     spent: float = 0.0                  # level spent on `slower` tests at refusal looks (taken off the final test's)
     early: dict | None = None           # a refusal look whose rounds already showed `slower`: where, at what level
+    facts: list = field(default_factory=list)  # each round's facts (gate/health.py RoundFacts.to_dict)
+    cpu_applies: bool = False           # the step runs in the workers' processes on the host clock (health rule 4)
+    health: RoundHealth | None = None   # what the rounds show beside their ratio, checked by judge
 
     def median(self, arm: str) -> float:
         return statistics.median(self.samples[arm]) if self.samples[arm] else math.nan
@@ -77,4 +81,5 @@ class Comparison:
                 "seconds": self.seconds, "round_s": finite_or_none(self.round_s), "count_s": self.count_s, "samples": self.samples,
                 "host_samples": self.host_samples,
                 "pairs": self.pairs, "pilot": self.pilot, "counted": self.counted.to_dict(), "spent": self.spent,
-                "early": self.early}
+                "early": self.early, "health": self.health.to_dict() if self.health else None,
+                "facts": self.facts}

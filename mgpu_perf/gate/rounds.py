@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 
 from mgpu_perf.gate.arm import Arm, ArmError
+from mgpu_perf.gate.health import RoundFacts, sample_facts
 
 __all__ = ["round_order", "round_pair", "choose_clock", "sample_times", "in_both", "agree_on_graphs", "take_round",
            "close_workers"]
@@ -90,16 +91,20 @@ def agree_on_graphs(pools: Pools, answers: dict[str, list[dict]]) -> dict:
     return {label: {"captured": False, "why": f"dropped: {why}"} for label in states}
 
 
-def take_round(pools: Pools, i: int, workers: int, ops: int, clock: str, smoke: bool) -> tuple[int, dict]:
-    """Round i: (its worker pair, {arm: (deciding time, host time)}), each arm's sample of `ops`
+def take_round(pools: Pools, i: int, workers: int, ops: int, clock: str,
+               smoke: bool) -> tuple[int, dict, dict | None]:
+    """Round i: (its worker pair, {arm: (deciding time, host time)}, the round's facts for
+    gate/health.py: which arm ran first, each sample's window and CPU), each arm's sample of `ops`
     operations. A smoke run checks that the workload runs in both arms: nothing is timed against
-    anything, so both arms take their samples at once."""
+    anything, so both arms take their samples at once (and it has no facts)."""
     pair = round_pair(i, workers)
     if smoke:
         answers = in_both({label: [pool[pair]] for label, pool in pools.items()}, "sample", ops=ops)
-        return pair, {label: sample_times(answer, clock) for label, (answer,) in answers.items()}
-    return pair, {label: sample_times(pools[label][pair].request("sample", ops=ops), clock)
-                  for label in round_order(i, workers)}
+        return pair, {label: sample_times(answer, clock) for label, (answer,) in answers.items()}, None
+    order = round_order(i, workers)
+    answers = {label: pools[label][pair].request("sample", ops=ops) for label in order}
+    facts = RoundFacts(order[0], sample_facts(answers["baseline"]), sample_facts(answers["candidate"]))
+    return pair, {label: sample_times(answers[label], clock) for label in order}, facts.to_dict()
 
 
 def close_workers(pools: Pools) -> None:

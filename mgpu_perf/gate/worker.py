@@ -63,6 +63,7 @@ def time_ops(op, ops: int, device=None, event=None) -> dict:
     host, on_device = [], []
     if device is not None and event is None:
         event = torch.cuda.Event
+    window, cpu = [time.monotonic()], time.process_time()
     for _ in range(ops):
         if device is not None:
             start, end = event(enable_timing=True), event(enable_timing=True)
@@ -76,7 +77,11 @@ def time_ops(op, ops: int, device=None, event=None) -> dict:
         host.append(time.perf_counter() - began)
         if device is not None:
             on_device.append(start.elapsed_time(end) / 1e3)  # ms -> s
-    return {"times": host, "device_times": on_device} if device is not None else {"times": host}
+    window.append(time.monotonic())
+    # What the gate's round health (gate/health.py) checks: the sample's wall window on the machine's
+    # monotonic clock (one clock for every process), and the CPU this process spent in it.
+    timing = {"times": host, "window": window, "cpu_s": time.process_time() - cpu}
+    return {**timing, "device_times": on_device} if device is not None else timing
 
 
 def _inside(path: str, tree: str) -> bool:
@@ -103,7 +108,12 @@ def _setup(workloads, spec: dict, tree: str, not_comparable: tuple, threads: int
         raise RuntimeError(f"the model's code was imported from {origin}, not from this arm's tree "
                            f"{tree}: both arms would time the same code (is the project installed "
                            "without being on the path from its own folder?)")
-    return workload, {"ok": True, "graphs": getattr(workload, "graphs", {"captured": False, "why": ""})}
+    from mgpu_perf.harness.ranks import spawns_ranks
+
+    # Whether the step runs in this process (its CPU seconds are this process's: gate/health.py)
+    in_process = not (spec.get("strategy") and spawns_ranks(spec["strategy"]))
+    return workload, {"ok": True, "graphs": getattr(workload, "graphs", {"captured": False, "why": ""}),
+                      "in_process": in_process}
 
 
 def main(argv: list[str]) -> int:
@@ -124,7 +134,7 @@ def main(argv: list[str]) -> int:
 
     threads = torch.get_num_threads()  # each workload starts from it (_setup)
     out.write(json.dumps({"ready": True, "versions": versions(), "mgpu": where}) + "\n")
-    workload = None
+    workload, idle_from = None, None
     for line in sys.stdin:
         request = json.loads(line)
         command = request["command"]
@@ -135,7 +145,11 @@ def main(argv: list[str]) -> int:
                     workload = None
                 workload, answer = _setup(workloads, request["spec"], tree, NOT_COMPARABLE, threads)
             elif command == "sample":
+                # The CPU this process spent since its last sample ended (threads spinning, work left
+                # behind by the step): it runs while the other arm is timed.
+                between = time.process_time() - idle_from if idle_from is not None else None
                 answer = time_ops(workload.op, request["ops"], getattr(workload, "cuda_device", None))
+                answer["cpu_between_s"] = between
                 if "device_times" not in answer:
                     answer["clock_note"] = getattr(workload, "clock_note", "host wall time")
             elif command == "graphs":
@@ -163,6 +177,7 @@ def main(argv: list[str]) -> int:
         except BaseException as e:  # reported, then this arm is done: the parent fails the run
             answer = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
         out.write(json.dumps(answer) + "\n")
+        idle_from = time.process_time() if command == "sample" else None
     return 0
 
 

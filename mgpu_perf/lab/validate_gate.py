@@ -45,92 +45,12 @@ from pathlib import Path
 
 from mgpu_perf.errors import GateError
 from mgpu_perf.gate.arm import start_workers
-from mgpu_perf.gate.compare import compare
+from mgpu_perf.gate.compare import compare, with_round_health
 from mgpu_perf.gate.options import DEFAULTS
 from mgpu_perf.gate.settings import OptionValues, Settings, parse_settings
 from mgpu_perf.gate.stats import verdict
-
-
-# Appended to the slowed copies' mgpu/trainer.py.
-PLANTED = '''
-
-# -- planted by mgpu_perf/lab/validate_gate.py: every step and evaluation takes (1 + {fraction}) times its own time
-def _planted_slowdown(method, fraction={fraction}):
-    import functools
-    import time as _time
-
-    @functools.wraps(method)
-    def slowed(*args, **kwargs):
-        start = _time.perf_counter()
-        out = method(*args, **kwargs)
-        end = start + (_time.perf_counter() - start) * (1 + fraction)
-        while _time.perf_counter() < end:  # busy, as real work would be
-            pass
-        return out
-    return slowed
-
-
-Trainer.step = _planted_slowdown(Trainer.step)
-Trainer.evaluate = _planted_slowdown(Trainer.evaluate)
-'''
-
-
-# Appended to the copy's mgpu/models.py by --set-forward: ResNet-18's forward takes (1 + fraction)
-# times its own time, in every process that runs it (the rank processes of ddp and fsdp included).
-PLANTED_FORWARD = '''
-
-# -- planted by mgpu_perf/lab/validate_gate.py --set-forward: the forward takes (1 + {fraction}) times its own time
-_unplanted_resnet18 = resnet18
-
-
-def resnet18(*args, **kwargs):
-    import time as _time
-
-    model = _unplanted_resnet18(*args, **kwargs)
-    began = {{}}
-
-    def start(module, inputs):
-        began["t"] = _time.perf_counter()
-
-    def stretch(module, inputs, output):
-        end = _time.perf_counter() + (_time.perf_counter() - began["t"]) * {fraction}
-        while _time.perf_counter() < end:  # busy, as real work would be
-            pass
-        return output
-
-    model.register_forward_pre_hook(start)
-    model.register_forward_hook(stretch)
-    return model
-'''
-
-
-SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", ".benchmarks", "perf-results", "runs",
-             "data"}
-
-
-def project_files(root: Path) -> list[str]:
-    """Tracked and untracked-but-not-ignored files: the tree as a clean checkout of it would hold
-    (outside a git checkout: every file but the virtualenv, caches and outputs)."""
-    out = subprocess.run(["git", "-C", str(root), "ls-files", "-co", "--exclude-standard"], capture_output=True,
-                         text=True)
-    if out.returncode == 0:
-        return [f for f in out.stdout.splitlines() if (root / f).is_file()]
-    return [str(p.relative_to(root)) for p in root.rglob("*")
-            if p.is_file() and not SKIP_DIRS.intersection(p.relative_to(root).parts)]
-
-
-def copy_tree(root: Path, dest: Path, slowdown: float | None = None, forward: float | None = None) -> Path:
-    """A copy of the tree; `slowdown`: every step and evaluation that much slower (PLANTED);
-    `forward`: the model's forward that much slower (PLANTED_FORWARD)."""
-    for f in project_files(root):
-        target = dest / f
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(root / f, target)
-    for fraction, file, code in ((slowdown, "trainer.py", PLANTED), (forward, "models.py", PLANTED_FORWARD)):
-        if fraction:
-            target = dest / "mgpu" / file
-            target.write_text(target.read_text() + code.format(fraction=fraction))
-    return dest
+# The plants and the tree's copies live in lab/plants.py; imported from here too (validate_counts, notes' scripts).
+from mgpu_perf.lab.plants import PLANTED, PLANTED_FORWARD, copy_tree, project_files  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -144,8 +64,11 @@ class Experiment:
     runs: int
     set_runs: int
     settings: Settings
-    big: str       # the T % candidate's label: "10% slower"
+    big: str       # the T % candidate's label: "10% slower" (or --plant's: "15% slower")
     set_big: str   # the whole set's slowed candidate's label: big, or "forward 50% slower"
+    plant: float = 0.0   # the big candidate's slowdown (a fraction): at or above the threshold, `unchanged` is wrong
+    set_slowed_only: bool = False  # the whole set from the slowed candidate only
+    stop_starting_at: float = math.inf  # time.time() after which no run starts (--stop-starting-after-min)
 
 
 def single_step_spec() -> tuple[str, dict, int]:
@@ -172,15 +95,19 @@ def one_decision(baseline: Path, candidate: Path, name: str, spec: dict, family:
             arm.close()
         shutil.rmtree(run_dir, ignore_errors=True)
     level = settings.alpha / family  # the strictest Holm step of a whole run of the gated set
-    judged = result.status if result.status == "undecidable" else verdict(result.estimate, settings.threshold, level)
-    result = replace(result, level=level, verdict=judged)
+    if result.status == "undecidable":
+        result = replace(result, level=level, verdict=result.status)
+    else:  # as the gate judges it, its rounds' health included
+        result = with_round_health(result, verdict(result.estimate, settings.threshold, level), level,
+                                   settings.threshold)
     low, high = result.interval()
     return {"verdict": result.verdict, "ratio": result.estimate.ratio, "interval": [low, high],
             "rounds": len(result.samples["baseline"]), "seconds": time.perf_counter() - start,
             "samples": result.samples, "reason": result.reason, "plans": result.plans,
             "ops_per_sample": result.ops_per_sample, "counted": result.counted.verdict,
             "count_changes": result.counted.changes, "count_reason": result.counted.reason, "count_s": result.count_s,
-            "round_s": result.round_s}  # every round, to replay the decision under another rule
+            "round_s": result.round_s, "facts": result.facts,
+            "health": result.health.to_dict() if result.health else None}  # every round, to replay the decision
 
 
 def whole_set(candidate: Path, baseline: Path, out: Path, settings: Settings) -> dict:
@@ -197,9 +124,22 @@ def whole_set(candidate: Path, baseline: Path, out: Path, settings: Settings) ->
     except (OSError, ValueError):
         raise RuntimeError(f"the gate run wrote no ab.json (exit {proc.returncode}):\n{proc.stdout[-3000:]}"
                            f"\n{proc.stderr[-2000:]}") from None
-    return {"exit": proc.returncode, "seconds": seconds,
-            "verdicts": {b["name"].split("::")[-1]: b["verdict"] for b in report["benchmarks"]},
-            "ratios": {b["name"].split("::")[-1]: b["ratio"] for b in report["benchmarks"]}}
+    named = {b["name"].split("::")[-1]: b for b in report["benchmarks"]}
+    return {"exit": proc.returncode, "seconds": seconds, "verdicts": {k: b["verdict"] for k, b in named.items()},
+            "ratios": {k: b["ratio"] for k, b in named.items()},
+            "reasons": {k: b["reason"] for k, b in named.items() if b.get("reason")},
+            "benchmarks": [kept(b) for b in report["benchmarks"]]}
+
+
+KEPT = ("name", "status", "verdict", "ratio", "interval", "rounds", "reason", "noise", "plans", "samples", "pairs",
+        "health", "ops_per_sample", "seconds")
+
+
+def kept(benchmark: dict) -> dict:
+    """What validate-gate keeps of one benchmark of ab.json: its decision and rounds, and each
+    round's facts (gate/health.py) where it was not `slower` (the rounds to look at again)."""
+    return {k: benchmark.get(k) for k in KEPT} | ({"facts": benchmark.get("facts")}
+                                                if benchmark.get("verdict") != "slower" else {})
 
 
 def rate(decisions: list[dict], verdict: str) -> str:
@@ -226,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set-forward", type=float, default=None, metavar="PERCENT",
                         help="the whole set's slowed candidate has a forward PERCENT slower (the model's, in every "
                              "process) instead of a step --threshold slower")
+    parser.add_argument("--plant", type=float, default=None, metavar="PERCENT",
+                        help="the slowed candidate's slowdown in percent (default: --threshold); at or above the "
+                             "threshold an `unchanged` for it is a wrong `unchanged`, counted apart")
+    parser.add_argument("--set-slowed-only", action="store_true",
+                        help="the whole gated set from the slowed candidate only (no same-tree set runs)")
+    parser.add_argument("--stop-starting-after-min", type=float, default=None, metavar="MINUTES",
+                        help="start no run after this many minutes; the summary holds the runs done")
     parser.add_argument("--tree", default=".", help="the checkout of mgpu to validate (default: this folder)")
     return parser
 
@@ -248,6 +195,8 @@ def single_decisions(experiment: Experiment, copies: dict, tmp: Path, partial: P
           f"{settings.workers} worker(s) an arm, judged at alpha {settings.alpha}/{e.family}", flush=True)
     for i in range(e.runs):
         for kind, candidate in kinds.items():
+            if time.time() > e.stop_starting_at:
+                return decisions
             d = one_decision(same, candidate, e.name, e.spec, e.family, tmp, settings)
             decisions[kind].append(d)
             partial.write_text(json.dumps({"settings": asdict(settings), "decisions": decisions}) + "\n")
@@ -257,15 +206,24 @@ def single_decisions(experiment: Experiment, copies: dict, tmp: Path, partial: P
     return decisions
 
 
-def whole_sets(experiment: Experiment, same: Path, unchanged: Path, slowed: Path, tmp: Path) -> dict[str, list[dict]]:
-    """`set_runs` runs of the whole gated set from the unchanged tree and from the slowed candidate."""
+def whole_sets(experiment: Experiment, same: Path, unchanged: Path, slowed: Path, tmp: Path,
+               partial: Path | None = None) -> dict[str, list[dict]]:
+    """`set_runs` runs of the whole gated set from the unchanged tree and from the slowed candidate
+    (--set-slowed-only: from the slowed one only), none started past --stop-starting-after-min;
+    every run written to `partial` as it ends."""
     big = experiment.set_big
     sets: dict[str, list[dict]] = {"same tree": [], big: []}
     print(f"2. the whole gated set, {experiment.set_runs} runs per kind", flush=True)
+    kinds = ((big, slowed),) if experiment.set_slowed_only else (("same tree", unchanged), (big, slowed))
     for i in range(experiment.set_runs):
-        for kind, candidate in (("same tree", unchanged), (big, slowed)):
+        for kind, candidate in kinds:
+            if time.time() > experiment.stop_starting_at:
+                print(f"   no more runs: --stop-starting-after-min reached after {i} run(s)", flush=True)
+                return sets
             r = whole_set(candidate, same, tmp / f"set-{kind.split()[0]}-{i}", experiment.settings)
             sets[kind].append(r)
+            if partial is not None:
+                partial.write_text(json.dumps({"whole_set": sets}) + "\n")
             verdicts = ", ".join(f"{k}: {v}" for k, v in r["verdicts"].items())
             print(f"   run {i + 1} {kind:<11} exit {r['exit']} in {r['seconds']:.0f} s: {verdicts}", flush=True)
     return sets
@@ -278,6 +236,30 @@ def as_required(r: dict, slowed: bool) -> bool:
     return r["exit"] == 1 and all(v == ("unchanged" if "matmul" in k else "slower") for k, v in r["verdicts"].items())
 
 
+def verdict_counts(runs: list[dict]) -> dict[str, dict[str, int]]:
+    """Per benchmark of the whole-set runs, how many gave each verdict."""
+    counts: dict[str, dict[str, int]] = {}
+    for r in runs:
+        for name, v in r["verdicts"].items():
+            counts.setdefault(name, {})[v] = counts.setdefault(name, {}).get(v, 0) + 1
+    return counts
+
+
+def wrong_unchanged(experiment: Experiment, decisions: dict, sets: dict) -> dict:
+    """The gate's worst answer, counted apart from `undecidable`: a planted slowdown at or above the
+    threshold judged `unchanged`. The single step's runs of the big candidate, and the training
+    benchmarks of the whole set's slowed runs (not the kernel, which no plant touches; not a
+    --set-forward candidate, whose step is slowed by less than its forward)."""
+    e = experiment
+    if e.plant < e.settings.threshold:
+        return {"single": None, "set": None, "set_total": None, "set_training_verdicts": 0}
+    single = sum(d["verdict"] == "unchanged" for d in decisions.get(e.big, []))
+    runs = sets.get(e.big, []) if e.set_big == e.big else []
+    training = [(k, v) for r in runs for k, v in r["verdicts"].items() if "matmul" not in k]
+    per = {k: sum(v == "unchanged" for name, v in training if name == k) for k, _ in training}
+    return {"single": single, "set": per, "set_total": sum(per.values()), "set_training_verdicts": len(training)}
+
+
 def summarise(experiment: Experiment, decisions: dict, sets: dict, total: float) -> dict:
     """gate-validation.json: the rates, the targets and whether they were met."""
     e, settings = experiment, experiment.settings
@@ -285,7 +267,9 @@ def summarise(experiment: Experiment, decisions: dict, sets: dict, total: float)
     caught = sum(d["verdict"] == "slower" for d in decisions[e.big])
     allowed_false, needed = math.floor(e.runs / 20), math.ceil(e.runs * 19 / 20)
     decisions = {k: v for k, v in decisions.items() if v}  # --runs 0: the whole set only
-    set_ok = all(as_required(r, False) for r in sets["same tree"]) and all(as_required(r, True) for r in sets[e.set_big])
+    set_ok = all(as_required(r, False) for r in sets.get("same tree", [])) and \
+        all(as_required(r, True) for r in sets[e.set_big])
+    wrong = wrong_unchanged(e, decisions, sets)
     return {
         "benchmark": e.name, "spec": e.spec, "runs_per_kind": e.runs, "set_runs_per_kind": e.set_runs,
         "settings": {"threshold": settings.threshold, "max_rounds": settings.max_rounds, "sample_s": settings.sample_s,
@@ -294,9 +278,11 @@ def summarise(experiment: Experiment, decisions: dict, sets: dict, total: float)
                   for kind, ds in decisions.items()},
         "seconds_per_decision": {kind: sum(d["seconds"] for d in ds) / len(ds) for kind, ds in decisions.items()},
         "rounds_per_decision": {kind: sum(d["rounds"] for d in ds) / len(ds) for kind, ds in decisions.items()},
+        "plant": e.plant, "wrong_unchanged": wrong, "set_verdicts": {k: verdict_counts(rs) for k, rs in sets.items()},
         "whole_set": sets, "total_seconds": total, "decisions": decisions,
-        "targets": {"false_slower_at_most": allowed_false, "caught_at_least": needed},
-        "met": {"false_alarms": false_alarms <= allowed_false, "detections": caught >= needed, "whole_set": set_ok},
+        "targets": {"false_slower_at_most": allowed_false, "caught_at_least": needed, "wrong_unchanged": 0},
+        "met": {"false_alarms": false_alarms <= allowed_false, "detections": caught >= needed, "whole_set": set_ok,
+                "no_wrong_unchanged": not (wrong["single"] or wrong["set_total"])},
     }
 
 
@@ -315,6 +301,14 @@ def print_summary(summary: dict, experiment: Experiment, path: Path) -> None:
         per_run = [r["seconds"] for rs in sets.values() for r in rs]
         print(f"whole gated set: {'as required' if summary['met']['whole_set'] else 'NOT as required'}; "
               f"{min(per_run):.0f}-{max(per_run):.0f} s a run")
+        for kind, counts in summary["set_verdicts"].items():
+            for name, c in counts.items():
+                print(f"   {kind:<11} {name:<40} " + ", ".join(f"{v} {n}" for v, n in sorted(c.items())))
+    wrong = summary["wrong_unchanged"]
+    if wrong["single"] is not None:
+        print(f"wrong unchanged (a planted {experiment.plant:.0%} slowdown, at or above the threshold, judged "
+              f"`unchanged`): single step {wrong['single']}/{runs}, whole set {wrong['set_total']} of "
+              f"{wrong['set_training_verdicts']} training verdicts")
     print(f"false slower {false_alarms}/{runs} (target <= {targets['false_slower_at_most']}), "
           f"caught {caught}/{runs} (target >= {targets['caught_at_least']}); "
           f"total {summary['total_seconds'] / 60:.1f} min; wrote {path}")
@@ -324,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     runs = args.runs if args.runs is not None else (5 if args.quick else 20)
+    plant = args.plant if args.plant is not None else args.threshold
+    if not 0 < plant < 100:
+        parser.error(f"--plant must be a percentage in (0, 100), got {plant:g}")
     set_runs = args.set_runs if args.set_runs is not None else (1 if args.quick else 3)
     if runs < 0 or set_runs < 0 or runs + set_runs == 0:
         parser.error("--runs and --set-runs must be at least 0, and one of them positive")
@@ -333,12 +330,13 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.tree).resolve()
     if not is_mgpu_checkout(root):
         parser.error(f"--tree {root} is not a checkout of mgpu (validate-gate plants slowdowns in its mgpu/trainer.py)")
-    full, half = args.threshold / 100, args.threshold / 200
-    big, small = f"{args.threshold:g}% slower", f"{args.threshold / 2:g}% slower"
+    full, half = plant / 100, args.threshold / 200
+    big, small = f"{plant:g}% slower", f"{args.threshold / 2:g}% slower"
     forward = bool(args.set_forward and set_runs)  # the whole set's candidate: a slower forward instead
     name, spec, family = single_step_spec()
     experiment = Experiment(name, spec, family, runs, set_runs, settings, big,
-                            f"forward {args.set_forward:g}% slower" if forward else big)
+                            f"forward {args.set_forward:g}% slower" if forward else big, full, args.set_slowed_only,
+                            time.time() + 60 * args.stop_starting_after_min if args.stop_starting_after_min else math.inf)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     partial = out / f"gate-validation-t{args.threshold:g}.partial.json"  # every decision as it ends
@@ -353,11 +351,12 @@ def main(argv: list[str] | None = None) -> int:
         kinds = {"same tree": unchanged, big: slowed[full], **({} if args.without_half else {small: slowed[half]})}
         decisions = single_decisions(experiment, {"same": same, "kinds": kinds}, tmp, partial)
         set_slowed = copy_tree(root, tmp / "slowed-forward", forward=args.set_forward / 100) if forward else slowed[full]
-        sets = whole_sets(experiment, same, unchanged, set_slowed, tmp)
+        sets = whole_sets(experiment, same, unchanged, set_slowed, tmp, out / f"gate-validation-t{args.threshold:g}.sets.partial.json")
     summary = summarise(experiment, decisions, sets, time.perf_counter() - began)
     path = out / f"gate-validation-t{args.threshold:g}.json"
     path.write_text(json.dumps(summary, indent=2) + "\n")
     partial.unlink(missing_ok=True)
+    (out / f"gate-validation-t{args.threshold:g}.sets.partial.json").unlink(missing_ok=True)
     print_summary(summary, experiment, path)
     return 0 if all(summary["met"].values()) else 1
 

@@ -1,0 +1,96 @@
+"""The planted slowdowns of `validate-gate` (mgpu_perf/lab/validate_gate.py) and the copies of the
+tree they are planted in: a busy-wait appended to a copy's mgpu/trainer.py (every step and
+evaluation that much slower) or mgpu/models.py (ResNet-18's forward, in every process).
+
+    copy_tree(root, tmp / "slowed", slowdown=0.15)   # a copy whose every training step is 15 % slower
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+__all__ = ["PLANTED", "PLANTED_FORWARD", "SKIP_DIRS", "project_files", "copy_tree"]
+
+
+# Appended to the slowed copies' mgpu/trainer.py.
+PLANTED = '''
+
+# -- planted by mgpu_perf/lab/validate_gate.py: every step and evaluation takes (1 + {fraction}) times its own time
+def _planted_slowdown(method, fraction={fraction}):
+    import functools
+    import time as _time
+
+    @functools.wraps(method)
+    def slowed(*args, **kwargs):
+        start = _time.perf_counter()
+        out = method(*args, **kwargs)
+        end = start + (_time.perf_counter() - start) * (1 + fraction)
+        while _time.perf_counter() < end:  # busy, as real work would be
+            pass
+        return out
+    return slowed
+
+
+Trainer.step = _planted_slowdown(Trainer.step)
+Trainer.evaluate = _planted_slowdown(Trainer.evaluate)
+'''
+
+
+# Appended to the copy's mgpu/models.py by --set-forward: ResNet-18's forward takes (1 + fraction)
+# times its own time, in every process that runs it (the rank processes of ddp and fsdp included).
+PLANTED_FORWARD = '''
+
+# -- planted by mgpu_perf/lab/validate_gate.py --set-forward: the forward takes (1 + {fraction}) times its own time
+_unplanted_resnet18 = resnet18
+
+
+def resnet18(*args, **kwargs):
+    import time as _time
+
+    model = _unplanted_resnet18(*args, **kwargs)
+    began = {{}}
+
+    def start(module, inputs):
+        began["t"] = _time.perf_counter()
+
+    def stretch(module, inputs, output):
+        end = _time.perf_counter() + (_time.perf_counter() - began["t"]) * {fraction}
+        while _time.perf_counter() < end:  # busy, as real work would be
+            pass
+        return output
+
+    model.register_forward_pre_hook(start)
+    model.register_forward_hook(stretch)
+    return model
+'''
+
+
+SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", ".benchmarks", "perf-results", "runs",
+             "data"}
+
+
+def project_files(root: Path) -> list[str]:
+    """Tracked and untracked-but-not-ignored files: the tree as a clean checkout of it would hold
+    (outside a git checkout: every file but the virtualenv, caches and outputs)."""
+    out = subprocess.run(["git", "-C", str(root), "ls-files", "-co", "--exclude-standard"], capture_output=True,
+                         text=True)
+    if out.returncode == 0:
+        return [f for f in out.stdout.splitlines() if (root / f).is_file()]
+    return [str(p.relative_to(root)) for p in root.rglob("*")
+            if p.is_file() and not SKIP_DIRS.intersection(p.relative_to(root).parts)]
+
+
+def copy_tree(root: Path, dest: Path, slowdown: float | None = None, forward: float | None = None) -> Path:
+    """A copy of the tree; `slowdown`: every step and evaluation that much slower (PLANTED);
+    `forward`: the model's forward that much slower (PLANTED_FORWARD)."""
+    for f in project_files(root):
+        target = dest / f
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / f, target)
+    for fraction, file, code in ((slowdown, "trainer.py", PLANTED), (forward, "models.py", PLANTED_FORWARD)):
+        if fraction:
+            target = dest / "mgpu" / file
+            target.write_text(target.read_text() + code.format(fraction=fraction))
+    return dest
