@@ -58,6 +58,8 @@ class StepRecord:
     backwards: int | None = None       # backward passes the rank had made by the step (None: not counted)
     process_group: int | None = None   # torch.distributed's world size at the step (0: no process group)
     settings: list = field(default_factory=list)  # per param group: its settings but "params", as the step used them
+    loaders: tuple = ()                # the DataLoaders iterated by then, each its sampler chain (scriptcheck/feeds.py)
+    schedulers: list = field(default_factory=list)  # the optimizer's LR schedulers then: type, steps, length, stepped by
 
 
 @dataclass(frozen=True)

@@ -310,7 +310,8 @@ class _Walk:
     def settings(self, step: int, rn0: StepRecord, r1: StepRecord) -> Divergence | None:
         """The step's own settings decide; a schedule's base that differs first (initial_lr, under a
         warmup from zero) is named with them, or fails by itself at the end if they never differ."""
-        d = setting_divergence(step, rn0.settings, r1.settings, self.out.world, self.lr_agreed)
+        d = setting_divergence(step, rn0.settings, r1.settings, self.out.world, self.lr_agreed,
+                               schedulers=(rn0.schedulers, r1.schedulers))
         self.lr_agreed = self.lr_agreed or (d is None and any(g.get("lr") for g in r1.settings))
         if self.schedule is None:
             self.schedule = setting_divergence(step, rn0.settings, r1.settings, self.out.world, False, schedule=True)

@@ -19,7 +19,7 @@ from mgpu.check.divergence import Divergence
 from mgpu.check.records import ForwardRecord, StepRecord
 from mgpu.scriptcheck.inputs import tensor_digest
 
-__all__ = ["StepData", "step_data", "data_divergence", "example_digests", "micro_batches"]
+__all__ = ["StepData", "step_data", "data_divergence", "order_cause", "example_digests", "micro_batches"]
 
 
 def _batch_dims(forwards_1: list, forwards_n: list, n: int) -> dict:
@@ -105,6 +105,8 @@ class StepData:
     forwards_n: list         # per rank: forwards in this step
     micro_1: int = 1         # micro-batches at world 1 (micro_batches: not every forward is one)
     micro_n: list = field(default_factory=list)   # per rank
+    loaders_1: tuple = ()    # world 1's DataLoaders iterated by the step, each its sampler chain (feeds.sampler_chain)
+    loaders_n: tuple = ()    # world N rank 0's
 
 
 def micro_batches(rec: StepRecord, digests: list[list[str]]) -> int:
@@ -138,7 +140,8 @@ def step_data(rec_1: StepRecord, recs_n: list[StepRecord], n: int) -> StepData:
     per_n = [[example_digests(f, dims, pads) for f in fs] for fs in fn_all]
     return StepData([d for ds in per_1 for d in ds], [[d for ds in per for d in ds] for per in per_n], len(f1),
                     [len(fs) for fs in fn_all], micro_batches(rec_1, per_1),
-                    [micro_batches(r, per) for r, per in zip(recs_n, per_n)])
+                    [micro_batches(r, per) for r, per in zip(recs_n, per_n)], tuple(rec_1.loaders),
+                    tuple(recs_n[0].loaders) if recs_n else ())
 
 
 def data_divergence(step: int, sd: StepData, n: int, root: str, arg_hint: str,
@@ -180,8 +183,49 @@ def data_divergence(step: int, sd: StepData, n: int, root: str, arg_hint: str,
         return Divergence(step, kind="data",
                           diagnosis=f"the global batch changed size: {hint}per-device batch size? Keep the global batch "
                           f"fixed: {arg_hint}", detail=f"{tensor}: {sizes}")
-    return Divergence(step, kind="data",
-                      diagnosis=f"the global batch holds other examples than world 1's ({shared} of {total_1} shared): the "
-                      "order of the data depends on the world size or the rank (a sampler or shuffle seeded by "
-                      "rank, a DistributedSampler at one world size only, random augmentation drawn per rank?)",
-                      detail=f"{tensor}: {sizes}")
+    why = order_cause(sd, n, step) or ("the order of the data depends on the world size or the rank (a sampler or "
+                                       "shuffle seeded by rank, a DistributedSampler at one world size only, random "
+                                       "augmentation drawn per rank?)")
+    return Divergence(step, kind="data", diagnosis=f"the global batch holds other examples than world 1's ({shared} of "
+                      f"{total_1} shared): {why}", detail=f"{tensor}: {sizes}")
+
+
+TORCH_RANDOM = "torch.utils.data.sampler.RandomSampler"  # DataLoader(shuffle=True)'s sampler
+SEEDABLE = "accelerate.data_loader.SeedableRandomSampler"  # use_seedable_sampler=True's: one order, every world size
+_SAME_ORDER = ("give every world size one order: a DistributedSampler(dataset, shuffle=True, seed=S) at every world "
+               "size, world 1 included (num_replicas and rank given), with sampler.set_epoch(epoch) each epoch")
+
+
+def order_cause(sd: StepData, n: int, step: int) -> str:
+    """Why the examples differ (as many at both world sizes) from the first step, read from the samplers
+    that ordered them (StepData.loaders_*, sampler chains outermost first): accelerate's prepared loader
+    shuffling with torch's RandomSampler (no SeedableRandomSampler): use_seedable_sampler; its seedable
+    sampler at both world sizes: the order agrees, the examples' content differs; else a shuffle
+    (a RandomSampler) at either world size, or another sampler at each: one seeded sampler at every world
+    size. '' where the samplers do not tell (no DataLoader seen, a difference that starts later, no
+    shuffle and the same sampler at both)."""
+    if step != 1 or not sd.loaders_n:
+        return ""
+    name = lambda c: c.rsplit(".", 1)[-1]  # noqa: E731
+    shown = lambda chain: " over ".join(map(name, chain))  # noqa: E731
+    for chain in sd.loaders_n:
+        if chain and any(c.startswith("accelerate.") for c in chain) and chain[-1] == TORCH_RANDOM:
+            return ("another order from the first step, not another sharding: accelerate's prepared DataLoader "
+                    f"shuffles with torch's RandomSampler (world {n}: {shown(chain)}), whose order is another draw of "
+                    f"torch's random state at each world size (its generator seeded at accelerator.prepare() at {n} "
+                    "processes, when the epoch starts at one): use Accelerator(dataloader_config="
+                    "DataLoaderConfiguration(use_seedable_sampler=True)) (accelerate.utils), which draws one order "
+                    "from the seed at every world size")
+    first_1, first_n = (sd.loaders_1[0] if sd.loaders_1 else ()), sd.loaders_n[0]
+    if first_n and first_n[-1] == SEEDABLE and (not first_1 or first_1[-1] == SEEDABLE):
+        return (f"the order agrees (world {n}: {shown(first_n)}, which draws one order from the seed at every world "
+                "size), so the examples themselves differ: a random augmentation drawn per rank (a random crop or "
+                "flip in each rank's DataLoader workers, whose random streams start alike on every rank), or a "
+                "dataset built otherwise at this world size")
+    shuffled = any(c and name(c[-1]) == "RandomSampler" for c in (first_1, first_n))  # not a seeded one
+    if not shuffled and (not first_1 or first_1[-1] == first_n[-1]):
+        return ""
+    return (f"another order from the first step: world 1 orders its data with {shown(first_1) or 'no sampler seen'}, "
+            f"world {n} with {shown(first_n)}: " + ("another sampler at each world size" if first_1 and first_1[-1] !=
+                                                    first_n[-1] else "a shuffle drawn from another random state") +
+            f"; {_SAME_ORDER}")

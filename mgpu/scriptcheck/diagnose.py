@@ -172,3 +172,57 @@ def other_start(got, n: int) -> str:
     return (f"world {n} starts from other weights than world 1: the model is built from another random state at this "
             "world size; seed before building it, with the same seed at every world size (not seed + rank), or load "
             "the same checkpoint")
+
+
+def schedule_cause(got: list, ref: list, n: int) -> str:
+    """Why the learning rate differs where its schedule's base agrees, from the schedulers recorded at
+    the step (feeds.FeedWatch: type, scheduler steps made, length, the module that stepped them), world
+    N's against world 1's; '' where none were recorded or they pair up otherwise. Pace is the fraction
+    of its length a scheduler has made: steps / length (steps alone where it has no length). Another
+    pace: stepped more often, or a length counted otherwise. The same pace over k times the steps and
+    k times the length: another schedule, not a faster one (OneCycleLR's phases end at
+    pct_start * total_steps - 1: that - 1 does not scale with the length)."""
+    if not got or len(got) != len(ref) or any(a["type"] != b["type"] for a, b in zip(got, ref)):
+        return ""
+    apart = next(((a, b) for a, b in zip(got, ref) if (a["steps"], a["length"]) != (b["steps"], b["length"])), None)
+    types = " and ".join(sorted({a["type"] for a in got}))
+    if apart is None:
+        return (f"the schedule is computed otherwise at this world size: its scheduler ({types}) made as many steps "
+                "over the same length at both world sizes, so its function or settings depend on the world size (a "
+                "LambdaLR of the world size, a warmup counted per rank?)")
+    a, b = apart
+    if not a["steps"] or not b["steps"]:
+        return ""
+    facts = (f"{a['type']} had made {a['steps']} scheduler step(s)" + _over(a) + f" at world {n}, {b['steps']}" +
+             _over(b) + " at world 1")
+    often = a["steps"] / b["steps"]
+    longer = a["length"] / b["length"] if a["length"] and b["length"] else 1.0
+    by_accelerate = a["by"].startswith("accelerate")
+    if a["steps"] * (b["length"] or 1) == b["steps"] * (a["length"] or 1):
+        why = ("OneCycleLR ends its phases at pct_start * total_steps - 1 scheduler steps, and that - 1 (one "
+               f"scheduler step) does not scale with total_steps: its phases end at other optimizer steps at world {n}"
+               if a["type"] == "OneCycleLR" else f"{a['type']} does not compute the same curve over {often:g} times "
+               "the steps (phase ends, milestones or warmups in whole scheduler steps, or its recursive arithmetic)")
+        return (f"the learning-rate schedule is another one at this world size, at the same pace (its base learning "
+                f"rate agrees): {facts}: {often:g} times the steps over {longer:g} times the length: {why}: count the "
+                "schedule's length in optimizer steps and step it once per optimizer step, the same at every world "
+                "size" + (" (accelerate steps a prepared scheduler num_processes times per optimizer step: pass "
+                          "Accelerator(step_scheduler_with_optimizer=False) and take the length from the prepared "
+                          "DataLoader, len(train_dataloader) after accelerator.prepare)" if by_accelerate else ""))
+    pace = often / longer
+    causes = []
+    if often != 1:
+        causes.append(f"a scheduler stepped {often:g} times as often" + (
+            " (accelerate steps a prepared scheduler num_processes times per optimizer step unless "
+            "step_scheduler_with_optimizer=False, for a length counted in the unprepared DataLoader's batches: give "
+            "it that length, or pass Accelerator(step_scheduler_with_optimizer=False) and count the length in "
+            "optimizer steps)" if by_accelerate else " (once per process or per micro-batch)"))
+    if longer != 1:
+        causes.append(f"a schedule length {longer:g} x world 1's (counted per rank or per process): count it in "
+                      "optimizer steps, the same at every world size")
+    return (f"the learning-rate schedule runs at another pace at this world size (its base learning rate agrees): "
+            f"{facts}: {pace:.4g} x world 1's pace: " + "; and ".join(causes))
+
+
+def _over(s: dict) -> str:
+    return f" of {s['length']:g}" if s["length"] else ""

@@ -42,7 +42,7 @@ import torch
 
 from mgpu.check.divergence import Divergence
 from mgpu.check.tolerance import allowed_error, eps_of, largest
-from mgpu.scriptcheck.diagnose import ScriptFacts, update_diagnosis
+from mgpu.scriptcheck.diagnose import ScriptFacts, schedule_cause, update_diagnosis
 from mgpu.scriptcheck.tally import Tally
 from mgpu.scriptcheck.tensors import POOL_RERUN, FACTOR_AGREE, allowances, common_factor, module_scales, name_factor
 
@@ -127,11 +127,12 @@ def _ratio(a, b) -> float | None:
 
 
 def setting_divergence(step: int, got: list, ref: list, n: int, agreed: bool,
-                       schedule: bool = False) -> Divergence | None:
+                       schedule: bool = False, schedulers: tuple = ((), ())) -> Divergence | None:
     """World N's rank-0 settings at a step against world 1's: the first that differs, diagnosed.
     `agreed`: the learning rates agreed, and were not zero, at an earlier step. schedule=True: the
     schedule's keys only (schedule_key: a base learning rate that differs while the step's own
-    learning rate does not yet, under a warmup from zero)."""
+    learning rate does not yet, under a warmup from zero). `schedulers`: world N's and world 1's at the
+    step (StepRecord.schedulers): what tells a schedule at another pace from another schedule."""
     apart = _first_apart(got, ref, schedule)
     if apart is None:
         return None
@@ -143,7 +144,7 @@ def setting_divergence(step: int, got: list, ref: list, n: int, agreed: bool,
     sa, sb = _shown(a, b)
     return Divergence(step, kind="setting", tensor=f"{key} of param group {group}", rank=0,
                       detail=f"world {n} {sa}, world 1 {sb}",
-                      diagnosis=setting_diagnosis(key, (got[group], ref[group]), n, agreed))
+                      diagnosis=setting_diagnosis(key, (got[group], ref[group]), n, agreed, schedulers))
 
 
 _SCALED = {"N": "a learning rate scaled by the world size (linear scaling rule)",
@@ -158,9 +159,11 @@ _PACE = ("the learning-rate schedule runs at another pace at this world size (it
          "length is counted per rank")
 
 
-def setting_diagnosis(key: str, groups: tuple[dict, dict], n: int, agreed: bool) -> str:
+def setting_diagnosis(key: str, groups: tuple[dict, dict], n: int, agreed: bool,
+                      schedulers: tuple = ((), ())) -> str:
     """Why a setting differs: a learning rate scaled by a power of N (its base, a scheduler's initial_lr,
-    too), a schedule at another pace (its base agrees, or it agreed before), another setting by N."""
+    too), a schedule at another pace or another schedule (its base agrees, or it agreed before: the
+    schedulers recorded at the step tell which, diagnose.schedule_cause), another setting by N."""
     got, ref = groups
     a, b = got.get(key, ABSENT), ref.get(key, ABSENT)
     if ABSENT in (a, b):
@@ -179,13 +182,13 @@ def setting_diagnosis(key: str, groups: tuple[dict, dict], n: int, agreed: bool)
                                             "depends on the world size (or the rank)")
     base = _ratio(got.get("initial_lr"), ref.get("initial_lr"))
     if base is not None and same_setting(got["initial_lr"], ref["initial_lr"]):
-        return factor + _PACE
+        return factor + (schedule_cause(*schedulers, n) or _PACE)
     if base is not None:
         base_name = name_factor(base, n)
         return factor + (_SCALED[base_name] if base_name else "a learning rate set from the world size or the "
                          "rank") + f" (its schedule's base, initial_lr, is {base:.4g} x world 1's)" + _KEEP
     if agreed:
-        return factor + _PACE
+        return factor + (schedule_cause(*schedulers, n) or _PACE)
     return factor + (_SCALED[name] + _KEEP if name else "the learning rate depends on the world size (or the rank)")
 
 

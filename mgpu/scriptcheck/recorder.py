@@ -43,6 +43,7 @@ from mgpu.check.records import ForwardRecord, RankRecord, StepRecord
 from mgpu.scriptcheck.batchnorm import SyncedBatchNorm
 from mgpu.scriptcheck.collectives import CollectiveWatch
 from mgpu.scriptcheck.evidence import is_setup_step, process_group_size, suspect_values
+from mgpu.scriptcheck.feeds import FeedWatch
 from mgpu.scriptcheck.precision import PrecisionSeen
 from mgpu.scriptcheck.plan import RankJob
 from mgpu.scriptcheck.inputs import Digest, call_kwargs, data_record, tensor_digest
@@ -162,6 +163,7 @@ class Recorder:
         self.uninitialised: dict = {}            # name -> suspect_values, when first called
         self.skipped: dict[int, int] = {}        # optimizer index -> set-up steps not counted (evidence.is_setup_step)
         self.collectives = CollectiveWatch(lambda: bool(self.pending))
+        self.feeds = FeedWatch()                 # the DataLoaders' samplers and the LR schedulers (feeds.py)
 
     # -- hooks --------------------------------------------------------------------------------------
 
@@ -177,9 +179,11 @@ class Recorder:
         ]
         self.mode.__enter__()
         self.collectives.install()
+        self.feeds.install()
 
     def uninstall(self) -> None:
         self.collectives.uninstall()
+        self.feeds.uninstall()
         for h in self.handles:
             h.remove()
         self.handles = []
@@ -326,7 +330,8 @@ class Recorder:
             forwards = [f for f in forwards if f.training]
         self.pending = [f for f in self.pending if id(f) not in used and self.root_params[f.root] & trained]
         rec = StepRecord(optimizer=index, step=k, optimizer_type=type(optimizer).__name__, forwards=forwards,
-                         grads={}, settings=settings_of(optimizer))  # lr as a scheduler set it for this step
+                         grads={}, settings=settings_of(optimizer),  # lr as a scheduler set it for this step
+                         loaders=self.feeds.loaders(), schedulers=self.feeds.schedulers(optimizer))
         if k == 1:
             rec.before = {names[id(p)]: self._keep(_full(p)) for p in params}
         for i, p in enumerate(params):
