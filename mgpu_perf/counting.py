@@ -260,9 +260,11 @@ def _short_reason(reason: str) -> str:
     return ": ".join(ln.removeprefix("Explanation: ") for ln in lines)[:200] or "?"
 
 
-def count_step(step: Callable[[], Any], compile_watch: CompileWatch | None = None) -> StepCounts:
+def count_step(step: Callable[[], Any], compile_watch: CompileWatch | None = None,
+               collect_garbage: bool = True) -> StepCounts:
     """Run `step()` once under the counters (outside any timing) and return what it did.
-    `compile_watch`: the workload's CompileWatch when its model is compiled."""
+    `compile_watch`: the workload's CompileWatch when its model is compiled. `collect_garbage`: a full
+    gc pass after (0.1 s with dynamo loaded) for the timed rounds that follow; False where none do."""
     from torch.utils.flop_counter import FlopCounterMode
 
     before = compile_watch._snapshot() if compile_watch else None
@@ -273,19 +275,21 @@ def count_step(step: Callable[[], Any], compile_watch: CompileWatch | None = Non
     flops = FlopCounterMode(display=False)
     with _CudaCounts() as cuda, flops, counter, python_reads:
         step()
-    gc.collect()  # the counters' garbage now, not in the rounds timed after them
+    if collect_garbage:
+        gc.collect()  # the counters' garbage now, not in the rounds timed after them
     return StepCounts(ops=dict(sorted(counter.ops.items())), flops=int(flops.get_total_flops()),
                       allocated_bytes=int(counter.allocated), written_bytes=int(counter.written), collectives=dict(sorted(counter.collectives.items())),
                       host_reads=counter.host_reads + python_reads.count, storage_reads=python_reads.storages,
                       compile=compile_watch.since_start(before) if compile_watch else None, cuda=cuda.result)
 
 
-def count_session(session, step: Callable[[], Any], compile_watch: CompileWatch | None = None) -> list[dict]:
+def count_session(session, step: Callable[[], Any], compile_watch: CompileWatch | None = None,
+                  collect_garbage: bool = True) -> list[dict]:
     """One step of a harness session counted: each rank's counts (StepCounts.to_dict). A rank pool
     counts in every rank (`count_step`); a session in this process runs `step` under the counters."""
     if hasattr(session, "count_step"):
-        return session.count_step()
-    return [count_step(step, compile_watch).to_dict()]
+        return session.count_step(collect_garbage)
+    return [count_step(step, compile_watch, collect_garbage).to_dict()]
 
 
 class _CudaCounts:

@@ -195,10 +195,10 @@ class _RankServer:
     def epoch(self):
         return asdict(self.session.epoch())
 
-    def count_step(self) -> dict:
+    def count_step(self, collect_garbage: bool = True) -> dict:
         from mgpu_perf.counting import count_step
 
-        return count_step(self.session.step, self.compile_watch).to_dict()
+        return count_step(self.session.step, self.compile_watch, collect_garbage).to_dict()
 
     def weights_moved(self) -> float:
         return self.session.weights_moved()
@@ -244,9 +244,9 @@ class StrategyRankPool:
 
         return EpochStats(**self.pool.run("epoch")[0])
 
-    def count_step(self) -> list[dict]:
+    def count_step(self, collect_garbage: bool = True) -> list[dict]:
         """One step counted in every rank (mgpu_perf/counting.py): each rank's counts, in rank order."""
-        return self.pool.run("count_step")
+        return self.pool.run("count_step", collect_garbage)
 
     def weights_moved(self) -> float:
         return self.pool.run("weights_moved")[0]

@@ -51,16 +51,17 @@ class _Timed:
             self.cuda_device = device
         self.graphs = self.session.use_graphs(mode)
 
-    def count(self) -> list[dict]:
+    def count(self, collect_garbage: bool = True) -> list[dict]:
         """One more step, counted (mgpu_perf/counting.py), outside the timing: each rank's counts (one
-        entry in this process). A CUDA-graph replay dispatches no ops, so the step counted is the plain one."""
+        entry in this process). A CUDA-graph replay dispatches no ops, so the step counted is the plain one.
+        `collect_garbage`: counting.count_step's (False where nothing is timed after)."""
         from mgpu_perf.counting import count_session
 
         graph = getattr(self.session, "graph", None)
         if graph is not None:
             self.session.graph = None
         try:
-            return count_session(self.session, self.op, self.compile_watch)
+            return count_session(self.session, self.op, self.compile_watch, collect_garbage)
         finally:
             if graph is not None:
                 self.session.graph = graph
@@ -143,10 +144,10 @@ class _MatmulKernel(_Timed):
         rtol, atol = (2e-2, 1e-1) if self.device.type == "cuda" else (1e-4, 1e-3)
         torch.testing.assert_close(self.last.double(), self.x.double() @ self.x.double(), rtol=rtol, atol=atol)
 
-    def count(self) -> list[dict]:
+    def count(self, collect_garbage: bool = True) -> list[dict]:
         from mgpu_perf.counting import count_step
 
-        return [count_step(self.op).to_dict()]
+        return [count_step(self.op, collect_garbage=collect_garbage).to_dict()]
 
     def close(self) -> None:
         pass
