@@ -150,3 +150,21 @@ def test_the_health_goes_into_ab_json_as_strict_json():
     text = json.dumps(entry, allow_nan=False)
     assert json.loads(text)["health"]["cpu_ratio"] == pytest.approx(1.14, rel=0.03), entry["health"]
     assert len(entry["facts"]) == 12 and entry["facts"][0]["first"] == "baseline", entry["facts"][0]
+
+
+@pytest.mark.parametrize("share, stops", [((0.5, 0.5), True), ((0.5, 0.57), False)])
+def test_a_settled_benchmark_stops_early_only_when_its_rounds_are_not_doubted(share, stops):
+    from mgpu_perf.gate.buffer import RoundBuffer
+    from mgpu_perf.gate.looks import Benchmark, Next, later_look
+    from mgpu_perf.gate.settings import Settings
+
+    ratio = 1.0 if share[0] == share[1] else 1.14  # either way the wall ratio reads about 1.0
+    samples, facts = rounds(20, ratio, noise=0.003, share=share)
+    buffer = RoundBuffer()
+    for i, f in enumerate(facts):
+        buffer.add_round(0, {a: (samples[a][i], samples[a][i]) for a in ("baseline", "candidate")}, f.to_dict())
+    bench = Benchmark("single", buffer, {"baseline": [None], "candidate": [None]}, Settings(threshold=T), LEVEL,
+                      start=0.0, timer=lambda: 1.0, limit=40, taken=20, cpu_applies=True)
+    assert abstats.settled(buffer.estimate(T), T, LEVEL), f"the rounds must be settled: {buffer.estimate(T)}"
+    step = later_look(bench)
+    assert (step is Next.STOP) == stops, f"share {share}: {step}; doubt: {check_rounds(samples, facts, T, LEVEL, True).doubt}"

@@ -69,7 +69,8 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
         bench = Benchmark(name, RoundBuffer(), pools, settings, settings.alpha / family_size, start,
                           timer=time.perf_counter, limit=settings.max_rounds)
         clock_reason = _warm_up(bench)
-        cpu_applies = bench.clock == "host" and all(a.get("in_process") for group in answers.values() for a in group)
+        bench.cpu_applies = bench.clock == "host" and all(a.get("in_process") for group in answers.values()
+                                                          for a in group)
         counting_began = time.perf_counter()
         counted = count_in_both(pools) if settings.counts != "off" else Counted(reason="--ab-counts off")
         count_s = time.perf_counter() - counting_began
@@ -87,7 +88,7 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
         clock=bench.clock, clock_reason=clock_reason, graphs=graphs, plans=bench.plans, budget_s=settings.budget_s,
         pilot=rounds.pilot, seconds=time.perf_counter() - start, round_s=round_s, count_s=count_s,
         estimate=estimate, counted=counted, spent=bench.spent, early=bench.early, facts=rounds.facts,
-        cpu_applies=cpu_applies)
+        cpu_applies=bench.cpu_applies)
     log(f"{name}: {len(rounds.samples['baseline'])} rounds, ratio {estimate.ratio:.3f}")
     return result
 

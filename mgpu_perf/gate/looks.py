@@ -5,7 +5,7 @@ the interval at the strictest Holm level and stops the benchmark only when it is
 
     bench = Benchmark(name, RoundBuffer(), pools, settings, strictest, start, timer=time.perf_counter)
     step = first_look(bench, log)     # Next.GO_ON | Next.RESTART | Next.STOP
-    step = later_look(bench)          # Next.GO_ON | Next.STOP
+    step = later_look(bench)          # Next.GO_ON | Next.STOP (not when settled rounds are doubted: health.py)
 
 Each look says what comes next as a `Next`; what it changed (the phase's limit, rounds set aside,
 a plan, a level spent, a refusal) is in `bench`, and nowhere else; the time too is read from
@@ -25,6 +25,7 @@ from typing import Callable
 from mgpu_perf.gate import sizing
 from mgpu_perf.gate import stats as abstats
 from mgpu_perf.gate.buffer import RoundBuffer
+from mgpu_perf.gate.health import RoundFacts, check_rounds
 from mgpu_perf.gate.rounds import Pools
 from mgpu_perf.gate.settings import Settings
 
@@ -67,6 +68,7 @@ class Benchmark:
     spent: float = 0.0       # the level the refusal looks' `slower` tests spent
     early: dict | None = None  # a refusal look whose rounds already showed `slower`: where, at what level
     refusal: str | None = None  # why no verdict can be had (`undecidable`), once a look refused
+    cpu_applies: bool = False   # the step runs in the workers' processes on the host clock (gate/health.py)
 
     @property
     def workers(self) -> int:
@@ -207,11 +209,20 @@ def later_look(bench: Benchmark) -> Next:
     if done > bench.limit or (done - bench.first_look_at) % settings.look_every:
         return Next.GO_ON
     est = bench.rounds.estimate(settings.threshold)
-    if done < bench.limit and abstats.settled(est, settings.threshold, bench.strictest):
+    if done < bench.limit and abstats.settled(est, settings.threshold, bench.strictest) and not doubted(bench):
         return Next.STOP
     if done > bench.first_look_at:
         bench.limit = resized_limit(bench, est, bench.timer())
     return Next.GO_ON
+
+
+def doubted(bench: Benchmark) -> str:
+    """Why the rounds so far could not stand as `unchanged` (gate/health.py; "" when they could): a
+    settled benchmark whose rounds are doubted is not stopped early but runs the rounds it was sized
+    for, so that its verdict rests on more rounds than the doubted ones."""
+    rounds = bench.rounds
+    facts = [RoundFacts.from_dict(f) for f in rounds.facts]
+    return check_rounds(rounds.samples, facts, bench.settings.threshold, bench.strictest, bench.cpu_applies).doubt
 
 
 def resized_limit(bench: Benchmark, est: abstats.Estimate, now: float) -> int:
