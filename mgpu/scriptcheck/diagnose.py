@@ -214,9 +214,8 @@ def schedule_cause(got: list, ref: list, n: int) -> str:
     if often != 1:
         causes.append(f"a scheduler stepped {often:g} times as often" + (
             " (accelerate steps a prepared scheduler num_processes times per optimizer step unless "
-            "step_scheduler_with_optimizer=False, for a length counted in the unprepared DataLoader's batches: give "
-            "it that length, or pass Accelerator(step_scheduler_with_optimizer=False) and count the length in "
-            "optimizer steps)" if by_accelerate else " (once per process or per micro-batch)"))
+            "step_scheduler_with_optimizer=False: pass Accelerator(step_scheduler_with_optimizer=False) and count "
+            "the length in optimizer steps)" if by_accelerate else " (once per process or per micro-batch)"))
     if longer != 1:
         causes.append(f"a schedule length {longer:g} x world 1's (counted per rank or per process): count it in "
                       "optimizer steps, the same at every world size")
