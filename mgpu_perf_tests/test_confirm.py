@@ -123,6 +123,19 @@ def test_a_span_the_gate_does_not_confirm_or_cannot_reach_is_unconfirmed_saying_
     assert (budget_note([found], 60) is None) == (allowed == 100), budget_note([found], 60)
 
 
+def test_a_gate_that_says_the_opposite_of_the_runs_decides_and_the_commit_is_named():
+    """The machine got faster between two commits: the runs say 0.71x at 5..6, where one block was
+    added (gate: unchanged); over the segments' span 0..7 the gate says slower, since commit 3 made
+    the step 1.3x: bisected as a slowdown and named, the note saying the runs said the opposite."""
+    commits = _commits(8)
+    gate = SimulatedGate(_steps(commits, [1.0, 1.0, 1.0, 1.3, 1.0, 1.0, 1.02, 1.0]))
+    point = replace(_point(commits[5:7], ratio=0.71), from_commit=commits[0], to_commit=commits[7],
+                    span_between=tuple(commits[1:]))
+    found = confirm_point(point, gate, THRESHOLD)
+    assert (found.point.verdict, found.point.commit) == ("slower", commits[3]), (found.note, gate.asked)
+    assert "the runs said faster at 0.71x, the gate the opposite" in found.note, found.note
+
+
 def test_a_suspicion_the_gate_does_not_confirm_is_unconfirmed_after_one_gate():
     commits = _commits(5)
     gate = SimulatedGate(_steps(commits, [1.0, 1.01, 1.0, 1.01, 1.0]))

@@ -12,8 +12,10 @@ The rule, for one change point whose runs say slower (faster: the same, with `fa
    out; the gate's own workers, rounds and verdicts). Not `slower`, and the point's ratio compares
    a wider span (`from_commit`..`to_commit`, the segments either side: where every commit was timed,
    a creep's change point is one commit of 2 % whose segments differ by 10 %): the gate between
-   `from_commit` and `to_commit`, and the range becomes that span. Still not `slower`:
-   `unconfirmed`, with what each gate said.
+   `from_commit` and `to_commit`, and the range becomes that span. Still neither `slower` nor
+   `faster`: `unconfirmed`, with what each gate said. A gate that says the opposite of the runs
+   decides (the runs' step was the machine's, the gate's pairing cancels it): a point whose runs
+   said faster, over a span that the gate says is slower, is bisected as a slowdown.
 2. **Bisect** the first-parent commits of the range (`commits_between`, or `span_between`; oldest
    first) as `git bisect` does, each midpoint gated against the range's first commit: `slower` moves
    the end down, anything else the start up, to the first commit M that the gate calls slower.
@@ -53,6 +55,8 @@ __all__ = ["ConfirmOptions", "GateAnswer", "Confirmation", "confirm_changes", "c
            "gate_between", "budget_note", "MIN_GATE_S", "VERDICTS"]
 
 VERDICTS = ("slower", "faster", "unconfirmed", "creep")
+DIRECTIONS = ("slower", "faster")  # the gate's verdicts that confirm a change
+CHANGED = ("slower", "faster", "creep")
 MIN_GATE_S = 10.0   # a gate given less cannot set its workers up and take its first look
 GRACE_S = 60.0      # a gate's pytest start and collection, which its run budget does not count
 
@@ -210,12 +214,16 @@ def confirm_point(point, gate: Gate, threshold: float) -> Confirmation:
         return answer
 
     def done(verdict: str, note: str, commit: str | None = None) -> Confirmation:
+        if verdict in CHANGED and direction != runs_said:
+            note += (f" (the runs said {runs_said} at {point.ratio:.2f}x, the gate the opposite: the runs' step "
+                     "was the machine's)")
         return Confirmation(replace(point, verdict=verdict, commit=commit), note, tuple(gates))
 
+    runs_said = direction
     whole = run(line[0], line[-1])
     if whole is None:
         return done("unconfirmed", "left unconfirmed: the budget was spent before its gate could run")
-    if whole.verdict != direction:
+    if whole.verdict not in DIRECTIONS:
         said = f"the gate between {line[0][:12]} and {line[-1][:12]} says {whole.said()}"
         span = _span(point)
         if not span:
@@ -224,9 +232,10 @@ def confirm_point(point, gate: Gate, threshold: float) -> Confirmation:
         where = f"the segments' span {span[0][:12]}..{span[-1][:12]}"
         if wide is None:
             return done("unconfirmed", f"left unconfirmed: {said}; the budget was spent before {where} could be gated")
-        if wide.verdict != direction:
+        if wide.verdict not in DIRECTIONS:
             return done("unconfirmed", f"unconfirmed: {said}, and over {where} {wide.said()}")
         line, whole = span, wide
+    direction = whole.verdict  # the gate's, which decides: runs can step with the machine, the other way
     low, high = 0, len(line) - 1  # line[low] is not `direction` against line[0]; line[high] is
     answers = {high: whole}
     while high - low > 1:
