@@ -11,12 +11,15 @@ optimizer step by optimizer step (docs/guide/check-script.md).
 One of the two sources of mgpu's check core (mgpu/check/: the divergence, the tolerance rule, the
 report); the other is mgpu/parity/, any model under mgpu's strategies. One stage a file, in order:
 
-    plan      plan      the options (validated once), the script and its ARGS, the runs to make
+    plan      plan      the options (validated once), the script and its ARGS, the runs to make and what
+                        each rank is told (CheckPlan); scriptargs: the script's own batch option, for the hint
     run       launch    each world size through torch's elastic agent, as torchrun; every rank's record
-              rank, recorder, inputs, batchnorm: inside each rank (torch's optimizer and module hooks)
+              rank, recorder: inside each rank (torch's optimizer and module hooks), with inputs,
+              batchnorm, precision, feeds, collectives, evidence: what a comparison or a cause needs
     judge     judge     crashes, findings, world 1 against itself, each world N against world 1
-              compare   step by step: the start, the data, the gradients, the weights
-              data, tensors, diagnose: the examples compared; the error and tolerance of a tensor; why they part
+              compare   step by step: the start, the data, the gradients, the updates, the weights
+              data, tensors, optimizer, tally, diagnose: the examples compared; the error and tolerance
+                        of a tensor; settings and updates; what was compared, and its sensitivity; why they part
     locate    locate    where a failed step's divergence enters the model: world 1 and N again, traced (tracer)
     report    report    the verdict, as text and JSON
     command   command   `mgpu check-script`: its options from the command line, the core's command ending
