@@ -319,6 +319,7 @@ def main() -> None:
     parser.add_argument("--part", choices=("all", "main", "noise", "judge"), default="all",
                         help="judge: `mgpu history` (and --confirm) again on the runs of an earlier --out (--runs-of)")
     parser.add_argument("--runs-of", type=Path, help="with --part judge: the --out of the run whose runs to read")
+    parser.add_argument("--gate-budget-s", default="120", help="the gate's --budget-s (a benchmark's seconds)")
     parser.add_argument("--runs-per-commit", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=540, help="--confirm-budget-s of part 1")
     parser.add_argument("--noise-budget-s", type=float, default=180, help="--confirm-budget-s of the noise histories")
@@ -326,6 +327,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=47)
     parser.add_argument("--noise-runs", default="6,10", help="the fewest and most runs of a noise history")
     args = parser.parse_args()
+    GATE[:] = [*GATE, "--budget-s", args.gate_budget_s]
     args.out.mkdir(parents=True)
     report = {"commit": snapshot(args.out / "code"),
               "command": " ".join(sys.argv), "uptime_start": uptime(), "gate": GATE, "autosave": AUTOSAVE,
