@@ -26,27 +26,32 @@ LEVEL = 0.05 / 7  # the strictest Holm level of mgpu's gated set on a CPU
 
 
 def rounds(n: int, ratio: float, noise: float = 0.01, share=(1.0, 1.0), seed: int = 0, order_effect: float = 0.0,
-           drift: float = 0.0, between: float = 0.0) -> tuple[dict, list[RoundFacts]]:
+           drift: float = 0.0, machine: dict | None = None) -> tuple[dict, list[RoundFacts]]:
     """n rounds of a 0.1-s step, the order alternating as the gate's: the candidate `ratio` times the
     baseline's work. `share`: the share of a CPU each arm's samples got (baseline, candidate), so a
     sample's wall time is its CPU time over its share; `order_effect`: the arm timed first is that
     much slower (log); `drift`: the ratio's log is this much larger in the second half of the rounds;
-    `between`: the CPU seconds the second arm's worker spent while the first was timed."""
+    `machine`: {"between": the CPU seconds the second arm's worker spent while the first was timed,
+    "speed": (baseline, candidate) the speed of the CPU each arm's worker runs on for the whole
+    benchmark (its work, CPU seconds and yardstick all take 1/speed as long)}."""
+    machine = machine or {}
+    between, speed = machine.get("between", 0.0), machine.get("speed", (1.0, 1.0))
     rng = np.random.default_rng(seed)
     samples, facts, now = {"baseline": [], "candidate": []}, [], 100.0
     for i in range(n):
         first = round_order(i)[0]
         work = {"baseline": 0.1, "candidate": 0.1 * ratio * math.exp(drift if i >= n // 2 else 0.0)}
         arms = {}
-        for label, s in zip(("baseline", "candidate"), share):
-            cpu = work[label] * math.exp(rng.normal(0, noise))
+        for label, s, v in zip(("baseline", "candidate"), share, speed):
+            cpu = work[label] * math.exp(rng.normal(0, noise)) / v
             wall = cpu / s * math.exp(order_effect if label == first else 0.0)
             arms[label] = (cpu, wall)
         sample = {}
         for label in round_order(i):
             cpu, wall = arms[label]
+            yard = 0.001 * math.exp(rng.normal(0, noise)) / speed[label == "candidate"]
             sample[label] = SampleFacts(busy_s=wall, window=(now, now + wall), cpu_s=cpu,
-                                        cpu_between_s=between if label != first else 0.001)
+                                        cpu_between_s=between if label != first else 0.001, yardstick_s=yard)
             samples[label].append(wall)
             now += wall + 0.002
         facts.append(RoundFacts(first, sample["baseline"], sample["candidate"]))
@@ -86,10 +91,24 @@ def test_a_slowdown_hidden_by_the_cpu_share_the_machine_gave_the_candidate_is_un
     assert "no positive evidence of `unchanged`" in result.reason, result.reason
 
 
+def test_a_slowdown_hidden_by_a_faster_worker_is_undecidable_not_unchanged():
+    # The cause found: the candidate's worker ran on a vCPU 12 % faster than the baseline's for the
+    # whole benchmark (wall time and CPU seconds alike), hiding a 14 % slowdown; the yardstick beside
+    # every sample, the same fixed work in both workers, shows it.
+    samples, facts = rounds(60, 1.14, noise=0.02, machine={"speed": (1.0, 1.13)})
+    est = abstats.estimate(samples["baseline"], samples["candidate"], T)
+    assert abstats.verdict(est, T, LEVEL) == "unchanged", f"the pattern must fool the interval: {est.ratio:.3f}"
+    result = judged(samples, facts)
+    assert result.health.cpu_ratio == pytest.approx(est.ratio, rel=0.02), "CPU seconds cannot see it"
+    assert result.verdict == "undecidable" and "the workers ran at different speeds" in result.reason, result.reason
+    assert result.health.measured_ratio == pytest.approx(1.14, rel=0.02), result.health
+
+
 def test_where_cpu_seconds_are_not_this_process_the_cpu_rule_does_not_apply():
     samples, facts = rounds(60, 1.14, noise=0.02, share=(0.5, 0.565))
     result = judged(samples, facts, cpu_applies=False)  # ddp's ranks: the worker's own CPU is not the step's
     assert result.verdict == "unchanged" and result.health.cpu_ratio is None, result.health
+    assert result.health.measured_ratio is None, "nor the yardstick's: the worker's CPU is not the step's"
 
 
 def test_a_ratio_that_hangs_on_which_arm_ran_first_is_undecidable():
@@ -111,7 +130,7 @@ def test_a_ratio_that_drifts_within_the_benchmark_is_undecidable():
 
 
 def test_rounds_where_a_worker_was_busy_while_the_other_was_timed_are_faulty():
-    samples, facts = rounds(40, 1.0, noise=0.02, between=0.03)  # 30 ms of CPU during a 100-ms sample
+    samples, facts = rounds(40, 1.0, noise=0.02, machine={"between": 0.03})  # 30 ms of CPU in a 100-ms sample
     assert all(round_faults(f) == ("busy between",) for f in facts), [round_faults(f) for f in facts[:2]]
     result = judged(samples, facts)
     assert result.verdict == "undecidable" and "40 of 40 rounds faulty (busy between: 40)" in result.reason, \

@@ -19,10 +19,16 @@ tight interval. `slower` is safe from this (a slowdown shown is tested at the Ho
 4. where the CPU time each sample took is known for a step in the worker's process on the host
    clock, the same rounds timed by CPU seconds (an operation's wall time times its sample's share
    of a CPU) have their ratio inside the band, and their interval does not show `slower` (above
-   1 + T/2): the wall-time ratio must not be the scheduler's doing.
+   1 + T/2): the wall-time ratio must not be the scheduler's doing;
+5. for such a step, where each sample has a yardstick beside it (gate/worker.py `yardstick`: the
+   same fixed work in both arms' workers, timed on either side of the sample), the step's ratio in
+   units of it (each sample's time over its yardstick's) lies inside the band: two workers that
+   run at different speeds for a whole benchmark (on vCPUs the host shares unequally, one round
+   after another) bias every round alike, which no pairing cancels and which a tight interval
+   hides (docs/notes/gate-validation.md, 2026-11-26: identical trees read 0.73 under load).
 
 Otherwise the benchmark is `undecidable`, with the reason. The per-round facts come from the
-worker's answer to a sample (gate/worker.py: `window`, `cpu_s`, `cpu_between_s`).
+worker's answer to a sample (gate/worker.py: `window`, `cpu_s`, `cpu_between_s`, `yardstick_s`).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ class SampleFacts:
     window: tuple | None = None        # (began, ended) on the machine's monotonic clock
     cpu_s: float | None = None         # the worker's CPU seconds during the sample
     cpu_between_s: float | None = None  # its CPU seconds since its previous sample ended
+    yardstick_s: float | None = None   # a fixed piece of work beside the sample (worker.yardstick), seconds
 
     @property
     def wall_s(self) -> float | None:
@@ -55,14 +62,15 @@ class SampleFacts:
 
     def to_dict(self) -> dict:
         return {"busy_s": self.busy_s, "window": list(self.window) if self.window else None, "cpu_s": self.cpu_s,
-                "cpu_between_s": self.cpu_between_s}
+                "cpu_between_s": self.cpu_between_s, "yardstick_s": self.yardstick_s}
 
 
 def sample_facts(answer: dict) -> SampleFacts:
     """The facts of one worker's answer to a sample."""
     window = answer.get("window")
     return SampleFacts(busy_s=float(sum(answer["times"])), window=tuple(window) if window else None,
-                       cpu_s=answer.get("cpu_s"), cpu_between_s=answer.get("cpu_between_s"))
+                       cpu_s=answer.get("cpu_s"), cpu_between_s=answer.get("cpu_between_s"),
+                       yardstick_s=answer.get("yardstick_s"))
 
 
 @dataclass(frozen=True)
@@ -78,7 +86,7 @@ class RoundFacts:
     def from_dict(d: dict) -> "RoundFacts":
         def arm(a):
             return SampleFacts(a["busy_s"], tuple(a["window"]) if a.get("window") else None, a.get("cpu_s"),
-                               a.get("cpu_between_s"))
+                               a.get("cpu_between_s"), a.get("yardstick_s"))
         return RoundFacts(d["first"], arm(d["baseline"]), arm(d["candidate"]))
 
 
@@ -110,6 +118,8 @@ class RoundHealth:
     faults: tuple = ()     # ((fault, rounds), ...)
     parts: tuple = ()      # ((part, its rounds' ratio), ...): each order, each half
     cpu_ratio: float | None = None          # the rounds' CPU-time ratio (rule 4), where it applies
+    yardstick_ratio: float | None = None    # the same fixed work, candidate's worker over baseline's (rule 5)
+    measured_ratio: float | None = None     # the step's ratio in units of that work (rule 5)
     cpu_interval: tuple | None = None
     healthy_interval: tuple | None = None   # the healthy rounds' interval (rule 2)
     doubt: str = ""
@@ -118,6 +128,7 @@ class RoundHealth:
         finite = (lambda t: [v if math.isfinite(v) else None for v in t] if t else None)
         return {"rounds": self.rounds, "faulty": self.faulty, "faults": dict(self.faults),
                 "parts": dict(self.parts), "cpu_ratio": self.cpu_ratio, "cpu_interval": finite(self.cpu_interval),
+                "yardstick_ratio": self.yardstick_ratio, "measured_ratio": self.measured_ratio,
                 "healthy_interval": finite(self.healthy_interval), "doubt": self.doubt}
 
 
@@ -171,5 +182,15 @@ def check_rounds(samples: dict, facts: list[RoundFacts], threshold: float, level
             doubts.append(f"the same rounds timed by CPU seconds say {cpu_ratio:.3f} "
                           f"({cpu_interval[0]:.3f}-{cpu_interval[1]:.3f}): the machine did not give both arms "
                           "the same share of a CPU")
-    return RoundHealth(n, faulty, counted, tuple(parts), cpu_ratio, cpu_interval,
-                       healthy_interval if faulty else None, "; ".join(doubts))
+    yard = [(f.baseline.yardstick_s, f.candidate.yardstick_s) for f in facts]
+    yard_ratio = measured = None
+    if cpu_applies and len(facts) == n and n >= 2 and all(b and c for b, c in yard):
+        yard_ratio = abstats.estimate([b for b, _ in yard], [c for _, c in yard], threshold).ratio
+        measured = abstats.estimate([t / y for (t, _), (y, _) in zip(pairs, yard)],
+                                    [t / y for (_, t), (_, y) in zip(pairs, yard)], threshold).ratio
+        if not 1 / (1 + threshold) < measured < 1 + threshold:
+            doubts.append(f"the workers ran at different speeds: the same fixed work took {yard_ratio:.3f} times as "
+                          f"long in the candidate's worker, and the step measured in it is {measured:.3f}")
+    return RoundHealth(n, faulty, counted, tuple(parts), cpu_ratio=cpu_ratio, cpu_interval=cpu_interval,
+                       yardstick_ratio=yard_ratio, measured_ratio=measured,
+                       healthy_interval=healthy_interval if faulty else None, doubt="; ".join(doubts))

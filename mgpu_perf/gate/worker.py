@@ -14,6 +14,7 @@ everything the workloads print goes to stderr (a file the parent shows when this
 import gc
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -84,6 +85,35 @@ def time_ops(op, ops: int, device=None, event=None) -> dict:
     return {**timing, "device_times": on_device} if device is not None else timing
 
 
+_YARDSTICK: dict = {}
+
+
+def yardstick(repeats: int = 2) -> list[float]:
+    """Seconds of a fixed piece of work, `repeats` times: a training step of a small convolutional
+    network (two 3 x 3 convolutions and a linear layer, a batch of 4 of 16 x 16; about a millisecond
+    on one thread), on this worker's threads. It is this harness's code, the same in both arms, so a
+    benchmark in which it takes longer in one arm's worker than in the other's ran its two workers
+    at different speeds (vCPUs the host shares unequally): what a round's pairing cannot cancel
+    when it lasts (gate/health.py). Built once, under its own random state (the workload's stays)."""
+    import torch
+
+    if not _YARDSTICK:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            _YARDSTICK["net"] = torch.nn.Sequential(
+                torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 3, padding=1),
+                torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16 * 16 * 16, 10))
+            _YARDSTICK["input"] = torch.randn(4, 3, 16, 16)
+    net, batch = _YARDSTICK["net"], _YARDSTICK["input"]
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        net.zero_grad(set_to_none=False)
+        net(batch).sum().backward()
+        times.append(time.perf_counter() - began)
+    return times
+
+
 def _inside(path: str, tree: str) -> bool:
     return os.path.abspath(path).startswith(os.path.join(tree, ""))
 
@@ -148,8 +178,9 @@ def main(argv: list[str]) -> int:
                 # The CPU this process spent since its last sample ended (threads spinning, work left
                 # behind by the step): it runs while the other arm is timed.
                 between = time.process_time() - idle_from if idle_from is not None else None
+                before = yardstick()  # the machine's speed for this worker, on either side of the sample
                 answer = time_ops(workload.op, request["ops"], getattr(workload, "cuda_device", None))
-                answer["cpu_between_s"] = between
+                answer.update(cpu_between_s=between, yardstick_s=statistics.median(before + yardstick()))
                 if "device_times" not in answer:
                     answer["clock_note"] = getattr(workload, "clock_note", "host wall time")
             elif command == "graphs":
