@@ -58,7 +58,8 @@ convergence: $(VENV)/.installed
 
 # The counted baseline (docs/guide/gate.md, "A counted baseline in the repository"): the step of each
 # gated benchmark counted and compared exactly with perf/counts-cpu.json; no timing. Its own target, not
-# in `make test`: about 85 s on this 2-core VM under others' load (docs/notes/counted-baseline.md).
+# in `make test`: about 20 s of CPU, ranks included; on this shared 2-core VM 62 s wall at load 9 (32 s
+# at best), the ddp and fsdp ranks counted beside pytest's own steps (docs/notes/counted-baseline.md).
 # Exit 1: a guarded count grew or fell (the log prints the update command); 6: recorded under another torch.
 COUNTS_FILE ?= perf/counts-cpu.json
 # hypothesis's, hydra's and anyio's pytest plugins are left out: the perf suite uses none of them, and
