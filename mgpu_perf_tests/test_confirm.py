@@ -108,6 +108,42 @@ def test_a_creep_seen_as_one_commit_is_gated_over_its_segments_span_and_called_c
     assert found.note.startswith(expected), found.note
 
 
+class UndecidedAt(SimulatedGate):
+    """The simulated gate, but `undecidable` (the noise a round too large for its rounds) for the
+    (baseline, candidate) pairs in `undecided`."""
+
+    def __init__(self, times: dict[str, float], undecided: set):
+        super().__init__(times)
+        self.undecided = undecided
+
+    def __call__(self, baseline: str, candidate: str) -> GateAnswer | None:
+        answer = super().__call__(baseline, candidate)
+        return replace(answer, verdict="undecidable") if (baseline, candidate) in self.undecided else answer
+
+
+def test_a_midpoint_the_gate_cannot_decide_stops_the_bisection_with_the_range_not_a_wrong_commit():
+    """A 1.25x step at commit 3 or 6 of 8; the first midpoint (commit 4 against 0) undecidable. Read as
+    "not slower" it would move the start past a step at 3 and name a wrong commit. The rule: stop, keep
+    `slower`, name no commit, say the range and why."""
+    commits = _commits(9)
+    for slow_at in (3, 6):
+        gate = UndecidedAt(_steps(commits, [1.0] * slow_at + [1.25] + [1.0] * (8 - slow_at)), {(commits[0], commits[4])})
+        found = confirm_point(_point(commits), gate, THRESHOLD)
+        assert (found.point.verdict, found.point.commit) == ("slower", None), (slow_at, found.note)
+        assert f"could not decide at {commits[4][:12]}" in found.note and \
+            f"{commits[1][:12]}..{commits[8][:12]} (8 commits)" in found.note, found.note
+
+
+def test_a_last_commit_the_gate_cannot_decide_against_its_parent_is_not_called_creep():
+    commits = _commits(9)
+    times = _steps(commits, [1.0] + [1.02] * 8)
+    plain = confirm_point(_point(commits), SimulatedGate(times), THRESHOLD)
+    last = commits.index(plain.gates[-1][1])  # where the bisection ends: its commit gated against its parent
+    found = confirm_point(_point(commits), UndecidedAt(times, {(commits[last - 1], commits[last])}), THRESHOLD)
+    assert found.point.verdict == "slower" and found.point.commit is None, found.note
+    assert "one commit or creep, undecided" in found.note and "creep:" not in found.note, found.note
+
+
 @pytest.mark.parametrize("allowed, verdict, said", [
     (100, "unconfirmed", "and over the segments' span"),
     (1, "unconfirmed", "left unconfirmed: the gate between"),

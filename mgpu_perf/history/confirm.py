@@ -18,11 +18,14 @@ The rule, for one change point whose runs say slower (faster: the same, with `fa
    said faster, over a span that the gate says is slower, is bisected as a slowdown.
 2. **Bisect** the first-parent commits of the range (`commits_between`, or `span_between`; oldest
    first) as `git bisect` does, each midpoint gated against the range's first commit: `slower` moves
-   the end down, anything else the start up, to the first commit M that the gate calls slower.
+   the end down, `unchanged` or `faster` the start up, to the first commit M that the gate calls
+   slower. A midpoint the gate cannot decide (`undecidable`, `inconclusive`) stops the bisection: the
+   point keeps its verdict without a commit, and the note names the commits the step lies in.
 3. **Name or creep.** M gated against its parent (the bisection's last step when that is
    `before_commit`): `slower` names M (`commit`, the full hash); otherwise no single commit crossed
    the gate's threshold and the range is `creep`: "commits a1b2..f9e8, 8 commits, 1.16x; no single
-   commit above 5 %" (half the threshold: what `slower` means).
+   commit above 5 %" (half the threshold: what `slower` means). M undecided against its parent is
+   neither: the verdict without a commit, "one commit or creep, undecided".
 4. **Budget.** `budget_s` bounds all the gating; the points go strongest first (smallest p-value).
    A gate is not started with under MIN_GATE_S left, and each is given what is left (--ab-run-budget-s).
    What the budget left undone is said: a point never gated, or whose span was not, is `unconfirmed`
@@ -57,6 +60,7 @@ __all__ = ["ConfirmOptions", "GateAnswer", "Confirmation", "confirm_changes", "c
 VERDICTS = ("slower", "faster", "unconfirmed", "creep")
 DIRECTIONS = ("slower", "faster")  # the gate's verdicts that confirm a change
 CHANGED = ("slower", "faster", "creep")
+DECIDED = ("slower", "faster", "unchanged")  # a gate's answers that bisection may act on: not undecidable, inconclusive
 MIN_GATE_S = 10.0   # a gate given less cannot set its workers up and take its first look
 GRACE_S = 60.0      # a gate's pytest start and collection, which its run budget does not count
 
@@ -245,6 +249,10 @@ def confirm_point(point, gate: Gate, threshold: float) -> Confirmation:
             return done(direction, f"{direction}: {whole.said()}; the budget stopped the bisection with the step "
                                    f"in {line[low + 1][:12]}..{line[high][:12]} ({high - low} commits)")
         answers[middle] = answer
+        if answer.verdict not in DECIDED:  # not a "no": the bisection cannot go on from an answer it lacks
+            return done(direction, f"{direction}: {whole.said()}; the gate could not decide at {line[middle][:12]} "
+                                   f"({answer.said()}): the step is in {line[low + 1][:12]}..{line[high][:12]} "
+                                   f"({high - low} commits)")
         if answer.verdict == direction:
             high = middle
         else:
@@ -257,6 +265,9 @@ def confirm_point(point, gate: Gate, threshold: float) -> Confirmation:
     if single.verdict == direction:
         return done(direction, f"{direction}: {first[:12]} ({single.said()} against its parent); the whole range "
                                f"{whole.said()}", commit=first)
+    if single.verdict not in DECIDED:  # neither named nor shown small: not creep
+        return done(direction, f"{direction}: {whole.said()}; bisected to {first[:12]}, which the gate could not "
+                               f"decide against its parent ({single.said()}): one commit or creep, undecided")
     commits = len(line) - 1
     limit = f"above {_percent(threshold / 2)}" if direction == "slower" else \
         f"below {1 / (1 + threshold / 2):.3f}x"  # what `slower` (`faster`) means at this threshold
