@@ -121,3 +121,42 @@ def test_a_schedule_stepped_twice_as_often_over_the_same_length_runs_at_another_
     assert "2 x world 1's pace" in counted and "length 0.5 x world 1's" in counted, counted
     # no scheduler recorded (a schedule computed by hand): the rule does not guess from the schedulers
     assert schedule_cause([], [], 2) == ""
+
+
+def _warmup_lrs(lr: float, per_step: int, steps: int = 2) -> tuple[list, list]:
+    """(settings, scheduler facts) at optimizer step `steps` of a linear warmup over 100 scheduler steps
+    (transformers' get_linear_schedule_with_warmup is this LambdaLR), stepped `per_step` times an optimizer step."""
+    param = torch.nn.Parameter(torch.zeros(1))
+    watch = FeedWatch()
+    watch.install()
+    try:
+        opt = torch.optim.AdamW([param], lr=lr)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, k / 100))
+        seen = []
+        for _ in range(steps):
+            seen.append((settings_of(opt), watch.schedulers(opt)))
+            opt.step()
+            for _ in range(per_step):
+                sched.step()
+    finally:
+        watch.uninstall()
+    return seen[-1]
+
+
+def test_a_learning_rate_scaled_by_n_under_a_warmup_stepped_n_times_names_both_factors():
+    # accelerate's gradient_accumulation_for_autoregressive_models.py with lr * num_processes and a warmup (unseen
+    # scripts, 2026-11-26): at step 2 world 2's lr is 4 x world 1's, 2 x from the base and 2 x from the prepared
+    # scheduler stepped twice an optimizer step; the base alone was named, as if it made all of the 4 x
+    (got, got_s), (ref, ref_s) = _warmup_lrs(4e-5, 2), _warmup_lrs(2e-5, 1)
+    d = setting_divergence(2, got, ref, 2, agreed=False, schedulers=(got_s, ref_s))
+    assert d is not None and d.tensor == "lr of param group 0" and d.detail == "world 2 8e-07, world 1 2e-07", d
+    assert "4 x world 1's" in d.diagnosis and "linear scaling rule" in d.diagnosis, d.describe()
+    assert "initial_lr, is 2 x world 1's" in d.diagnosis, d.describe()
+    assert "beyond its base, the learning rate is 2 x more" in d.diagnosis, f"the other 2 x unnamed: {d.describe()}"
+    assert "LambdaLR had made 2 scheduler step(s) at world 2, 1 at world 1" in d.diagnosis, d.describe()
+    assert "(its base learning rate agrees)" not in d.diagnosis, f"said of a base that differs: {d.describe()}"
+    # the base explains all of it (the learning rate scaled, the schedule stepped alike): nothing more is said
+    (got_1, got_1s), (ref_1, ref_1s) = _warmup_lrs(4e-5, 1), _warmup_lrs(2e-5, 1)
+    alone = setting_divergence(2, got_1, ref_1, 2, agreed=False, schedulers=(got_1s, ref_1s))
+    assert alone is not None and "2 x world 1's = N" in alone.diagnosis, alone
+    assert "beyond its base" not in alone.diagnosis, alone.describe()

@@ -174,14 +174,17 @@ def other_start(got, n: int) -> str:
             "the same checkpoint")
 
 
-def schedule_cause(got: list, ref: list, n: int) -> str:
+def schedule_cause(got: list, ref: list, n: int, base_agrees: bool = True) -> str:
     """Why the learning rate differs where its schedule's base agrees, from the schedulers recorded at
     the step (feeds.FeedWatch: type, scheduler steps made, length, the module that stepped them), world
     N's against world 1's; '' where none were recorded or they pair up otherwise. Pace is the fraction
     of its length a scheduler has made: steps / length (steps alone where it has no length). Another
     pace: stepped more often, or a length counted otherwise. The same pace over k times the steps and
     k times the length: another schedule, not a faster one (OneCycleLR's phases end at
-    pct_start * total_steps - 1: that - 1 does not scale with the length)."""
+    pct_start * total_steps - 1: that - 1 does not scale with the length). base_agrees=False: said of
+    what remains of a learning rate's ratio beyond its base's (optimizer.setting_diagnosis), whose base
+    differs."""
+    agrees = " (its base learning rate agrees)" if base_agrees else ""
     if not got or len(got) != len(ref) or any(a["type"] != b["type"] for a, b in zip(got, ref)):
         return ""
     apart = next(((a, b) for a, b in zip(got, ref) if (a["steps"], a["length"]) != (b["steps"], b["length"])), None)
@@ -203,8 +206,8 @@ def schedule_cause(got: list, ref: list, n: int) -> str:
                f"scheduler step) does not scale with total_steps: its phases end at other optimizer steps at world {n}"
                if a["type"] == "OneCycleLR" else f"{a['type']} does not compute the same curve over {often:g} times "
                "the steps (phase ends, milestones or warmups in whole scheduler steps, or its recursive arithmetic)")
-        return (f"the learning-rate schedule is another one at this world size, at the same pace (its base learning "
-                f"rate agrees): {facts}: {often:g} times the steps over {longer:g} times the length: {why}: count the "
+        return (f"the learning-rate schedule is another one at this world size, at the same pace{agrees}: {facts}: "
+                f"{often:g} times the steps over {longer:g} times the length: {why}: count the "
                 "schedule's length in optimizer steps and step it once per optimizer step, the same at every world "
                 "size" + (" (accelerate steps a prepared scheduler num_processes times per optimizer step: pass "
                           "Accelerator(step_scheduler_with_optimizer=False) and take the length from the prepared "
@@ -219,7 +222,7 @@ def schedule_cause(got: list, ref: list, n: int) -> str:
     if longer != 1:
         causes.append(f"a schedule length {longer:g} x world 1's (counted per rank or per process): count it in "
                       "optimizer steps, the same at every world size")
-    return (f"the learning-rate schedule runs at another pace at this world size (its base learning rate agrees): "
+    return (f"the learning-rate schedule runs at another pace at this world size{agrees}: "
             f"{facts}: {pace:.4g} x world 1's pace: " + "; and ".join(causes))
 
 

@@ -186,10 +186,23 @@ def setting_diagnosis(key: str, groups: tuple[dict, dict], n: int, agreed: bool,
     if base is not None:
         base_name = name_factor(base, n)
         return factor + (_SCALED[base_name] if base_name else "a learning rate set from the world size or the "
-                         "rank") + f" (its schedule's base, initial_lr, is {base:.4g} x world 1's)" + _KEEP
+                         "rank") + f" (its schedule's base, initial_lr, is {base:.4g} x world 1's)" + _KEEP + \
+            _beyond_base(c, base, n, schedulers)
     if agreed:
         return factor + (schedule_cause(*schedulers, n) or _PACE)
     return factor + (_SCALED[name] + _KEEP if name else "the learning rate depends on the world size (or the rank)")
+
+
+def _beyond_base(c: float | None, base: float, n: int, schedulers: tuple) -> str:
+    """What of the learning rate's ratio to world 1's its base's ratio does not explain (lr 4 x world 1's
+    over an initial_lr 2 x: a learning rate scaled by N and, besides, a warmup that accelerate's prepared
+    scheduler steps N times an optimizer step): the schedule's own part, from the schedulers recorded at
+    the step; '' where the base explains it all (the same float64 arithmetic: equal up to rounding)."""
+    if c is None or math.isclose(c, base, rel_tol=1e-9):
+        return ""
+    return (f"; and beyond its base, the learning rate is {c / base:.4g} x more: " +
+            (schedule_cause(*schedulers, n, base_agrees=False) or
+             _PACE.replace(" (its base learning rate agrees)", "")))
 
 
 def ranks_settings_apart(step: int, settings: list[list]) -> Divergence | None:
