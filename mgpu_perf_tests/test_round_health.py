@@ -111,6 +111,17 @@ def test_where_cpu_seconds_are_not_this_process_the_cpu_rule_does_not_apply():
     assert result.health.measured_ratio is None, "nor the yardstick's: the worker's CPU is not the step's"
 
 
+def test_a_step_that_sleeps_is_not_judged_by_its_cpu_seconds_or_the_yardstick():
+    # A step that waits (a sleep, a GPU, another process) spends 2 % of its time on the worker's
+    # CPU: its CPU seconds and the yardstick say nothing of it (the yardstick after a long wait is
+    # the wake-up's), so rules 4 and 5 stay out and identical trees are `unchanged`.
+    samples, facts = rounds(40, 1.0, noise=0.02, share=(0.02, 0.02), machine={"speed": (1.0, 1.3)})
+    samples = {a: [t * (1.3 if a == "candidate" else 1.0) for t in ts] for a, ts in samples.items()}
+    result = judged(samples, facts)  # the sleep takes as long in either worker: the speed is the CPU's only
+    assert result.verdict == "unchanged", f"a sleeping step, identical trees: {result.verdict}: {result.reason}"
+    assert result.health.cpu_ratio is None and result.health.measured_ratio is None, result.health
+
+
 def test_a_ratio_that_hangs_on_which_arm_ran_first_is_undecidable():
     # The arm timed first is 12 % slower: rounds split at about 0.89 and 1.12, their mean near 1.
     samples, facts = rounds(40, 1.0, noise=0.01, order_effect=0.115)
@@ -140,10 +151,12 @@ def test_rounds_where_a_worker_was_busy_while_the_other_was_timed_are_faulty():
 def test_overlapping_far_apart_and_little_timed_samples_are_faults():
     a = SampleFacts(busy_s=0.1, window=(10.0, 10.1), cpu_s=0.1)
     overlapping = RoundFacts("baseline", a, SampleFacts(0.1, (10.05, 10.15), 0.1))
-    far = RoundFacts("baseline", a, SampleFacts(0.1, (11.0, 11.1), 0.1))
+    far = RoundFacts("baseline", a, SampleFacts(0.1, (11.2, 11.3), 0.1))
     little = RoundFacts("baseline", a, SampleFacts(0.05, (10.1, 10.2), 0.05))
     assert round_faults(overlapping) == ("not interleaved",), "samples timed at once do not pair"
-    assert round_faults(far) == ("not interleaved",), "samples 0.9 s apart met different machines"
+    assert round_faults(far) == ("not interleaved",), "samples 1.1 s apart met different machines"
+    near = RoundFacts("baseline", a, SampleFacts(0.1, (10.4, 10.5), 0.1))
+    assert round_faults(near) == (), "0.3 s of yardsticks and answers between the samples of a loaded round"
     assert round_faults(little) == ("timed little",), "half a window outside the operations"
     assert round_faults(RoundFacts("baseline", a, SampleFacts(0.1, (10.101, 10.201), 0.1))) == ()
 

@@ -17,11 +17,11 @@ tight interval. `slower` is safe from this (a slowdown shown is tested at the Ho
 3. every part of the rounds says so by its own estimate: the rounds each arm ran first, and the
    first and second half (the ratio must not hang on the order or drift within the benchmark);
 4. where the CPU time each sample took is known for a step in the worker's process on the host
-   clock, the same rounds timed by CPU seconds (an operation's wall time times its sample's share
+   clock that is CPU work (cpu_work: not a step that sleeps or waits), the same rounds timed by CPU seconds (an operation's wall time times its sample's share
    of a CPU) have their ratio inside the band, and their interval does not show `slower` (above
    1 + T/2): the wall-time ratio must not be the scheduler's doing;
 5. for such a step, where each sample has a yardstick beside it (gate/worker.py `yardstick`: the
-   same fixed work in both arms' workers, timed on either side of the sample), the step's ratio in
+   same fixed work in both arms' workers, timed right after the sample), the step's ratio in
    units of it (each sample's time over its yardstick's) lies inside the band: two workers that
    run at different speeds for a whole benchmark (on vCPUs the host shares unequally, one round
    after another) bias every round alike, which no pairing cancels and which a tight interval
@@ -38,13 +38,14 @@ from dataclasses import dataclass
 
 from mgpu_perf.gate import stats as abstats
 
-__all__ = ["MAX_FAULTY", "TIMED_SHARE", "BETWEEN_SHARE", "SampleFacts", "RoundFacts", "sample_facts", "round_faults",
-           "RoundHealth", "check_rounds"]
+__all__ = ["MAX_FAULTY", "TIMED_SHARE", "BETWEEN_SHARE", "CPU_WORK", "SampleFacts", "RoundFacts", "sample_facts",
+           "round_faults", "cpu_work", "RoundHealth", "check_rounds"]
 
 MAX_FAULTY = 0.2    # the share of faulty rounds an `unchanged` may have: the trimmed mean cuts a fifth at each end
 TIMED_SHARE = 0.8   # a sample's timed operations fill at least this share of its wall window
 BETWEEN_SHARE = 0.1  # a worker's CPU while the other arm was timed, as a share of that arm's sample: at most this
-GAP_S = 0.25        # two samples of a round more than this (and more than the longer sample) apart: not interleaved
+GAP_S = 1.0         # two samples of a round more than this (and twice the longer sample) apart: not interleaved
+CPU_WORK = 0.25     # rules 4 and 5 need a step that is CPU work: some sample of each arm this busy on a CPU
 
 
 @dataclass(frozen=True)
@@ -92,15 +93,16 @@ class RoundFacts:
 
 def round_faults(r: RoundFacts) -> tuple[str, ...]:
     """Why one round cannot be trusted to cancel the machine (empty: it can). Each fault is a name:
-    `not interleaved` (the two samples' windows overlap, or lie more than GAP_S and more than the
-    longer sample apart), `timed little` (an arm's operations filled less than TIMED_SHARE of its
+    `not interleaved` (the two samples' windows overlap, or lie more than GAP_S and more than twice
+    the longer sample apart: between them only the workers' yardsticks and the exchange of answers
+    run, which a loaded machine may stretch to a few tenths of a second), `timed little` (an arm's operations filled less than TIMED_SHARE of its
     window), `busy between` (the worker timed second spent more than BETWEEN_SHARE of the first
     arm's sample on the CPU while that arm was timed: it competed with it)."""
     faults = []
     a, b = (r.baseline, r.candidate) if r.first == "baseline" else (r.candidate, r.baseline)
     if a.window and b.window:
         gap = b.window[0] - a.window[1]
-        if gap < 0 or gap > max(GAP_S, a.wall_s, b.wall_s):
+        if gap < -1e-3 or gap > max(GAP_S, 2 * a.wall_s, 2 * b.wall_s):
             faults.append("not interleaved")
     if any(s.wall_s and s.busy_s < TIMED_SHARE * s.wall_s for s in (a, b)):
         faults.append("timed little")
@@ -140,6 +142,15 @@ def _ratio(pairs: list[tuple[float, float]], threshold: float) -> abstats.Estima
     return abstats.estimate([b for b, _ in pairs], [c for _, c in pairs], threshold) if len(pairs) >= 2 else None
 
 
+def cpu_work(facts: list[RoundFacts]) -> bool:
+    """Whether the step is CPU work in the worker (rules 4 and 5 assume it): in each arm, some
+    sample spent at least CPU_WORK of its timed seconds on a CPU. A step that sleeps or waits (on a
+    GPU, on another process) spends almost none, even on an idle machine; a CPU step's busiest sample
+    keeps a third of a CPU at a load of 20 on 2 cores (2026-11-26)."""
+    return all(max((s.cpu_s or 0.0) / s.busy_s for s in arm) >= CPU_WORK
+               for arm in ([f.baseline for f in facts], [f.candidate for f in facts]))
+
+
 def check_rounds(samples: dict, facts: list[RoundFacts], threshold: float, level: float,
                  cpu_applies: bool = False) -> RoundHealth:
     """The rounds' health (the module's rule) for an `unchanged` at `level`: `samples` the deciding
@@ -173,7 +184,9 @@ def check_rounds(samples: dict, facts: list[RoundFacts], threshold: float, level
         doubts.append("the ratio hangs on " + ", ".join(f"{name} {r:.3f}" for name, r in off))
     cpu_ratio = cpu_interval = None
     cpu = [(f.baseline.cpu_s, f.candidate.cpu_s, f.baseline.busy_s, f.candidate.busy_s) for f in facts]
-    if cpu_applies and len(facts) == n and n >= 2 and all(b and c for b, c, _, _ in cpu):
+    cpu_applies = cpu_applies and len(facts) == n and n >= 2 and all(b and c for b, c, _, _ in cpu) and \
+        cpu_work(facts)
+    if cpu_applies:
         # CPU seconds an operation's worth of wall time (a sample's CPU over its timed share)
         est = abstats.estimate([b / wb * t for (b, _, wb, _), (t, _) in zip(cpu, pairs)],
                                [c / wc * t for (_, c, _, wc), (_, t) in zip(cpu, pairs)], threshold)
@@ -184,7 +197,7 @@ def check_rounds(samples: dict, facts: list[RoundFacts], threshold: float, level
                           "the same share of a CPU")
     yard = [(f.baseline.yardstick_s, f.candidate.yardstick_s) for f in facts]
     yard_ratio = measured = None
-    if cpu_applies and len(facts) == n and n >= 2 and all(b and c for b, c in yard):
+    if cpu_applies and all(b and c for b, c in yard):
         yard_ratio = abstats.estimate([b for b, _ in yard], [c for _, c in yard], threshold).ratio
         measured = abstats.estimate([t / y for (t, _), (y, _) in zip(pairs, yard)],
                                     [t / y for (_, t), (_, y) in zip(pairs, yard)], threshold).ratio

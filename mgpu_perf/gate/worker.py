@@ -88,7 +88,7 @@ def time_ops(op, ops: int, device=None, event=None) -> dict:
 _YARDSTICK: dict = {}
 
 
-def yardstick(repeats: int = 2) -> list[float]:
+def yardstick(repeats: int = 3) -> list[float]:
     """Seconds of a fixed piece of work, `repeats` times: a training step of a small convolutional
     network (two 3 x 3 convolutions and a linear layer, a batch of 4 of 16 x 16; about a millisecond
     on one thread), on this worker's threads. It is this harness's code, the same in both arms, so a
@@ -178,9 +178,10 @@ def main(argv: list[str]) -> int:
                 # The CPU this process spent since its last sample ended (threads spinning, work left
                 # behind by the step): it runs while the other arm is timed.
                 between = time.process_time() - idle_from if idle_from is not None else None
-                before = yardstick()  # the machine's speed for this worker, on either side of the sample
                 answer = time_ops(workload.op, request["ops"], getattr(workload, "cuda_device", None))
-                answer.update(cpu_between_s=between, yardstick_s=statistics.median(before + yardstick()))
+                # The machine's speed for this worker, right after the sample, its threads still awake
+                # (before it, they wake from the other arm's turn: tens of ms on a loaded machine).
+                answer.update(cpu_between_s=between, yardstick_s=statistics.median(yardstick()))
                 if "device_times" not in answer:
                     answer["clock_note"] = getattr(workload, "clock_note", "host wall time")
             elif command == "graphs":
