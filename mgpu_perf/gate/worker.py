@@ -164,7 +164,7 @@ def main(argv: list[str]) -> int:
 
     threads = torch.get_num_threads()  # each workload starts from it (_setup)
     out.write(json.dumps({"ready": True, "versions": versions(), "mgpu": where}) + "\n")
-    workload, idle_from = None, None
+    workload, idle_from, in_process = None, None, False
     for line in sys.stdin:
         request = json.loads(line)
         command = request["command"]
@@ -174,14 +174,17 @@ def main(argv: list[str]) -> int:
                     workload.close()
                     workload = None
                 workload, answer = _setup(workloads, request["spec"], tree, NOT_COMPARABLE, threads)
+                in_process = bool(answer.get("in_process"))
             elif command == "sample":
                 # The CPU this process spent since its last sample ended (threads spinning, work left
                 # behind by the step): it runs while the other arm is timed.
                 between = time.process_time() - idle_from if idle_from is not None else None
                 answer = time_ops(workload.op, request["ops"], getattr(workload, "cuda_device", None))
-                # The machine's speed for this worker, right after the sample, its threads still awake
-                # (before it, they wake from the other arm's turn: tens of ms on a loaded machine).
-                answer.update(cpu_between_s=between, yardstick_s=statistics.median(yardstick()))
+                answer["cpu_between_s"] = between
+                if in_process:  # the machine's speed for this worker, right after the sample, its threads
+                    # still awake; only where the step runs here: beside ddp's ranks it measures the
+                    # worker's idle threads (0.1-0.4 s on a loaded machine), not the step's CPU
+                    answer["yardstick_s"] = statistics.median(yardstick())
                 if "device_times" not in answer:
                     answer["clock_note"] = getattr(workload, "clock_note", "host wall time")
             elif command == "graphs":
