@@ -17,8 +17,9 @@ tight interval. `slower` is safe from this (a slowdown shown is tested at the Ho
 3. every part of the rounds says so by its own estimate: the rounds each arm ran first, and the
    first and second half (the ratio must not hang on the order or drift within the benchmark);
 4. where the CPU time each sample took is known for a step in the worker's process on the host
-   clock that is CPU work (cpu_work: not a step that sleeps or waits), the same rounds timed by CPU seconds (an operation's wall time times its sample's share
-   of a CPU) have their ratio inside the band, and their interval does not show `slower` (above
+   clock that is CPU work (cpu_work: not a step that sleeps or waits), the same rounds timed by
+   CPU seconds (an operation's wall time times its sample's share of a CPU) have their ratio inside
+   the band, and their interval does not show `slower` (above
    1 + T/2): the wall-time ratio must not be the scheduler's doing;
 5. for such a step, where each sample has a yardstick beside it (gate/worker.py `yardstick`: the
    same fixed work in both arms' workers, timed right after the sample), the workers' yardsticks
