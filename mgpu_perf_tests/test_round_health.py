@@ -199,4 +199,5 @@ def test_a_settled_benchmark_stops_early_only_when_its_rounds_are_not_doubted(sh
                       start=0.0, timer=lambda: 1.0, limit=40, taken=20, cpu_applies=True)
     assert abstats.settled(buffer.estimate(T), T, LEVEL), f"the rounds must be settled: {buffer.estimate(T)}"
     step = later_look(bench)
-    assert (step is Next.STOP) == stops, f"share {share}: {step}; doubt: {check_rounds(samples, facts, T, LEVEL, True).doubt}"
+    doubt = check_rounds(samples, facts, T, LEVEL, True).doubt
+    assert (step is Next.STOP) == stops, f"share {share}: {step}; doubt: {doubt}"

@@ -98,9 +98,10 @@ def round_faults(r: RoundFacts) -> tuple[str, ...]:
     """Why one round cannot be trusted to cancel the machine (empty: it can). Each fault is a name:
     `not interleaved` (the two samples' windows overlap, or lie more than GAP_S and more than twice
     the longer sample apart: between them only the workers' yardsticks and the exchange of answers
-    run, which a loaded machine may stretch to a few tenths of a second), `timed little` (an arm's operations filled less than TIMED_SHARE of its
-    window), `busy between` (the worker timed second spent more than BETWEEN_SHARE of the first
-    arm's sample on the CPU while that arm was timed: it competed with it)."""
+    run, which a loaded machine may stretch to a few tenths of a second), `timed little` (an arm's
+    operations filled less than TIMED_SHARE of its window), `busy between` (the worker timed second
+    spent more than BETWEEN_SHARE of the first arm's sample on the CPU while that arm was timed: it
+    competed with it)."""
     faults = []
     a, b = (r.baseline, r.candidate) if r.first == "baseline" else (r.candidate, r.baseline)
     if a.window and b.window:
