@@ -4,7 +4,10 @@ the words of its cause (docs/notes/public-scripts.md says why each is true).
     pytest examples/test_public.py            # add -m slow for the heavy ones
 
 Each script sits in examples/public/<name>/ as fetched (original/), with its licence, its SOURCE line and
-the diff of what a user without a GPU changed (adapt.diff: gloo, the CPU, synthetic data, small sizes).
+the diff of what a user without a GPU changed (adapt.diff: gloo, the CPU, synthetic data, small sizes),
+in the checkout that made it: fetched code stays out of this repository's commits, so only SOURCE
+(where, which commit, the licence, every change in words) and our own data makers are committed, and a
+case whose script is not in the checkout skips, saying where to get it.
 A case copies its folder to a temporary one (the scripts write checkpoints, hydra's logs and their
 data into the folder they run from), prepares the data there as the script's own folder would, and runs
 the check from there, as a user would from the script's folder.
@@ -86,6 +89,9 @@ def checked(name: str, tmp_path_factory):
     if name in _REPORTS:
         return _REPORTS[name]
     case = CASES[name]
+    if not os.path.exists(os.path.join(PUBLIC, case.folder, case.script)):
+        pytest.skip(f"{name}: {case.folder}/{case.script} is not in this checkout: get and adapt it as "
+                    f"examples/public/{case.folder}/SOURCE says")
     if missing := _missing(case):
         packages = " ".join(PIP_NAMES.get(m, m) for m in missing)
         pytest.skip(f"{name} imports {', '.join(missing)}, not installed: pip install {packages} (not in mgpu's extras)")
@@ -298,8 +304,4 @@ UNSEEN_TRUE = [
 
 @pytest.mark.parametrize("name, expect", UNSEEN_TRUE)
 def test_unseen_public_script_gets_its_true_verdict_and_cause(name, expect, tmp_path_factory):
-    case = CASES[name]
-    if not os.path.exists(os.path.join(PUBLIC, case.folder, case.script)):
-        pytest.skip(f"{name}: {case.folder}/{case.script} is not in this checkout: get and adapt it as "
-                    f"examples/public/{case.folder}/SOURCE says")
     test_public_script_gets_its_true_verdict_and_cause(name, expect, tmp_path_factory)
