@@ -248,8 +248,12 @@ def _after_backward(c: float, f: float | None, n: int, kind: str) -> tuple[str, 
                               "ranks, clipping, scaling)")
 
 
-def _output_gradient(g: dict | None, f: float | None, n: int, kind: str) -> tuple[str, str, dict]:
+def _output_gradient(g: dict | None, f: float | None, n: int, kind: str,
+                     truncated: bool = False) -> tuple[str, str, dict]:
     """(where, words, record) for the gradient at the model's output, where every module agrees."""
+    if g is None and truncated:
+        return "unknown", ("; the gradient at the output was not kept: the trace had reached its TRACE_NUMEL "
+                           "elements a rank before the backward (a model whose outputs are that large)"), {}
     if g is None:
         return "unknown", "; the gradient at the output was not recorded (no floating output that needs one)", {}
     if g["error"] <= g["allowed"]:
@@ -308,7 +312,8 @@ def locate(run_a, run_b, run_n, kind: str = "gradient") -> dict:
     worst = max(agree, key=lambda j: j["error"] / j["allowed"] if j["allowed"] else 0.0, default=None)
     head = (f"every module's output agrees per example (largest error {worst['error']:.1e} of {worst['allowed']:.1e} "
             f"allowed, {len(agree)} modules)" if agree else "no module output was compared per example")
-    where, words, extra = _output_gradient(judged.get((a_fw[0].root, "", "grad")), record["gradient_factor"], n, kind)
+    where, words, extra = _output_gradient(judged.get((a_fw[0].root, "", "grad")), record["gradient_factor"], n, kind,
+                                           truncated)
     record.update(extra, where=where)
     record["sentence"] = head + words + (" (the trace was cut short: TRACE_NUMEL)" if truncated else "")
     return _jsonable(record)
