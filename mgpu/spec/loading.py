@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -69,29 +70,37 @@ def builtin_spec(name: str, width: int = 64, num_classes: int = 10) -> ModelSpec
 
 # -- MODULE:FUNCTION --------------------------------------------------------------------------------
 
+_FILE_IMPORT = threading.RLock()
+
+
+def _import_file(module_part: str):
+    path = Path(module_part)
+    if not path.is_file():
+        raise SpecError(f"cannot import {module_part}: no such file")
+    name = "mgpu_user_" + "".join(c if c.isalnum() else "_" for c in str(path.resolve()))
+    if name in sys.modules:
+        return sys.modules[name]
+    if str(path.resolve().parent) not in sys.path:
+        sys.path.insert(0, str(path.resolve().parent))  # so that the file's own imports of its neighbours work
+    loader_spec = importlib.util.spec_from_file_location(name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise SpecError(f"cannot import {module_part}: not a Python file")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[name] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except BaseException as e:
+        del sys.modules[name]
+        if isinstance(e, (KeyboardInterrupt, SystemExit)) and not isinstance(e, SystemExit):
+            raise
+        raise SpecError(f"cannot import {module_part}: {one_line(e, with_type=True)}") from None
+    return module
+
+
 def _import(module_part: str):
     if module_part.endswith(".py") or os.sep in module_part or "/" in module_part:
-        path = Path(module_part)
-        if not path.is_file():
-            raise SpecError(f"cannot import {module_part}: no such file")
-        name = "mgpu_user_" + "".join(c if c.isalnum() else "_" for c in str(path.resolve()))
-        if name in sys.modules:
-            return sys.modules[name]
-        if str(path.resolve().parent) not in sys.path:
-            sys.path.insert(0, str(path.resolve().parent))  # so that the file's own imports of its neighbours work
-        loader_spec = importlib.util.spec_from_file_location(name, path)
-        if loader_spec is None or loader_spec.loader is None:
-            raise SpecError(f"cannot import {module_part}: not a Python file")
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[name] = module
-        try:
-            loader_spec.loader.exec_module(module)
-        except BaseException as e:
-            del sys.modules[name]
-            if isinstance(e, (KeyboardInterrupt, SystemExit)) and not isinstance(e, SystemExit):
-                raise
-            raise SpecError(f"cannot import {module_part}: {one_line(e, with_type=True)}") from None
-        return module
+        with _FILE_IMPORT:  # a file is registered in sys.modules before it has run: one thread at a time
+            return _import_file(module_part)
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())  # `mgpu check mymodels:net` finds ./mymodels.py, as `python -m` would
     try:
