@@ -76,15 +76,14 @@ def test_other_examples_from_two_samplers_or_no_loader_get_the_general_rule_or_t
     assert "use_seedable_sampler" not in later.diagnosis, later.describe()
 
 
-def _one_cycle_lrs(total: int, per_step: int, steps: int = 2) -> tuple[list, list]:
-    """(settings, scheduler facts) at each optimizer step of OneCycleLR over `total` scheduler steps,
-    stepped `per_step` times an optimizer step, as the recorder sees them."""
+def _seen_at(make, per_step: int, steps: int = 2) -> tuple[list, list]:
+    """(settings, scheduler facts) at optimizer step `steps`, as the recorder sees them, of the optimizer
+    and scheduler `make(param)` returns, the scheduler stepped `per_step` times an optimizer step."""
     param = torch.nn.Parameter(torch.zeros(1))
     watch = FeedWatch()
     watch.install()
     try:
-        opt = torch.optim.Adam([param], lr=1.2e-3)
-        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-2, total_steps=total)
+        opt, sched = make(param)
         seen = []
         for _ in range(steps):
             seen.append((settings_of(opt), watch.schedulers(opt)))
@@ -94,6 +93,14 @@ def _one_cycle_lrs(total: int, per_step: int, steps: int = 2) -> tuple[list, lis
     finally:
         watch.uninstall()
     return seen[-1]
+
+
+def _one_cycle_lrs(total: int, per_step: int) -> tuple[list, list]:
+    """OneCycleLR over `total` scheduler steps (_seen_at)."""
+    def make(param):
+        opt = torch.optim.Adam([param], lr=1.2e-3)
+        return opt, torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-2, total_steps=total)
+    return _seen_at(make, per_step)
 
 
 def test_a_one_cycle_schedule_twice_as_long_stepped_twice_as_often_is_another_schedule_not_another_pace():
@@ -123,24 +130,13 @@ def test_a_schedule_stepped_twice_as_often_over_the_same_length_runs_at_another_
     assert schedule_cause([], [], 2) == ""
 
 
-def _warmup_lrs(lr: float, per_step: int, steps: int = 2) -> tuple[list, list]:
-    """(settings, scheduler facts) at optimizer step `steps` of a linear warmup over 100 scheduler steps
-    (transformers' get_linear_schedule_with_warmup is this LambdaLR), stepped `per_step` times an optimizer step."""
-    param = torch.nn.Parameter(torch.zeros(1))
-    watch = FeedWatch()
-    watch.install()
-    try:
+def _warmup_lrs(lr: float, per_step: int) -> tuple[list, list]:
+    """A linear warmup over 100 scheduler steps (transformers' get_linear_schedule_with_warmup is this
+    LambdaLR) of AdamW at `lr` (_seen_at)."""
+    def make(param):
         opt = torch.optim.AdamW([param], lr=lr)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, k / 100))
-        seen = []
-        for _ in range(steps):
-            seen.append((settings_of(opt), watch.schedulers(opt)))
-            opt.step()
-            for _ in range(per_step):
-                sched.step()
-    finally:
-        watch.uninstall()
-    return seen[-1]
+        return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, k / 100))
+    return _seen_at(make, per_step)
 
 
 def test_a_learning_rate_scaled_by_n_under_a_warmup_stepped_n_times_names_both_factors():
