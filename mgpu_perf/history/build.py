@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mgpu_perf.history.changes import ChangePoint, find_change_points
-from mgpu_perf.history.commits import Apart, first_parent_line, place_runs
-from mgpu_perf.history.machines import Machine
+from mgpu_perf.history.changes import MIN_SEGMENT, ChangePoint, find_change_points
+from mgpu_perf.history.commits import (KINDS, MISSING, Apart, Lineage, first_parent_line, lineage_of, place_runs,
+                                       repository_root)
+from mgpu_perf.history.errors import HistoryError
+from mgpu_perf.history.machines import Machine, host_only_note
 from mgpu_perf.history.runs import read_runs
 
 __all__ = ["BenchmarkHistory", "MachineHistory", "History", "build_history"]
@@ -29,6 +31,7 @@ class BenchmarkHistory:
     benchmark: str
     timed: tuple[Timed, ...]           # ordered by position
     change_points: tuple[ChangePoint, ...]
+    unusable: int = 0                  # placed runs that hold it with no median above 0 s: left out
 
     @property
     def commits(self) -> int:
@@ -54,6 +57,8 @@ class History:
     machines: tuple[MachineHistory, ...]
     apart: tuple[Apart, ...]           # runs with no place on the line, never in a machine's history
     unreadable: tuple[str, ...]        # files pytest-benchmark's reader could not load
+    repo: str = ""                     # the git repository's top folder whose HEAD orders the runs
+    notes: tuple[str, ...] = ()        # what the reader should know about the machines (host_only_note)
 
     @property
     def change_points(self) -> tuple[ChangePoint, ...]:
@@ -64,11 +69,11 @@ def _benchmark(name: str, placed, line, machine: Machine, settings) -> Benchmark
     timed = tuple(Timed(line[position], position, run.file, seconds)
                   for position, run in placed for bench, seconds in run.medians if bench == name)
     points = find_change_points([(t.position, t.seconds) for t in timed], line, name, machine.label, settings)
-    return BenchmarkHistory(name, timed, points)
+    return BenchmarkHistory(name, timed, points, sum(name in run.unusable for _, run in placed))
 
 
 def _machine(machine: Machine, placed, line, settings) -> MachineHistory:
-    names = sorted({bench for _, run in placed for bench, _ in run.medians})
+    names = sorted({bench for _, run in placed for bench in (*dict(run.medians), *run.unusable)})
     return MachineHistory(machine, len(placed), tuple(_benchmark(n, placed, line, machine, settings) for n in names))
 
 
@@ -77,8 +82,31 @@ def build_history(settings) -> History:
     HistoryError when either cannot be read."""
     runs, unreadable = read_runs(settings.storage)
     line = first_parent_line(settings.repo)
-    placed, apart = place_runs(runs, line)
+    root = repository_root(settings.repo)
+    lineage = lineage_of(settings.repo, [run.commit for run in runs])
+    placed, apart = place_runs(runs, line, lineage)
+    _check_placed(f"{len(runs)} run(s) in {settings.storage}", root, placed, apart, lineage)
     machines = list(dict.fromkeys(run.machine for _, run in placed))
     histories = tuple(_machine(m, [(pos, run) for pos, run in placed if run.machine == m], line, settings)
                       for m in machines)
-    return History(str(settings.storage), line[-1] if line else "", line, histories, apart, unreadable)
+    short = sum(all(b.commits < 2 * MIN_SEGMENT for b in m.benchmarks) for m in histories)
+    note = host_only_note(machines, short)
+    return History(str(settings.storage), line[-1] if line else "", line, histories, apart, unreadable, root,
+                   (note,) if note else ())
+
+
+def _check_placed(runs: str, root: str, placed, apart: tuple[Apart, ...], lineage: Lineage) -> None:
+    """HistoryError where the history would mislead: a shallow clone that lacks commits the runs name
+    (older runs would drop out as if rebased away), or no run placed at all (a history of nothing,
+    which would read as `no slowdown`: most often --repo is not the repository that was timed)."""
+    missing = sum(a.kind == KINDS[MISSING] for a in apart)
+    if lineage.shallow and missing:
+        raise HistoryError(f"{root}: a shallow clone, and {missing} of the {runs} name commits it lacks: fetch the "
+                           "whole history (git fetch --unshallow; actions/checkout with fetch-depth: 0)")
+    if not placed:
+        kinds = {}
+        for a in apart:
+            kinds[a.kind] = kinds.get(a.kind, 0) + 1
+        said = ", ".join(f"{count} {kind}" for kind, count in kinds.items())
+        raise HistoryError(f"none of the {runs} has a place on the first-parent line of {root}'s HEAD ({said}): "
+                           "is --repo the repository whose commits were timed?")

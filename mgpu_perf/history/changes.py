@@ -17,6 +17,10 @@ The rule:
    p < 0.01 with fewer than 5 runs a side. A breakpoint is kept when p < alpha and the ratio differs
    from 1 by at least min_change; of those that fail, the smallest step is dropped (its segments
    merge, so a real step's short neighbour grows) and the rest are tested again.
+   A breakpoint is also dropped when fewer than MIN_SEGMENT commits of a side measure nearer that
+   side's level than the other's: with one commit of a 2-commit segment an outlier (one run under
+   load), the segment's median is half that outlier, and the point would blame a commit whose own
+   runs measured the old level.
    The p-value is optimistic (the breakpoint was chosen where the runs differ most): it ranks
    suspicions, and the A/B gate (--confirm) decides.
 """
@@ -106,27 +110,39 @@ def _median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def _test(groups: list[list[float]], cuts: list[int], settings) -> list[tuple[int, float, float]]:
-    """(cut, ratio, p) of each cut, the runs of the segments either side compared."""
+def _supported(before: list[float], after: list[float], low: float, high: float) -> bool:
+    """Whether MIN_SEGMENT commits of each side (their levels: log medians) measure nearer that side's
+    level (low before, high after) than the other side's: the step rests on more than one commit."""
+    nearer_before = sum(abs(level - low) < abs(level - high) for level in before)
+    nearer_after = sum(abs(level - high) < abs(level - low) for level in after)
+    return nearer_before >= MIN_SEGMENT and nearer_after >= MIN_SEGMENT
+
+
+def _test(groups: list[list[float]], cuts: list[int], settings) -> list[tuple[int, float, float, bool]]:
+    """(cut, ratio, p, supported) of each cut, the runs of the segments either side compared, and
+    whether MIN_SEGMENT commits of each side show its level (_supported)."""
     from scipy.stats import ttest_ind
 
     bounds = [0, *cuts, len(groups)]
+    levels = [_median([math.log(v) for v in g]) for g in groups]
     out = []
     for k, cut in enumerate(cuts):
         before = [v for g in groups[bounds[k]:cut] for v in g]
         after = [v for g in groups[cut:bounds[k + 2]] for v in g]
         ratio = _median(after) / _median(before)
+        supported = _supported(levels[bounds[k]:cut], levels[cut:bounds[k + 2]], math.log(_median(before)),
+                               math.log(_median(after)))
         with warnings.catch_warnings():  # identical runs (a synthetic history): scipy's precision warning
             warnings.simplefilter("ignore", RuntimeWarning)
             p = float(ttest_ind([math.log(v) for v in before], [math.log(v) for v in after], equal_var=True).pvalue)
         p = 1.0 if math.isnan(p) else p  # both sides constant: nothing to test
-        out.append((cut, ratio, p))
+        out.append((cut, ratio, p, supported))
     return out
 
 
-def _kept(tested, settings) -> list[tuple[int, float, float]]:
-    return [(cut, ratio, p) for cut, ratio, p in tested
-            if p < settings.alpha and abs(math.log(ratio)) >= math.log1p(settings.min_change)]
+def _kept(tested, settings) -> list[tuple[int, float, float, bool]]:
+    return [(cut, ratio, p, supported) for cut, ratio, p, supported in tested
+            if p < settings.alpha and abs(math.log(ratio)) >= math.log1p(settings.min_change) and supported]
 
 
 def find_change_points(series, line: tuple[str, ...], benchmark: str, machine: str, settings) -> tuple[ChangePoint, ...]:
@@ -149,7 +165,7 @@ def find_change_points(series, line: tuple[str, ...], benchmark: str, machine: s
         cuts = [cut for cut in cuts if cut != smallest[0]]
     bounds = [0, *cuts, len(groups)]
     points = []
-    for k, (cut, ratio, p) in enumerate(tested):
+    for k, (cut, ratio, p, _) in enumerate(tested):
         before = [v for g in groups[bounds[k]:cut] for v in g]
         after = [v for g in groups[cut:bounds[k + 2]] for v in g]
         first, last = positions[cut - 1], positions[cut]

@@ -59,12 +59,17 @@ def _write(settings, history, findings) -> list[str]:
     from mgpu_perf.history.report import history_json
 
     written = []
-    if settings.json:
-        settings.json.parent.mkdir(parents=True, exist_ok=True)
-        settings.json.write_text(json.dumps(history_json(history, findings), indent=2) + "\n", encoding="utf-8")
-        written.append(str(settings.json))
-    if settings.html:
-        written.append(str(write_page(history, findings, settings.html)))
+    try:
+        if settings.json:
+            settings.json.parent.mkdir(parents=True, exist_ok=True)
+            settings.json.write_text(json.dumps(history_json(history, findings), indent=2) + "\n", encoding="utf-8")
+            written.append(str(settings.json))
+        if settings.html:
+            written.append(str(write_page(history, findings, settings.html)))
+    except OSError as e:  # the analysis is printed already: say which file could not be written
+        option = "--html" if settings.json is None or written else "--json"
+        raise HistoryError(f"{option}: cannot write {getattr(settings, option[2:])} "
+                           f"({e.strerror or e}{f': {e.filename}' if e.filename else ''})") from None
     return written
 
 

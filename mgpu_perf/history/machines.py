@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Machine", "machine_of", "MACHINE_FIELDS"]
+__all__ = ["Machine", "machine_of", "MACHINE_FIELDS", "host_only_note"]
 
 # What makes two runs comparable: the host, its CPU and core count, the architecture, the Python and
 # the torch/CUDA build and GPUs (mgpu's conftest adds torch, cuda and gpus to machine_info). Anything
@@ -46,3 +46,15 @@ def machine_of(info: dict) -> Machine:
               "arch": info.get("machine"), "python": python, "torch": info.get("torch"), "cuda": info.get("cuda"),
               "gpus": gpu_text}
     return Machine(tuple((name, "" if values[name] is None else str(values[name])) for name in MACHINE_FIELDS))
+
+
+def host_only_note(machines, short: int) -> str:
+    """A line when several machines differ in their host name alone and `short` of them hold too few
+    commits for a change point: a CI that names its runners anew each job (hosted runners) splits one
+    kind of machine into histories of a run or two, which nothing can analyse. Empty otherwise."""
+    rest = {tuple(item for item in m.fields if item[0] != "node") for m in machines}
+    if len(machines) < 2 or len(rest) != 1 or not short:
+        return ""
+    return (f"the {len(machines)} machines differ only in their host name (machine_info's node), and {short} of them "
+            "hold too few commits for a change point: where a CI names its runners anew each job, give them one name "
+            "in conftest.py (pytest_benchmark_update_machine_info: machine_info['node'] = 'ci-runner')")

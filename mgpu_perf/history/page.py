@@ -29,13 +29,14 @@ def page_html(history, findings: Findings | None = None) -> str:
     current = {_key(p): p for p in findings.points}
     body = [f"<h1>Benchmark runs over commits</h1><p>{escape(history.storage)}, ordered by HEAD "
             f"{escape(history.head[:10])}'s first-parent line ({len(history.line)} commits).</p>",
-            f'<p class="summary">{escape(findings.summary)}</p>']
+            f'<p class="summary">{escape(findings.summary)}</p>', *(f"<p>{escape(n)}</p>" for n in history.notes)]
     for m in history.machines:
         body.append(f"<h2>Machine {escape(m.machine.label)}</h2><p>{m.runs} run(s); runs of other machines are "
                     "never compared with these.</p>")
         for b in m.benchmarks:
             now = [current.get(_key(p), p) for p in b.change_points]
-            body.append(f'<section class="benchmark"><h3>{escape(b.benchmark)}</h3>{benchmark_svg(b, now)}')
+            plot = benchmark_svg(b, now) if b.timed else "<p>no run with a median above 0 s: nothing to plot</p>"
+            body.append(f'<section class="benchmark"><h3>{escape(b.benchmark)}</h3>{plot}')
             body.append("<pre>" + escape("\n".join(point_line(p) for p in now) or "no change point") + "</pre></section>")
     if history.apart:
         body.append("<h2>Runs not placed</h2><ul>" + "".join(

@@ -23,16 +23,17 @@ def history_json(history, findings: Findings | None = None) -> dict:
     current = {_key(p): p for p in points}
     machines = []
     for m in history.machines:
-        benchmarks = [{"benchmark": b.benchmark,
+        benchmarks = [{"benchmark": b.benchmark, "unusable_runs": b.unusable,
                        "runs": [{"commit": t.commit, "position": t.position, "file": t.file, "seconds": t.seconds}
                                 for t in b.timed],
                        "change_points": [current.get(_key(p), p).to_json() for p in b.change_points]}
                       for b in m.benchmarks]
         machines.append({"machine": m.machine.to_json(), "runs": m.runs, "benchmarks": benchmarks})
-    return {"storage": history.storage, "head": history.head, "first_parent_commits": len(history.line),
+    return {"storage": history.storage, "repo": history.repo, "head": history.head, "first_parent_commits": len(history.line),
             "machines": machines, "change_points": [p.to_json() for p in points],
-            "not_placed": [{"file": a.run.file, "commit": a.run.commit, "why": a.why, "machine": a.run.machine.label}
+            "not_placed": [{"file": a.run.file, "commit": a.run.commit, "why": a.why, "kind": a.kind,
+                            "machine": a.run.machine.label}
                            for a in history.apart],
-            "unreadable": list(history.unreadable), "confirm_notes": list(findings.notes),
+            "unreadable": list(history.unreadable), "notes": list(history.notes), "confirm_notes": list(findings.notes),
             "unchecked": [p.to_json() for p in findings.unchecked], "exit_code": findings.exit_code,
             "summary": findings.summary}

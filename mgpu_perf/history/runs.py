@@ -10,6 +10,7 @@ of the machine, so they are not independent of each other; runs are.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,8 @@ class Run:
     saved: str                # the run's own datetime (ISO), to order runs of one commit
     machine: Machine
     medians: tuple[tuple[str, float], ...]  # (benchmark's fullname, median seconds)
+    unusable: tuple[str, ...] = ()          # benchmarks it holds with no median to compare (0 s, none)
+    project: str = ""                       # commit_info's project: pytest-benchmark's name for the repository
 
 
 class _Warnings:
@@ -43,25 +46,36 @@ class _Warnings:
         pass
 
 
-def _medians(data: dict) -> tuple[tuple[str, float], ...]:
-    out = []
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _medians(data: dict) -> tuple[tuple[tuple[str, float], ...], tuple[str, ...]]:
+    """(name, median) of each benchmark with a median above 0 s, and the names of those without one
+    (a median of 0: the timer's resolution above the benchmark's time; no ratio can be taken of it)."""
+    out, unusable = [], []
     for bench in data.get("benchmarks") or []:
-        stats = bench.get("stats") or {}
-        median = stats.get("median")
+        bench = _dict(bench)
+        median = _dict(bench.get("stats")).get("median")
         name = bench.get("fullname") or bench.get("name")
-        if name and isinstance(median, (int, float)) and math.isfinite(median) and median > 0:
+        if not name:
+            continue
+        if isinstance(median, (int, float)) and math.isfinite(median) and median > 0:
             out.append((str(name), float(median)))
-    return tuple(out)
+        else:
+            unusable.append(str(name))
+    return tuple(out), tuple(unusable)
 
 
 def run_of(file: str, data: dict) -> Run:
     """One saved run as a Run (HistoryError when it is no pytest-benchmark run)."""
     if not isinstance(data, dict) or "benchmarks" not in data:
         raise HistoryError(f"{file}: not a pytest-benchmark run (no 'benchmarks')")
-    commit = data.get("commit_info") or {}
+    commit = _dict(data.get("commit_info"))
+    medians, unusable = _medians(data)
     return Run(file=file, commit=str(commit.get("id") or "unknown"), dirty=bool(commit.get("dirty")),
                saved=str(data.get("datetime") or ""), machine=machine_of(data.get("machine_info")),
-               medians=_medians(data))
+               medians=medians, unusable=unusable, project=str(commit.get("project") or ""))
 
 
 def read_runs(storage: Path) -> tuple[tuple[Run, ...], tuple[str, ...]]:
@@ -70,6 +84,9 @@ def read_runs(storage: Path) -> tuple[tuple[Run, ...], tuple[str, ...]]:
     from pytest_benchmark.storage.file import FileStorage
 
     storage = Path(storage)
+    if storage.is_file():
+        raise HistoryError(f"{storage}: a file, not a folder: STORAGE is the folder pytest-benchmark saves runs in "
+                           f"(--benchmark-storage, .benchmarks by default), which holds <machine>/NNNN_*.json")
     if not storage.is_dir():  # FileStorage would create it: a typo must not read as an empty history
         raise HistoryError(f"{storage}: no such folder (pytest-benchmark's storage, .benchmarks by default)")
     warnings = _Warnings()
@@ -77,5 +94,15 @@ def read_runs(storage: Path) -> tuple[tuple[Run, ...], tuple[str, ...]]:
     runs = [run_of(Path(path).as_posix(), data) for path, data in reader.load()]
     if not runs:
         raise HistoryError(f"{storage}: holds no saved run (NNNN_*.json, as `pytest --benchmark-autosave` writes)"
-                           + (f"; unreadable: {'; '.join(warnings.lines)}" if warnings.lines else ""))
+                           + (f"; unreadable: {'; '.join(warnings.lines)}" if warnings.lines else "")
+                           + _deeper(storage))
     return tuple(runs), tuple(warnings.lines)
+
+
+def _deeper(storage: Path) -> str:
+    """Where saved runs lie further down, as a hint: the reader looks in STORAGE and its folders only
+    (STORAGE/<machine>/NNNN_*.json), so a parent of the storage reads as empty."""
+    for file in itertools.islice(storage.rglob("[0-9][0-9][0-9][0-9]_*.json"), 1000):
+        if len(file.relative_to(storage).parts) > 2:
+            return f"; saved runs lie deeper: try {file.parent.parent}"
+    return ""

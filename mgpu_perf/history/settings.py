@@ -57,6 +57,17 @@ def _path(value) -> Path | None:
     return Path(value) if value else None
 
 
+def _storage(value) -> Path:
+    """The storage folder, also as pytest-benchmark's --benchmark-storage spells it (`file://DIR`, its
+    default scheme); its other storage (`elasticsearch+http://...`) holds no file to read."""
+    text = str(value)
+    if text.startswith("file://"):
+        return Path(text[len("file://"):] or ".")
+    if "://" in text:
+        raise HistoryError(f"{text}: mgpu history reads pytest-benchmark's file storage only (a folder, or file://DIR)")
+    return Path(value)
+
+
 def parse_settings(values: HistoryValues = HistoryValues()) -> HistorySettings:
     """The settings from option text (`--alpha 0.05`, `--min-change 5%`, `--confirm-budget-s 900`).
     HistoryError naming a bad one."""
@@ -65,6 +76,6 @@ def parse_settings(values: HistoryValues = HistoryValues()) -> HistorySettings:
                      lambda x: 0 <= x < 100, error=HistoryError)
     budget = number(values.confirm_budget_s, "--confirm-budget-s", "a number of seconds > 0", lambda x: x > 0,
                     error=HistoryError)
-    return HistorySettings(storage=Path(values.storage), repo=Path(values.repo), json=_path(values.json),
+    return HistorySettings(storage=_storage(values.storage), repo=Path(values.repo), json=_path(values.json),
                            html=_path(values.html), alpha=level, min_change=percent / 100, confirm=bool(values.confirm),
                            confirm_budget_s=budget, confirm_out=_path(values.confirm_out))

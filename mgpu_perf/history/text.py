@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from mgpu_perf.history.changes import MIN_SEGMENT
 from mgpu_perf.history.verdicts import Findings
 
 __all__ = ["history_lines", "seconds_text", "point_line"]
@@ -38,7 +39,11 @@ def _machine_lines(m, current: dict) -> list[str]:
         head = f"  {b.benchmark}: {len(b.timed)} run(s) over {b.commits} commit(s)"
         if b.timed:
             head += f", latest {seconds_text(b.timed[-1].seconds)}"
-        lines.append(head + ("" if b.change_points else ": no change point"))
+        if b.unusable:
+            head += f" ({b.unusable} more with a median of 0 s or none, left out)"
+        short = b.commits < 2 * MIN_SEGMENT
+        lines.append(head + ("" if b.change_points else f": too few commits for a change point ({2 * MIN_SEGMENT} "
+                                                       "needed)" if short else ": no change point"))
         lines += [f"    {point_line(current.get(_key(p), p))}" for p in b.change_points]
     return lines
 
@@ -47,9 +52,11 @@ def history_lines(history, findings: Findings | None = None) -> list[str]:
     """The whole table; `findings`: after confirming (default: the history's own change points)."""
     findings = findings or Findings(history.change_points)
     lines = [f"mgpu history: {sum(m.runs for m in history.machines) + len(history.apart)} run(s) in "
-             f"{history.storage}, on HEAD {history.head[:10]}'s first-parent line ({len(history.line)} commits)"]
+             f"{history.storage}, on HEAD {history.head[:10]}'s first-parent line"
+             + (f" in {history.repo}" if history.repo else "") + f" ({len(history.line)} commits)"]
     if len(history.machines) > 1:
         lines.append(f"{len(history.machines)} machines: a history each, their runs never compared with each other")
+    lines += list(history.notes)
     current = {_key(p): p for p in findings.points}  # a confirmed verdict replaces its suspicion
     for m in history.machines:
         lines += _machine_lines(m, current)
