@@ -72,9 +72,59 @@ def test_a_step_is_bisected_to_the_commit_that_made_it(slow_at):
     assert (found.point.verdict, found.point.commit) == ("slower", commits[slow_at]), (slow_at, found.note)
     assert gate.asked[0] == (commits[0], commits[8]), "the change point's own pair is gated first"
     midpoints = [pair for pair in gate.asked[1:] if pair[0] == commits[0]]
-    assert len(midpoints) <= 3 and len(gate.asked) <= 5, f"8 commits need 3 midpoints and a parent: {gate.asked}"
+    rest = slow_at < 8  # the named commit against the range's last: nothing more there
+    assert len(midpoints) <= 3 and len(gate.asked) <= 5 + rest, \
+        f"8 commits need 3 midpoints, a parent and the rest of the range: {gate.asked}"
+    if rest:
+        assert gate.asked[-1] == (commits[slow_at], commits[8]) and found.then == (), (gate.asked, found.then)
+        assert f"the {8 - slow_at} commit(s) after {commits[slow_at][:12]}: unchanged" in found.note, found.note
     assert commits[slow_at][:12] in found.note and "against its parent" in found.note, found.note
     assert [c for _, c, _ in found.gates] == [c for _, c in gate.asked], "every gate run is kept with its answer"
+
+
+@pytest.mark.parametrize("own", [(3, 5), (2, 5)], ids=["own-pair-unchanged", "own-pair-slower"])
+def test_a_slow_commit_followed_by_creep_names_the_commit_and_reports_the_creep_apart(own):
+    """The done-when history: commit 3 makes the step 1.2x, commits 5-11 add 2 % each; the detector
+    saw one step over them all (its ratio the segments' over commits 0..11; its own pair 3..4, as
+    in the scenario run, or 2..4). The gate names commit 3, then finds the rest of the segments'
+    span slower again with no single commit above 5 %: a creep of its own, after commit 3."""
+    commits = _commits(12)
+    gate = SimulatedGate(_steps(commits, [1.0, 1.0, 1.0, 1.2, 1.0] + [1.02] * 7))
+    point = replace(_point(commits[own[0]:own[1]], ratio=1.32), from_commit=commits[0], to_commit=commits[-1],
+                    span_between=tuple(commits[1:]))
+    found = confirm_point(point, gate, THRESHOLD)
+    assert (found.point.verdict, found.point.commit) == ("slower", commits[3]), found.note
+    assert len(found.then) == 1, f"the creep after commit 3 is a change of its own: {found.note}"
+    creep = found.then[0]
+    assert (creep.point.verdict, creep.point.commit) == ("creep", None), creep.note
+    assert (creep.point.before_commit, creep.point.after_commit) == (commits[3], commits[11]), creep.point
+    assert creep.point.ratio == pytest.approx(1.02 ** 7) and creep.point.runs_before == 0, creep.point
+    assert "creep: commits" in creep.note and "no single commit above 5 %" in creep.note, creep.note
+    assert creep.gates and all(c in commits[3:] for b, c, _ in creep.gates), "the creep's own gates, after commit 3"
+    assert "confirmed apart, below" in found.note, found.note
+
+
+def test_two_slow_commits_in_one_range_are_both_named():
+    commits = _commits(9)
+    gate = SimulatedGate(_steps(commits, [1.0, 1.0, 1.25, 1.0, 1.0, 1.0, 1.3, 1.0, 1.0]))
+    found = confirm_point(_point(commits), gate, THRESHOLD)
+    named = [found.point.commit, *(later.point.commit for later in found.then)]
+    assert named == [commits[2], commits[6]], (found.note, [later.note for later in found.then])
+    assert [later.point.verdict for later in found.then] == ["slower"], found.then
+
+
+def test_confirm_all_lists_a_change_found_after_the_named_commit_right_after_its_point(monkeypatch):
+    from mgpu_perf.history import confirm
+
+    commits = _commits(6)
+    times = _steps(commits, [1.0, 1.3, 1.0, 1.0, 1.25, 1.0])
+    simulated = SimulatedGate(times)
+    monkeypatch.setattr(confirm, "gate_between", lambda b, c, *rest: simulated(b, c))
+    points = [_point(commits, p_value=0.01), _point(commits[:2], p_value=0.001, benchmark="t.py::test_other")]
+    found = confirm_all(points, ConfirmOptions(Path("."), budget_s=600))
+    assert [(c.point.benchmark, c.point.commit) for c in found] == [
+        ("t.py::test_step", commits[1]), ("t.py::test_step", commits[4]), ("t.py::test_other", commits[1])], \
+        [c.note for c in found]
 
 
 def test_creep_is_reported_as_creep_naming_the_range_and_no_commit():

@@ -26,7 +26,13 @@ The rule, for one change point whose runs say slower (faster: the same, with `fa
    the gate's threshold and the range is `creep`: "commits a1b2..f9e8, 8 commits, 1.16x; no single
    commit above 5 %" (half the threshold: what `slower` means). M undecided against its parent is
    neither: the verdict without a commit, "one commit or creep, undecided".
-4. **Budget.** `budget_s` bounds all the gating; the points go strongest first (smallest p-value).
+4. **The rest of the range.** A range can hold more than the commit named: a slow commit followed by
+   a creep (the detector, between the runs' two levels, saw one step). The named commit M is gated
+   against the range's last commit (the segments' span's, when the point has one); `slower` again, and that part (M..last) is bisected by steps 2-3
+   in turn, a change of its own (found by the gate within the point's range: its medians and
+   p-value the gate's, no runs either side), listed after the point's, as often as a commit is named
+   before the last. Not `slower`: the note says so, and the named commit explains the range.
+5. **Budget.** `budget_s` bounds all the gating; the points go strongest first (smallest p-value).
    A gate is not started with under MIN_GATE_S left, and each is given what is left (--ab-run-budget-s).
    What the budget left undone is said: a point never gated, or whose span was not, is `unconfirmed`
    ("left unconfirmed: ... the budget was spent"), a suspicion still; a confirmed one whose bisection
@@ -86,6 +92,8 @@ class GateAnswer:
     rounds: int = 0
     seconds: float = 0.0
     reason: str = ""
+    medians: tuple | None = None   # (baseline, candidate): seconds an operation, the gate's own samples
+    p_slower: float | None = None  # the gate's one-sided p-value of "slower by more than T/2"
 
     def said(self) -> str:
         if self.ratio is None:
@@ -99,6 +107,7 @@ class Confirmation:
     point: object          # the ChangePoint (history/changes.py), its verdict and commit set
     note: str              # one line: what the gate found, or what the budget left undone
     gates: tuple = ()      # ((baseline commit, candidate commit, GateAnswer), ...) in the order run
+    then: tuple = ()       # Confirmations of what the range held after the named commit (rule, step 4)
 
     def to_json(self) -> dict:
         return {**self.point.to_json(), "note": self.note,
@@ -150,9 +159,10 @@ def _answer_from(report_dir: Path, benchmark: str, done: subprocess.CompletedPro
     if found is None:
         return GateAnswer("failed", seconds=seconds, reason=f"the gate did not judge it (exit {done.returncode}): {tail}")
     interval = found.get("interval")
+    medians = (found.get("baseline_median_s"), found.get("candidate_median_s"))
     return GateAnswer(found["verdict"] or found["status"], found.get("ratio"),
                       tuple(interval) if interval and None not in interval else None, found.get("rounds", 0),
-                      seconds, found.get("reason", ""))
+                      seconds, found.get("reason", ""), medians if None not in medians else None, found.get("p_slower"))
 
 
 def gate_between(baseline: str, candidate: str, benchmark: str, options: ConfirmOptions, seconds_left: float,
@@ -203,7 +213,7 @@ def _span(point) -> tuple:
 
 
 def confirm_point(point, gate: Gate, threshold: float) -> Confirmation:
-    """One change point through the gate (the module's rule, steps 1-3): `gate(baseline, candidate)`
+    """One change point through the gate (the module's rule, steps 1-4): `gate(baseline, candidate)`
     runs or recalls one gate, None when the budget cannot start it. `threshold`: the gate's (fraction)."""
     direction = "slower" if point.ratio > 1 else "faster"
     line = (point.before_commit, *point.commits_between)
@@ -240,19 +250,41 @@ def confirm_point(point, gate: Gate, threshold: float) -> Confirmation:
             return done("unconfirmed", f"unconfirmed: {said}, and over {where} {wide.said()}")
         line, whole = span, wide
     direction = whole.verdict  # the gate's, which decides: runs can step with the machine, the other way
+    verdict, note, named, at = _narrow(line, whole, direction, run, threshold)
+    wider = _span(point)
+    if named in wider and len(wider) > len(line):  # the point's ratio compares the segments: the rest runs to theirs
+        line, at = wider, wider.index(named)
+    then, commit = [], named
+    while commit is not None and at < len(line) - 1:  # step 4: what the range holds after the named commit
+        line, ran = line[at:], len(gates)
+        rest = run(line[0], line[-1])
+        after = f"the {len(line) - 1} commit(s) after {line[0][:12]}"
+        if rest is None or rest.verdict != direction:
+            note += f"; {after}: {rest.said()}" if rest else f"; the budget left {after} ungated"
+            break
+        later, note_later, commit, at = _narrow(line, rest, direction, run, threshold)
+        then.append(Confirmation(_found_within(point, line, rest, later, commit),
+                                 f"after {line[0][:12]}, within the same range: {note_later}", tuple(gates[ran:])))
+        note += f"; {after} {rest.said()}: confirmed apart, below"
+    return replace(done(verdict, note, commit=named), then=tuple(then))
+
+
+def _narrow(line: tuple, whole: GateAnswer, direction: str, run: Gate, threshold: float) -> tuple:
+    """Steps 2-3 on `line` (oldest first), whose first and last commit the gate called `direction`
+    (`whole`): (verdict, note, the commit named or None, its index in line or None)."""
     low, high = 0, len(line) - 1  # line[low] is not `direction` against line[0]; line[high] is
     answers = {high: whole}
     while high - low > 1:
         middle = (low + high) // 2
         answer = run(line[0], line[middle])
         if answer is None:
-            return done(direction, f"{direction}: {whole.said()}; the budget stopped the bisection with the step "
-                                   f"in {line[low + 1][:12]}..{line[high][:12]} ({high - low} commits)")
+            return direction, (f"{direction}: {whole.said()}; the budget stopped the bisection with the step in "
+                               f"{line[low + 1][:12]}..{line[high][:12]} ({high - low} commits)"), None, None
         answers[middle] = answer
         if answer.verdict not in DECIDED:  # not a "no": the bisection cannot go on from an answer it lacks
-            return done(direction, f"{direction}: {whole.said()}; the gate could not decide at {line[middle][:12]} "
-                                   f"({answer.said()}): the step is in {line[low + 1][:12]}..{line[high][:12]} "
-                                   f"({high - low} commits)")
+            return direction, (f"{direction}: {whole.said()}; the gate could not decide at {line[middle][:12]} "
+                               f"({answer.said()}): the step is in {line[low + 1][:12]}..{line[high][:12]} "
+                               f"({high - low} commits)"), None, None
         if answer.verdict == direction:
             high = middle
         else:
@@ -260,22 +292,33 @@ def confirm_point(point, gate: Gate, threshold: float) -> Confirmation:
     first = line[high]
     single = answers[high] if low == 0 else run(line[high - 1], first)
     if single is None:
-        return done(direction, f"{direction}: {whole.said()}; bisected to {first[:12]}, which the budget left "
-                               "ungated against its parent")
+        return direction, (f"{direction}: {whole.said()}; bisected to {first[:12]}, which the budget left ungated "
+                           "against its parent"), None, None
     if single.verdict == direction:
-        return done(direction, f"{direction}: {first[:12]} ({single.said()} against its parent); the whole range "
-                               f"{whole.said()}", commit=first)
+        return direction, (f"{direction}: {first[:12]} ({single.said()} against its parent); the whole range "
+                           f"{whole.said()}"), first, high
     if single.verdict not in DECIDED:  # neither named nor shown small: not creep
-        return done(direction, f"{direction}: {whole.said()}; bisected to {first[:12]}, which the gate could not "
-                               f"decide against its parent ({single.said()}): one commit or creep, undecided")
+        return direction, (f"{direction}: {whole.said()}; bisected to {first[:12]}, which the gate could not decide "
+                           f"against its parent ({single.said()}): one commit or creep, undecided"), None, None
     commits = len(line) - 1
     limit = f"above {_percent(threshold / 2)}" if direction == "slower" else \
         f"below {1 / (1 + threshold / 2):.3f}x"  # what `slower` (`faster`) means at this threshold
     said = (f"commits {_short(line[1])}..{_short(line[-1])}, {commits} commits, {whole.ratio:.2f}x; no single commit "
             f"{limit} ({first[:12]}, where the bisection ended, is {single.said()} against its parent)")
     if direction == "slower":
-        return done("creep", f"creep: {said}")
-    return done("faster", f"faster, gradually: {said}")
+        return "creep", f"creep: {said}", None, None
+    return "faster", f"faster, gradually: {said}", None, None
+
+
+def _found_within(point, line: tuple, rest: GateAnswer, verdict: str, commit: str | None):
+    """A change the gate found after the commit it named, within the same change point's range
+    (line[0]..line[-1]): a ChangePoint of its own whose medians and p-value are the gate's (its
+    interleaved rounds; no stored run measured this step apart), with no runs either side."""
+    before, after = rest.medians or (point.median_after / rest.ratio, point.median_after)
+    return replace(point, before_commit=line[0], after_commit=line[-1], commits_between=tuple(line[1:]),
+                   median_before=before, median_after=after, ratio=rest.ratio,
+                   p_value=rest.p_slower if rest.p_slower is not None else math.nan, verdict=verdict, commit=commit,
+                   runs_before=0, runs_after=0, from_commit=None, to_commit=None, span_between=())
 
 
 # -- every change point --------------------------------------------------------------------------------
@@ -286,7 +329,8 @@ def _p_value(point) -> float:
 
 def confirm_all(points, options: ConfirmOptions) -> list[Confirmation]:
     """Every change point confirmed (or not) within options.budget_s, strongest first (smallest
-    p-value); the confirmations in the points' own order, each one logged as it is decided."""
+    p-value); the confirmations in the points' own order, each followed by the changes the gate found
+    after its named commit within its range (rule, step 4), each one logged as it is decided."""
     threshold = parse_settings(options.gate).threshold  # GateError on a bad gate option, before any gate
     deadline = options.clock() + options.budget_s
     # Absolute: each gate's pytest runs in a worktree of its candidate, which is removed after it.
@@ -311,11 +355,12 @@ def confirm_all(points, options: ConfirmOptions) -> list[Confirmation]:
                 return recalled[key]
 
             results[index] = confirm_point(point, gate, threshold)
-            options.log(f"mgpu history: {point.benchmark} on {point.machine}: {results[index].note}")
+            for found in (results[index], *results[index].then):
+                options.log(f"mgpu history: {point.benchmark} on {point.machine}: {found.note}")
     finally:
         if options.out is None:
             shutil.rmtree(work, ignore_errors=True)
-    return [results[i] for i in range(len(points))]
+    return [found for i in range(len(points)) for found in (results[i], *results[i].then)]
 
 
 def confirm_changes(points, options: ConfirmOptions) -> list:
