@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mgpu_perf.history.changes import MIN_SEGMENT, ChangePoint, find_change_points
-from mgpu_perf.history.commits import (KINDS, MISSING, Apart, Lineage, first_parent_line, lineage_of, place_runs,
-                                       repository_root)
+from mgpu_perf.history.commits import (KINDS, MISSING, Apart, Lineage, first_parent_line, kinds_text, lineage_of,
+                                       place_runs, repository_root)
 from mgpu_perf.history.errors import HistoryError
 from mgpu_perf.history.machines import Machine, host_only_note
 from mgpu_perf.history.runs import read_runs
@@ -104,9 +104,6 @@ def _check_placed(runs: str, root: str, placed, apart: tuple[Apart, ...], lineag
         raise HistoryError(f"{root}: a shallow clone, and {missing} of the {runs} name commits it lacks: fetch the "
                            "whole history (git fetch --unshallow; actions/checkout with fetch-depth: 0)")
     if not placed:
-        kinds = {}
-        for a in apart:
-            kinds[a.kind] = kinds.get(a.kind, 0) + 1
-        said = ", ".join(f"{count} {kind}" for kind, count in kinds.items())
-        raise HistoryError(f"none of the {runs} has a place on the first-parent line of {root}'s HEAD ({said}): "
+        raise HistoryError(f"none of the {runs} has a place on the first-parent line of {root}'s HEAD "
+                           f"({kinds_text(apart)}): "
                            "is --repo the repository whose commits were timed?")

@@ -18,7 +18,7 @@ from mgpu_perf.history.errors import HistoryError
 from mgpu_perf.history.runs import Run
 
 __all__ = ["first_parent_line", "place_runs", "Apart", "Lineage", "lineage_of", "repository_root", "OFF_LINE",
-           "MERGED", "MISSING", "COPY", "KINDS"]
+           "MERGED", "MISSING", "COPY", "KINDS", "kinds_text"]
 
 OFF_LINE = "not on the first-parent line of HEAD"
 MERGED = OFF_LINE + ": a commit of a branch merged into it (its merge is the step on the line)"
@@ -83,6 +83,14 @@ def _off_line(run: Run, lineage: Lineage | None) -> str:
     if commit in lineage.present:
         return OFF_LINE
     return MISSING + (f"; it names project {run.project!r}" if run.project else "")
+
+
+def kinds_text(apart) -> str:
+    """How many runs apart of each kind, in the order first met: '6 of a merged branch, 1 uncommitted'."""
+    counts: dict[str, int] = {}
+    for a in apart:
+        counts[a.kind] = counts.get(a.kind, 0) + 1
+    return ", ".join(f"{count} {kind}" for kind, count in counts.items())
 
 
 def first_parent_line(repo: Path) -> tuple[str, ...]:

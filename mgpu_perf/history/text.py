@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from mgpu_perf.history.changes import MIN_SEGMENT
+from mgpu_perf.history.commits import kinds_text
 from mgpu_perf.history.verdicts import Findings
 
 __all__ = ["history_lines", "seconds_text", "point_line"]
@@ -61,7 +62,8 @@ def history_lines(history, findings: Findings | None = None) -> list[str]:
     for m in history.machines:
         lines += _machine_lines(m, current)
     if history.apart:
-        lines.append(f"not placed ({len(history.apart)} run(s) with no place on HEAD's first-parent line, not analysed):")
+        lines.append(f"not placed ({len(history.apart)} run(s) with no place on HEAD's first-parent line, not analysed: "
+                     f"{kinds_text(history.apart)}):")
         lines += [f"  {a.run.file}: commit {a.run.commit[:10]}, {a.why} ({a.run.machine.label})" for a in history.apart]
     for text in history.unreadable:
         lines.append(f"unreadable: {text}")
