@@ -31,7 +31,7 @@ test: $(VENV)/.installed
 
 # What `make test` leaves out to stay within CI's time (marker `slow`): check-script at 1 vs 3 ranks, HF Trainer's
 # loops, some example models and loops, the GPU workflow's rehearsal (mgpu_perf_tests/test_workflow.py), perf --model timed,
-# the `mgpu gate` command's A/A run end to end and `calibrate` (the plugin's slower-commit run stays in make test).
+# the `mgpu gate` command's A/A run and run budget end to end, and `calibrate` (the plugin's slower-commit run stays in make test).
 test-slow: $(VENV)/.installed
 	$(PY) -m pytest correctness scriptcheck_tests perf mgpu_perf_tests examples --benchmark-disable -q -m slow
 

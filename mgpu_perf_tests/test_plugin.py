@@ -290,6 +290,7 @@ def test_the_gate_command_end_to_end(user_repo, tmp_path, capsys, monkeypatch):
     assert verdicts[-1][0] != "slower", f"both arms the same commit, `slower` twice in a row: {verdicts}"
 
 
+@pytest.mark.slow  # a real gate run (about 15 s quiet, 44 s loaded); make test keeps the rule on simulated rounds
 def test_a_gate_run_keeps_to_its_run_budget(user_repo, tmp_path, capsys, monkeypatch):
     """--run-budget-s shared among the benchmarks, run as a user would: with 3 s for two, each gets
     at most its share of what is left (ab.json's budget_s), the second no more than the first left
