@@ -310,3 +310,16 @@ def test_hosted_runners_named_anew_each_job_are_said(tmp_path):
         history.notes[0], history.notes
     done = history_command(storage.path, cwd=repo)
     assert history.notes[0] in done.stdout and "too few commits for a change point (4 needed)" in done.stdout, done.stdout
+
+
+def test_a_reader_that_stops_early_ends_stdout_not_the_command(ci, tmp_path):
+    """`mgpu history | head`: the pipe closed before the table is printed was a one-line error with
+    exit 2, and the --json file was never written."""
+    repo, storage, _, _, _ = ci
+    process = subprocess.Popen([sys.executable, "-m", "mgpu", "history", str(storage), "--json", str(tmp_path / "h.json")],
+                               cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": str(ROOT), "MGPU_COMMANDS": "mgpu_perf.cli"})
+    process.stdout.close()  # before the command has printed anything: its first write finds no reader
+    err = process.stderr.read()
+    assert process.wait(timeout=120) == EXIT_SUSPECTED and err == "", f"exit {process.returncode}: {err}"
+    assert json.loads((tmp_path / "h.json").read_text())["exit_code"] == EXIT_SUSPECTED

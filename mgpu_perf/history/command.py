@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
 import sys
 from typing import Callable
 
@@ -89,11 +90,20 @@ def run_history_command(args, error: Callable[[str], None]) -> int:
         findings = Findings(history.change_points)
         if settings.confirm and findings.points:
             findings = _confirmed(findings.points, settings, args)
-        print("\n".join(history_lines(history, findings)))
-        for path in _write(settings, history, findings):
-            print(f"wrote {path}")
+        _print(history_lines(history, findings))
+        _print([f"wrote {path}" for path in _write(settings, history, findings)])
     except (MgpuError, OSError) as e:
         error(one_line(e))
         return EXIT_USAGE  # error() exits; a caller's error() that returns still gets the code
-    sys.stdout.flush()
     return findings.exit_code
+
+
+def _print(lines) -> None:
+    """Lines on stdout. A reader that stops early (`mgpu history | head`) ends stdout, not the
+    command: its files are still written and its exit code is still the history's."""
+    if not lines:
+        return
+    try:
+        print("\n".join(lines), flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
