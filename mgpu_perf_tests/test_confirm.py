@@ -113,6 +113,28 @@ def test_two_slow_commits_in_one_range_are_both_named():
     assert [later.point.verdict for later in found.then] == ["slower"], found.then
 
 
+def test_a_change_found_by_the_gate_is_listed_under_its_benchmark_in_text_json_and_page_lines():
+    import json as json_module
+
+    from mgpu_perf.history.text import point_line
+    from mgpu_perf.history.verdicts import Findings
+
+    commits = _commits(12)
+    gate = SimulatedGate(_steps(commits, [1.0, 1.0, 1.0, 1.2, 1.0] + [1.02] * 7))
+    found = confirm_point(replace(_point(commits[3:5], ratio=1.32), from_commit=commits[0], to_commit=commits[-1],
+                                  span_between=tuple(commits[1:])), gate, THRESHOLD)
+    creep = found.then[0].point
+    findings = Findings((found.point, creep))
+    assert findings.found_by_gate("machine", "t.py::test_step") == [creep], "only the gate's own find, not the point"
+    assert findings.found_by_gate("other machine", "t.py::test_step") == [], "a machine's finds stay its own"
+    line = point_line(creep)
+    assert line.startswith("creep") and "p -" in line and "the gate's rounds" in line and "0 runs" not in line, line
+    record = creep.to_json()
+    assert record["found_by"] == "gate" and record["p_value"] is None, record
+    json_module.dumps(record, allow_nan=False)  # strict JSON: no NaN
+    assert findings.exit_code == 1 and "2 slowdown(s) confirmed" in findings.summary, findings.summary
+
+
 def test_confirm_all_lists_a_change_found_after_the_named_commit_right_after_its_point(monkeypatch):
     from mgpu_perf.history import confirm
 

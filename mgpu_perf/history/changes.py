@@ -46,7 +46,9 @@ class ChangePoint:
     first commit after the step, when the gate finds it. from_commit..to_commit: the span whose runs
     the ratio compares (the first commit of the segment before, the last of the segment after), and
     span_between its first-parent commits after from_commit, oldest first: where a creep lies that
-    the commits of before..after alone do not show (history/confirm.py gates it)."""
+    the commits of before..after alone do not show (history/confirm.py gates it). found_by: `runs` for
+    the detector's points; `gate` for a change --confirm found after the commit it named, within a
+    point's range (its medians and p-value the gate's rounds', no runs either side)."""
     benchmark: str
     machine: str
     before_commit: str
@@ -63,6 +65,7 @@ class ChangePoint:
     from_commit: str | None = None
     to_commit: str | None = None
     span_between: tuple = ()
+    found_by: str = "runs"   # "gate": found by --confirm after the commit it named, within a point's range
 
     @property
     def slower(self) -> bool:
@@ -73,6 +76,8 @@ class ChangePoint:
         record["commits_between"] = list(self.commits_between)
         record["span_between"] = list(self.span_between)
         record["direction"] = "slower" if self.slower else "faster"
+        if not math.isfinite(self.p_value):  # JSON has no NaN: a change the gate found faster has no p of its own
+            record["p_value"] = None
         return record
 
 

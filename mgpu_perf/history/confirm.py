@@ -318,7 +318,7 @@ def _found_within(point, line: tuple, rest: GateAnswer, verdict: str, commit: st
     return replace(point, before_commit=line[0], after_commit=line[-1], commits_between=tuple(line[1:]),
                    median_before=before, median_after=after, ratio=rest.ratio,
                    p_value=rest.p_slower if rest.p_slower is not None else math.nan, verdict=verdict, commit=commit,
-                   runs_before=0, runs_after=0, from_commit=None, to_commit=None, span_between=())
+                   runs_before=0, runs_after=0, from_commit=None, to_commit=None, span_between=(), found_by="gate")
 
 
 # -- every change point --------------------------------------------------------------------------------

@@ -37,7 +37,9 @@ def page_html(history, findings: Findings | None = None) -> str:
             now = [current.get(_key(p), p) for p in b.change_points]
             plot = benchmark_svg(b, now) if b.timed else "<p>no run with a median above 0 s: nothing to plot</p>"
             body.append(f'<section class="benchmark"><h3>{escape(b.benchmark)}</h3>{plot}')
-            body.append("<pre>" + escape("\n".join(point_line(p) for p in now) or "no change point") + "</pre></section>")
+            found = findings.found_by_gate(m.machine.label, b.benchmark)  # listed, not drawn: no runs of their own
+            body.append("<pre>" + escape("\n".join(point_line(p) for p in now + found) or "no change point")
+                        + "</pre></section>")
     if history.apart:
         body.append("<h2>Runs not placed</h2><ul>" + "".join(
             f"<li>{escape(a.run.file)}: commit {escape(a.run.commit[:10])}, {escape(a.why)}</li>" for a in history.apart)

@@ -26,7 +26,8 @@ def history_json(history, findings: Findings | None = None) -> dict:
         benchmarks = [{"benchmark": b.benchmark, "unusable_runs": b.unusable,
                        "runs": [{"commit": t.commit, "position": t.position, "file": t.file, "seconds": t.seconds}
                                 for t in b.timed],
-                       "change_points": [current.get(_key(p), p).to_json() for p in b.change_points]}
+                       "change_points": [current.get(_key(p), p).to_json() for p in b.change_points]
+                       + [p.to_json() for p in findings.found_by_gate(m.machine.label, b.benchmark)]}
                       for b in m.benchmarks]
         machines.append({"machine": m.machine.to_json(), "runs": m.runs, "benchmarks": benchmarks})
     return {"storage": history.storage, "repo": history.repo, "head": history.head, "first_parent_commits": len(history.line),

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import math
+
 from mgpu_perf.history.changes import MIN_SEGMENT
 from mgpu_perf.history.commits import kinds_text
 from mgpu_perf.history.verdicts import Findings
@@ -25,16 +27,18 @@ def point_line(p) -> str:
     count = len(p.commits_between)
     where = f"{p.before_commit[:10]}..{p.after_commit[:10]} ({count} commit{'s' if count != 1 else ''})"
     named = f", made by {p.commit[:10]}" if p.commit else ""
+    p_text = f"p={p.p_value:.2g}" if math.isfinite(p.p_value) else "p -"
+    source = "(the gate's rounds, after the commit it named)" if getattr(p, "found_by", "runs") == "gate" else \
+        f"({p.runs_before} runs | {p.runs_after} runs)"
     return (f"{p.verdict:<11} {'slower' if p.ratio > 1 else 'faster'} {p.ratio:.3f}x  {where}{named}  "
-            f"{seconds_text(p.median_before)} -> {seconds_text(p.median_after)}  p={p.p_value:.2g}  "
-            f"({p.runs_before} runs | {p.runs_after} runs)")
+            f"{seconds_text(p.median_before)} -> {seconds_text(p.median_after)}  {p_text}  {source}")
 
 
 def _key(p) -> tuple:
     return p.machine, p.benchmark, p.before_commit, p.after_commit
 
 
-def _machine_lines(m, current: dict) -> list[str]:
+def _machine_lines(m, current: dict, findings: Findings) -> list[str]:
     lines = [f"machine {m.machine.label}: {m.runs} run(s)"]
     for b in m.benchmarks:
         head = f"  {b.benchmark}: {len(b.timed)} run(s) over {b.commits} commit(s)"
@@ -46,6 +50,7 @@ def _machine_lines(m, current: dict) -> list[str]:
         lines.append(head + ("" if b.change_points else f": too few commits for a change point ({2 * MIN_SEGMENT} "
                                                        "needed)" if short else ": no change point"))
         lines += [f"    {point_line(current.get(_key(p), p))}" for p in b.change_points]
+        lines += [f"    {point_line(p)}" for p in findings.found_by_gate(m.machine.label, b.benchmark)]
     return lines
 
 
@@ -60,7 +65,7 @@ def history_lines(history, findings: Findings | None = None) -> list[str]:
     lines += list(history.notes)
     current = {_key(p): p for p in findings.points}  # a confirmed verdict replaces its suspicion
     for m in history.machines:
-        lines += _machine_lines(m, current)
+        lines += _machine_lines(m, current, findings)
     if history.apart:
         lines.append(f"not placed ({len(history.apart)} run(s) with no place on HEAD's first-parent line, not analysed: "
                      f"{kinds_text(history.apart)}):")

@@ -59,6 +59,12 @@ class Findings:
     notes: tuple = ()
     unchecked: tuple = ()
 
+    def found_by_gate(self, machine: str, benchmark: str) -> list:
+        """The changes --confirm found within a change point's range after the commit it named (no
+        detector's point of their own), for one machine's benchmark."""
+        return [p for p in self.points if getattr(p, "found_by", "runs") == "gate"
+                and (p.machine, p.benchmark) == (machine, benchmark)]
+
     @property
     def exit_code(self) -> int:
         return exit_code(self.points, self.unchecked)
