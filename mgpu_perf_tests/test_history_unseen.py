@@ -323,3 +323,22 @@ def test_a_reader_that_stops_early_ends_stdout_not_the_command(ci, tmp_path):
     err = process.stderr.read()
     assert process.wait(timeout=120) == EXIT_SUSPECTED and err == "", f"exit {process.returncode}: {err}"
     assert json.loads((tmp_path / "h.json").read_text())["exit_code"] == EXIT_SUSPECTED
+
+
+# -- --statistic: which of a run's stats stands for it ------------------------------------------------
+
+def test_statistic_min_reads_each_runs_min_and_says_so_and_a_bad_one_is_named():
+    """On a shared VM one process's speed can wander within a run: its median then moves by half
+    while its min stays. --statistic min reads the stored min (pytest-benchmark keeps it) and the
+    table says so; a statistic the storage does not hold is one line naming the option."""
+    from mgpu_perf.history.errors import HistoryError
+    from mgpu_perf.history.runs import run_of
+    from mgpu_perf.history.settings import HistoryValues, parse_settings
+
+    data = {"benchmarks": [{"fullname": "t.py::test_step", "stats": {"median": 0.005, "min": 0.003, "mean": 0.0055}}],
+            "commit_info": {"id": "a" * 40}, "machine_info": {"node": "vm"}}
+    assert run_of("r.json", data).medians == (("t.py::test_step", 0.005),), "the median by default"
+    assert run_of("r.json", data, "min").medians == (("t.py::test_step", 0.003),)
+    assert parse_settings(HistoryValues(statistic="MIN")).statistic == "min"
+    with pytest.raises(HistoryError, match=r"--statistic must be one of median, min, mean, got 'p99'"):
+        parse_settings(HistoryValues(statistic="p99"))

@@ -80,7 +80,7 @@ def _machine(machine: Machine, placed, line, settings) -> MachineHistory:
 def build_history(settings) -> History:
     """The history of settings.storage ordered by settings.repo's HEAD (HistorySettings).
     HistoryError when either cannot be read."""
-    runs, unreadable = read_runs(settings.storage)
+    runs, unreadable = read_runs(settings.storage, settings.statistic)
     line = first_parent_line(settings.repo)
     root = repository_root(settings.repo)
     lineage = lineage_of(settings.repo, [run.commit for run in runs])
@@ -90,9 +90,12 @@ def build_history(settings) -> History:
     histories = tuple(_machine(m, [(pos, run) for pos, run in placed if run.machine == m], line, settings)
                       for m in machines)
     short = sum(all(b.commits < 2 * MIN_SEGMENT for b in m.benchmarks) for m in histories)
-    note = host_only_note(machines, short)
+    notes = [host_only_note(machines, short)]
+    if settings.statistic != "median":  # every figure below (levels, medians either side, ratios) is of it
+        notes.append(f"each run stands by its {settings.statistic} (--statistic {settings.statistic}): the levels "
+                     f"either side of a change point are the {settings.statistic}s' medians")
     return History(str(settings.storage), line[-1] if line else "", line, histories, apart, unreadable, root,
-                   (note,) if note else ())
+                   tuple(note for note in notes if note))
 
 
 def _check_placed(runs: str, root: str, placed, apart: tuple[Apart, ...], lineage: Lineage) -> None:

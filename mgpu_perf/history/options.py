@@ -39,6 +39,9 @@ HISTORY_OPTIONS = (
     HistoryOption("json", None, "FILE", "write every machine's runs and every change point here"),
     HistoryOption("html", None, "FILE", "write one static page here: per benchmark its runs over the commits, the "
                                         "change points marked (no server, no script, nothing fetched)"),
+    HistoryOption("statistic", "median", "STAT",
+                  "which of each run's statistics stands for the run: median, min or mean (pytest-benchmark stores "
+                  "each); min where one process's speed wanders within a run, as on a shared VM"),
     HistoryOption("alpha", "0.01", "P",
                   "a change point is reported when Student's t-test of the runs either side (their log medians) gives p below "
                   "this"),

@@ -50,13 +50,14 @@ def _dict(value) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _medians(data: dict) -> tuple[tuple[tuple[str, float], ...], tuple[str, ...]]:
-    """(name, median) of each benchmark with a median above 0 s, and the names of those without one
-    (a median of 0: the timer's resolution above the benchmark's time; no ratio can be taken of it)."""
+def _medians(data: dict, statistic: str = "median") -> tuple[tuple[tuple[str, float], ...], tuple[str, ...]]:
+    """(name, value) of each benchmark whose `statistic` (its median unless --statistic says) is above
+    0 s, and the names of those without one (0: the timer's resolution above the benchmark's time;
+    no ratio can be taken of it)."""
     out, unusable = [], []
     for bench in data.get("benchmarks") or []:
         bench = _dict(bench)
-        median = _dict(bench.get("stats")).get("median")
+        median = _dict(bench.get("stats")).get(statistic)
         name = bench.get("fullname") or bench.get("name")
         if not name:
             continue
@@ -67,18 +68,18 @@ def _medians(data: dict) -> tuple[tuple[tuple[str, float], ...], tuple[str, ...]
     return tuple(out), tuple(unusable)
 
 
-def run_of(file: str, data: dict) -> Run:
+def run_of(file: str, data: dict, statistic: str = "median") -> Run:
     """One saved run as a Run (HistoryError when it is no pytest-benchmark run)."""
     if not isinstance(data, dict) or "benchmarks" not in data:
         raise HistoryError(f"{file}: not a pytest-benchmark run (no 'benchmarks')")
     commit = _dict(data.get("commit_info"))
-    medians, unusable = _medians(data)
+    medians, unusable = _medians(data, statistic)
     return Run(file=file, commit=str(commit.get("id") or "unknown"), dirty=bool(commit.get("dirty")),
                saved=str(data.get("datetime") or ""), machine=machine_of(data.get("machine_info")),
                medians=medians, unusable=unusable, project=str(commit.get("project") or ""))
 
 
-def read_runs(storage: Path) -> tuple[tuple[Run, ...], tuple[str, ...]]:
+def read_runs(storage: Path, statistic: str = "median") -> tuple[tuple[Run, ...], tuple[str, ...]]:
     """Every run in a file storage folder, and a line per file that could not be read. HistoryError
     when the folder is missing or holds no run at all."""
     from pytest_benchmark.storage.file import FileStorage
@@ -91,7 +92,7 @@ def read_runs(storage: Path) -> tuple[tuple[Run, ...], tuple[str, ...]]:
         raise HistoryError(f"{storage}: no such folder (pytest-benchmark's storage, .benchmarks by default)")
     warnings = _Warnings()
     reader = FileStorage(storage, logger=warnings)
-    runs = [run_of(Path(path).as_posix(), data) for path, data in reader.load()]
+    runs = [run_of(Path(path).as_posix(), data, statistic) for path, data in reader.load()]
     if not runs:
         raise HistoryError(f"{storage}: holds no saved run (NNNN_*.json, as `pytest --benchmark-autosave` writes)"
                            + (f"; unreadable: {'; '.join(warnings.lines)}" if warnings.lines else "")

@@ -17,7 +17,9 @@ from mgpu.validators import number
 from mgpu_perf.history.errors import HistoryError
 from mgpu_perf.history.options import DEFAULTS, HISTORY_OPTIONS
 
-__all__ = ["HistorySettings", "HistoryValues", "settings_from", "parse_settings"]
+__all__ = ["HistorySettings", "HistoryValues", "settings_from", "parse_settings", "STATISTICS"]
+
+STATISTICS = ("median", "min", "mean")  # of a run's stats (pytest-benchmark's names), what may stand for the run
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class HistorySettings:
     repo: Path = Path(DEFAULTS["repo"])
     json: Path | None = None
     html: Path | None = None
+    statistic: str = DEFAULTS["statistic"]               # the run's statistic that stands for it (STATISTICS)
     alpha: float = float(DEFAULTS["alpha"])              # the t-test's level, per change point
     min_change: float = float(DEFAULTS["min_change"]) / 100  # the smallest step reported (fraction)
     confirm: bool = False
@@ -41,6 +44,7 @@ class HistoryValues:
     repo: str | Path = DEFAULTS["repo"]
     json: str | Path | None = None
     html: str | Path | None = None
+    statistic: str = DEFAULTS["statistic"]
     alpha: str | float = DEFAULTS["alpha"]
     min_change: str | float = DEFAULTS["min_change"]
     confirm: bool = False
@@ -71,11 +75,14 @@ def _storage(value) -> Path:
 def parse_settings(values: HistoryValues = HistoryValues()) -> HistorySettings:
     """The settings from option text (`--alpha 0.05`, `--min-change 5%`, `--confirm-budget-s 900`).
     HistoryError naming a bad one."""
+    statistic = str(values.statistic).strip().lower()
+    if statistic not in STATISTICS:
+        raise HistoryError(f"--statistic must be one of {', '.join(STATISTICS)}, got {values.statistic!r}")
     level = number(values.alpha, "--alpha", "a probability in (0, 0.5]", lambda p: 0 < p <= 0.5, error=HistoryError)
     percent = number(str(values.min_change).strip().rstrip("%"), "--min-change", "a percentage in [0, 100)",
                      lambda x: 0 <= x < 100, error=HistoryError)
     budget = number(values.confirm_budget_s, "--confirm-budget-s", "a number of seconds > 0", lambda x: x > 0,
                     error=HistoryError)
     return HistorySettings(storage=_storage(values.storage), repo=Path(values.repo), json=_path(values.json),
-                           html=_path(values.html), alpha=level, min_change=percent / 100, confirm=bool(values.confirm),
+                           html=_path(values.html), statistic=statistic, alpha=level, min_change=percent / 100, confirm=bool(values.confirm),
                            confirm_budget_s=budget, confirm_out=_path(values.confirm_out))

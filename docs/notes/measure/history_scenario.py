@@ -163,10 +163,14 @@ def autosave(repo: Path, storage: Path, logfile: Path) -> float:
     return seconds
 
 
+STATISTIC = ["median"]  # --statistic: which of each run's stats `mgpu history` reads
+
+
 def history(storage: Path, repo: Path, out: Path, name: str, confirm: bool, budget_s: float) -> dict:
     """`mgpu history` on one storage; its JSON record, exit code and wall time."""
     record = out / f"{name}.json"
-    command = [sys.executable, "-m", "mgpu", "history", str(storage), "--repo", str(repo), "--json", str(record)]
+    command = [sys.executable, "-m", "mgpu", "history", str(storage), "--repo", str(repo), "--json", str(record),
+               "--statistic", STATISTIC[0]]
     if confirm:
         command += ["--confirm", "--confirm-budget-s", str(budget_s), "--confirm-out", str(out / f"{name}-gates"),
                     *GATE]
@@ -181,7 +185,8 @@ def described(point: dict, hashes: list[str], note: str = "") -> dict:
     gate's note (confirm_notes holds one a point, in the points' order)."""
     where = {h: i for i, h in enumerate(hashes)}
     return {"commits": f"{where.get(point['before_commit'])}..{where.get(point['after_commit'])}",
-            "ratio": round(point["ratio"], 3), "p": float(f"{point['p_value']:.2g}"), "verdict": point["verdict"],
+            "ratio": round(point["ratio"], 3), "verdict": point["verdict"],
+            "p": None if point["p_value"] is None else float(f"{point['p_value']:.2g}"),
             "commit": point.get("commit"), "commit_index": where.get(point.get("commit")),
             "note": note}
 
@@ -321,12 +326,14 @@ def main() -> None:
     parser.add_argument("--runs-of", type=Path, help="with --part judge: the --out of the run whose runs to read")
     parser.add_argument("--gate-budget-s", default="120", help="the gate's --budget-s (a benchmark's seconds)")
     parser.add_argument("--runs-per-commit", type=int, default=3)
+    parser.add_argument("--statistic", default="median", help="mgpu history's --statistic (median, min, mean)")
     parser.add_argument("--budget-s", type=float, default=540, help="--confirm-budget-s of part 1")
     parser.add_argument("--noise-budget-s", type=float, default=180, help="--confirm-budget-s of the noise histories")
     parser.add_argument("--histories", type=int, default=10)
     parser.add_argument("--seed", type=int, default=47)
     parser.add_argument("--noise-runs", default="6,10", help="the fewest and most runs of a noise history")
     args = parser.parse_args()
+    STATISTIC[0] = args.statistic
     GATE[:] = [*GATE, "--budget-s", args.gate_budget_s]
     args.out.mkdir(parents=True)
     report = {"commit": snapshot(args.out / "code"),
