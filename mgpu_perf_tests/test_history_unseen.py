@@ -42,6 +42,13 @@ def git(repo: Path, *args: str) -> str:
                           check=True, capture_output=True, text=True).stdout.strip()
 
 
+def new_repo(repo: Path) -> Path:
+    """An empty git repository on branch main."""
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    return repo
+
+
 def commit(repo: Path, name: str) -> str:
     (repo / f"{name}.txt").write_text(name + "\n")
     git(repo, "add", f"{name}.txt")
@@ -121,9 +128,7 @@ def ci(tmp_path):
     times each twice (its first 5 commits in a folder of another name), the EPYC once, in the Xeon's
     folder; the branches' commits, a rebased-away commit, a dirty run, runs with no or odd commit_info,
     another project's run, a run copied into a second folder and a --benchmark-save file beside them."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
+    repo = new_repo(tmp_path / "repo")
     line, branch = [], []
     for i in range(14):
         if i in (4, 9):
@@ -224,9 +229,7 @@ def test_text_json_and_page_say_the_same(ci, tmp_path):
 
 
 def test_a_benchmark_whose_every_median_is_0_is_listed_not_plotted(tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
+    repo = new_repo(tmp_path / "repo")
     storage = Storage(tmp_path / "storage")
     for i in range(5):
         storage.save(commit(repo, f"c{i}"), XEON, [bench_record(STEP, 0.01), bench_record(ZERO, 0.0, rounds=1)])
@@ -298,9 +301,7 @@ def test_one_outlier_run_at_head_blames_no_commit():
 
 
 def test_hosted_runners_named_anew_each_job_are_said(tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
+    repo = new_repo(tmp_path / "repo")
     storage = Storage(tmp_path / "storage")
     for i in range(6):
         storage.save(commit(repo, f"c{i}"), machine_info(f"fv-az{i}", "AMD EPYC 7763"), [bench_record(STEP, 0.01)])
