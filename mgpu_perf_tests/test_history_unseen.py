@@ -343,3 +343,36 @@ def test_statistic_min_reads_each_runs_min_and_says_so_and_a_bad_one_is_named():
     assert parse_settings(HistoryValues(statistic="MIN")).statistic == "min"
     with pytest.raises(HistoryError, match=r"--statistic must be one of median, min, mean, got 'p99'"):
         parse_settings(HistoryValues(statistic="p99"))
+
+
+# -- --since: judge only the steps made after the commit the last run saw ------------------------------
+
+def test_since_lists_an_earlier_step_as_earlier_and_judges_only_what_came_after(tmp_path):
+    """A 20 % step at commit 4 of 12. --since commit 8 (the job's last run saw it): the step is
+    listed `earlier` and exit 0; --since commit 2: it is judged, exit 4. A ref git does not know,
+    or one off the first-parent line, is one line naming --since, exit 2."""
+    repo = new_repo(tmp_path / "repo")
+    storage = Storage(tmp_path / "storage")
+    rng = random.Random(5)
+    line = []
+    for i in range(12):
+        line.append(commit(repo, f"c{i}"))
+        for _ in range(2):
+            seconds = 0.040 * (1.2 if i >= 4 else 1.0) * math.exp(rng.gauss(0, 0.01))
+            storage.save(line[-1], XEON, [bench_record(STEP, seconds)])
+    judged = history_command(storage.path, "--since", line[2], cwd=repo)
+    assert judged.returncode == 4 and "suspected   slower" in judged.stdout, judged.stdout + judged.stderr
+    later = history_command(storage.path, "--since", line[8], "--json", tmp_path / "h.json", cwd=repo)
+    assert later.returncode == 0, later.stdout + later.stderr
+    assert "earlier     slower" in later.stdout and "1 earlier than --since, not judged" in later.stdout, later.stdout
+    record = json.loads((tmp_path / "h.json").read_text())
+    assert [p["verdict"] for p in record["change_points"]] == ["earlier"], record["change_points"]
+    for ref, said in (("nosuch", "--since nosuch: no such commit"), ("-x", "--since must name a commit")):
+        bad = history_command(storage.path, f"--since={ref}", cwd=repo)  # `=`: argparse lets -x through to git
+        assert bad.returncode == 2 and said in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    git(repo, "checkout", "-q", "-b", "side", line[5])
+    side = commit(repo, "side")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "merge", "-q", "--no-ff", "-m", "merge side", "side")
+    off = history_command(storage.path, "--since", side, cwd=repo)
+    assert off.returncode == 2 and "is not on HEAD's first-parent line" in off.stderr, off.stderr

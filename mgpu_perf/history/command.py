@@ -21,6 +21,7 @@ import importlib.util
 import json
 import os
 import sys
+from dataclasses import replace
 from typing import Callable
 
 from mgpu.errors import EXIT_USAGE, MgpuError, one_line
@@ -79,6 +80,7 @@ def run_history_command(args, error: Callable[[str], None]) -> int:
     ends the program with one line and exit 2 (the parser's)."""
     from mgpu_perf.history.build import build_history
     from mgpu_perf.history.settings import settings_from
+    from mgpu_perf.history.since import since_position, split_since
     from mgpu_perf.history.text import history_lines
 
     try:
@@ -87,9 +89,13 @@ def run_history_command(args, error: Callable[[str], None]) -> int:
             raise HistoryError("--confirm is not available in this mgpu (mgpu_perf/history/confirm.py is missing); "
                                "the change points are suspicions until the A/B gate confirms them")
         history = build_history(settings)
-        findings = Findings(history.change_points)
+        judged, earlier = history.change_points, ()
+        if settings.since:
+            judged, earlier = split_since(judged, history.line, since_position(settings.repo, settings.since, history.line))
+        findings = Findings(judged)
         if settings.confirm and findings.points:
             findings = _confirmed(findings.points, settings, args)
+        findings = replace(findings, points=findings.points + earlier)
         _print(history_lines(history, findings))
         _print([f"wrote {path}" for path in _write(settings, history, findings)])
     except (MgpuError, OSError) as e:

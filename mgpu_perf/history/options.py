@@ -47,6 +47,9 @@ HISTORY_OPTIONS = (
                   "this"),
     HistoryOption("min-change", "3", "PERCENT",
                   "and when the medians either side differ by at least this much (smaller steps are noise here)"),
+    HistoryOption("since", None, "REF",
+                  "judge only the steps made after this commit (the one the last run saw): earlier change points are "
+                  "listed as `earlier`, not confirmed, not counted in the exit code"),
     HistoryOption("confirm", None, "", "confirm each suspected change point with the A/B gate between its commits, "
                                        "then bisect to the commit that made it (mgpu_perf/history/confirm.py)",
                   flag=True),

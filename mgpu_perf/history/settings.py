@@ -31,6 +31,7 @@ class HistorySettings:
     statistic: str = DEFAULTS["statistic"]               # the run's statistic that stands for it (STATISTICS)
     alpha: float = float(DEFAULTS["alpha"])              # the t-test's level, per change point
     min_change: float = float(DEFAULTS["min_change"]) / 100  # the smallest step reported (fraction)
+    since: str | None = None                             # judge only the steps after this commit (history/since.py)
     confirm: bool = False
     confirm_budget_s: float = float(DEFAULTS["confirm_budget_s"])  # all the confirming gates together
     confirm_out: Path | None = None                                # their reports, kept here when given
@@ -47,6 +48,7 @@ class HistoryValues:
     statistic: str = DEFAULTS["statistic"]
     alpha: str | float = DEFAULTS["alpha"]
     min_change: str | float = DEFAULTS["min_change"]
+    since: str | None = None
     confirm: bool = False
     confirm_budget_s: str | float = DEFAULTS["confirm_budget_s"]
     confirm_out: str | Path | None = None
@@ -72,6 +74,14 @@ def _storage(value) -> Path:
     return Path(value)
 
 
+def _since(value) -> str | None:
+    """--since as git will be asked it: a commit-ish, never an option."""
+    text = str(value).strip() if value else ""
+    if text.startswith("-"):
+        raise HistoryError(f"--since must name a commit (a hash, a branch, a tag), got {text!r}")
+    return text or None
+
+
 def parse_settings(values: HistoryValues = HistoryValues()) -> HistorySettings:
     """The settings from option text (`--alpha 0.05`, `--min-change 5%`, `--confirm-budget-s 900`).
     HistoryError naming a bad one."""
@@ -84,5 +94,6 @@ def parse_settings(values: HistoryValues = HistoryValues()) -> HistorySettings:
     budget = number(values.confirm_budget_s, "--confirm-budget-s", "a number of seconds > 0", lambda x: x > 0,
                     error=HistoryError)
     return HistorySettings(storage=_storage(values.storage), repo=Path(values.repo), json=_path(values.json),
-                           html=_path(values.html), statistic=statistic, alpha=level, min_change=percent / 100, confirm=bool(values.confirm),
+                           html=_path(values.html), statistic=statistic, alpha=level, min_change=percent / 100,
+                           since=_since(values.since), confirm=bool(values.confirm),
                            confirm_budget_s=budget, confirm_out=_path(values.confirm_out))

@@ -5,6 +5,8 @@
     2  bad input (one line): a storage with no run, no git repository, a bad option
     4  a suspected slowdown: a slower change point no gate has confirmed or cleared (no --confirm,
        or its time budget ran out before a gate could time it: `unchecked`, whatever its verdict says)
+
+With --since REF only the steps after REF count: the earlier ones are `earlier` (history/since.py).
 """
 
 from __future__ import annotations
@@ -38,13 +40,16 @@ def summary(points, unchecked=()) -> str:
     """One line: what was found and what the exit code means."""
     confirmed = [p for p in points if p.verdict in CONFIRMED_SLOW]
     suspected = _suspected_slower(points, unchecked)
-    faster = [p for p in points if p.ratio < 1 and p.verdict in ("suspected", "faster")]
+    faster = [p for p in points if p.ratio < 1 and p.verdict in ("suspected", "faster")]  # not `earlier`
     cleared = [p for p in points if p.verdict == "unconfirmed" and p not in unchecked]
+    earlier = [p for p in points if p.verdict == "earlier"]
     parts = [f"{len(confirmed)} slowdown(s) confirmed"] if confirmed else []
     parts.append(f"{len(suspected)} suspected slowdown(s)")
     parts.append(f"{len(faster)} faster")
     if cleared:
         parts.append(f"{len(cleared)} not confirmed by the gate")
+    if earlier:
+        parts.append(f"{len(earlier)} earlier than --since, not judged")
     code = exit_code(points, unchecked)
     tail = {EXIT_CONFIRMED: "a slowdown is confirmed", EXIT_SUSPECTED: "a slowdown is suspected and no gate "
             "has timed it: --confirm, with the budget to reach it", EXIT_NONE: "no slowdown"}[code]
