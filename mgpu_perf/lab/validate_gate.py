@@ -291,7 +291,8 @@ def print_summary(summary: dict, experiment: Experiment, path: Path) -> None:
     runs = experiment.runs
     false_alarms = sum(d["verdict"] == "slower" for d in decisions.get("same tree", []))
     caught = sum(d["verdict"] == "slower" for d in decisions.get(experiment.big, []))
-    print(f"\nsingle step, {runs} runs each (fresh workers per run):")
+    if runs:
+        print(f"\nsingle step, {runs} runs each (fresh workers per run):")
     for kind, ds in decisions.items():
         print(f"   {kind:<11} slower {rate(ds, 'slower')}, unchanged {rate(ds, 'unchanged')}, "
               f"inconclusive {rate(ds, 'inconclusive')}, faster {rate(ds, 'faster')}, "
@@ -314,9 +315,9 @@ def print_summary(summary: dict, experiment: Experiment, path: Path) -> None:
         print(f"wrong unchanged (a planted {experiment.plant:.0%} slowdown, at or above the threshold, judged "
               f"`unchanged`): single step {wrong['single']}/{runs}, whole set {wrong['set_total']} of "
               f"{wrong['set_training_verdicts']} training verdicts")
-    print(f"false slower {false_alarms}/{runs} (target <= {targets['false_slower_at_most']}), "
-          f"caught {caught}/{runs} (target >= {targets['caught_at_least']}); "
-          f"total {summary['total_seconds'] / 60:.1f} min; wrote {path}")
+    rates = (f"false slower {false_alarms}/{runs} (target <= {targets['false_slower_at_most']}), "
+             f"caught {caught}/{runs} (target >= {targets['caught_at_least']}); ") if runs else ""  # --runs 0: none
+    print(f"{rates}total {summary['total_seconds'] / 60:.1f} min; wrote {path}")
 
 
 def main(argv: list[str] | None = None) -> int:
