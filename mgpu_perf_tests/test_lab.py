@@ -75,15 +75,18 @@ def test_validate_gate_counts_a_planted_slowdown_judged_unchanged_apart_from_und
 
 
 def test_validate_gate_says_how_many_whole_set_runs_were_as_required(tmp_path, capsys):
+    from dataclasses import replace
+
     from mgpu_perf.lab.validate_gate import print_summary, summarise
 
-    e = _experiment(0.15)
+    e = replace(_experiment(0.15), runs=0)  # the whole set only, as the done-when's validation runs it
     sets = {"same tree": [], e.big: [_set_run(single="slower", ddp="undecidable"), _set_run(single="slower", ddp="slower")]}
     print_summary(summarise(e, {"same tree": [], e.big: []}, sets, total=400.0), e, tmp_path / "v.json")
     out = capsys.readouterr().out
     assert "NOT as required (runs as required: 15% slower 1/2;" in out, \
         f"one slowed run had an undecidable, the other was all slower: the summary should say 1 of 2\n{out}"
-    assert "whole set 0 of 4 training verdicts" in out, out
+    assert "judged `unchanged`): whole set 0 of 4 training verdicts" in out and "false slower" not in out, \
+        f"--runs 0: no single-step figures\n{out}"
 
 
 def test_an_unchanged_below_the_threshold_or_for_a_slower_forward_is_not_counted_wrong():

@@ -312,9 +312,9 @@ def print_summary(summary: dict, experiment: Experiment, path: Path) -> None:
                 print(f"   {kind:<11} {name:<40} " + ", ".join(f"{v} {n}" for v, n in sorted(c.items())))
     wrong = summary["wrong_unchanged"]
     if wrong["single"] is not None:
+        single = f"single step {wrong['single']}/{runs}, " if runs else ""
         print(f"wrong unchanged (a planted {experiment.plant:.0%} slowdown, at or above the threshold, judged "
-              f"`unchanged`): single step {wrong['single']}/{runs}, whole set {wrong['set_total']} of "
-              f"{wrong['set_training_verdicts']} training verdicts")
+              f"`unchanged`): {single}whole set {wrong['set_total']} of {wrong['set_training_verdicts']} training verdicts")
     rates = (f"false slower {false_alarms}/{runs} (target <= {targets['false_slower_at_most']}), "
              f"caught {caught}/{runs} (target >= {targets['caught_at_least']}); ") if runs else ""  # --runs 0: none
     print(f"{rates}total {summary['total_seconds'] / 60:.1f} min; wrote {path}")
