@@ -403,21 +403,24 @@ def test_a_benchmark_the_gate_cannot_time_is_unconfirmed_saying_why(tmp_path):
     assert _git(tmp_path / "repo", "worktree", "list").count("\n") == 0, "a worktree was left behind"
 
 
-@pytest.mark.slow  # 2 gate runs: about 30 s on an idle 2-core machine, 4 minutes under a load of 13: make test-slow
+@pytest.mark.slow  # 3 gate runs: about 50 s on an idle 2-core machine, minutes under load: make test-slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
 def test_the_gate_names_the_commit_that_slowed_the_step(tmp_path):
     """Two commits after the step's last good run: the first doubles the step's sleep (1.5-1.9x a
     step, with the mgpu step's own time under any load here), the second changes nothing. Two gates:
     the range (slower), then its midpoint against the range's start, which is the slow commit
-    against its parent: named. Each gate's ab.json records its candidate's commit."""
+    against its parent: named; then the named commit against the range's last (step 4: the rest,
+    which changed nothing). Each gate's ab.json records its candidate's commit."""
     commits = history(tmp_path / "repo", [0.1, 0.2, 0.2])
     [found] = confirm_on(tmp_path / "repo", [ChangePoint(BENCHMARK, "m", commits[0], commits[2], tuple(commits[1:]),
                                                          0.1, 0.2, 2.0, 0.001)], tmp_path, threshold="20")
     assert (found.point.verdict, found.point.commit) == ("slower", commits[1]), (found.note, found.gates)
-    assert [(b, c) for b, c, _ in found.gates] == [(commits[0], commits[2]), (commits[0], commits[1])], found.gates
+    assert [(b, c) for b, c, _ in found.gates] == [(commits[0], commits[2]), (commits[0], commits[1]),
+                                                   (commits[1], commits[2])], found.gates
     reports = sorted((tmp_path / "gates").glob("*/ab.json"))
-    assert [json.loads(r.read_text())["candidate_commit"] for r in reports] == [commits[2], commits[1]], reports
+    assert [json.loads(r.read_text())["candidate_commit"] for r in reports] == [commits[2], commits[1], commits[2]], \
+        reports
 
 
 @pytest.mark.slow  # about 3 gate runs of 15-40 s each, by the machine's load: make test-slow
