@@ -28,7 +28,7 @@ def point_line(p) -> str:
     where = f"{p.before_commit[:10]}..{p.after_commit[:10]} ({count} commit{'s' if count != 1 else ''})"
     named = f", made by {p.commit[:10]}" if p.commit else ""
     p_text = f"p={p.p_value:.2g}" if math.isfinite(p.p_value) else "p -"
-    source = "(the gate's rounds, after the commit it named)" if getattr(p, "found_by", "runs") == "gate" else \
+    source = "(the gate's rounds, after the commit it named)" if p.found_by == "gate" else \
         f"({p.runs_before} runs | {p.runs_after} runs)"
     return (f"{p.verdict:<11} {'slower' if p.ratio > 1 else 'faster'} {p.ratio:.3f}x  {where}{named}  "
             f"{seconds_text(p.median_before)} -> {seconds_text(p.median_after)}  {p_text}  {source}")

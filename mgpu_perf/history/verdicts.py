@@ -67,7 +67,7 @@ class Findings:
     def found_by_gate(self, machine: str, benchmark: str) -> list:
         """The changes --confirm found within a change point's range after the commit it named (no
         detector's point of their own), for one machine's benchmark."""
-        return [p for p in self.points if getattr(p, "found_by", "runs") == "gate"
+        return [p for p in self.points if p.found_by == "gate"
                 and (p.machine, p.benchmark) == (machine, benchmark)]
 
     @property
