@@ -28,8 +28,8 @@ The rule, for one change point whose runs say slower (faster: the same, with `fa
    neither: the verdict without a commit, "one commit or creep, undecided".
 4. **The rest of the range.** A range can hold more than the commit named: a slow commit followed by
    a creep (the detector, between the runs' two levels, saw one step). The named commit M is gated
-   against the range's last commit (the segments' span's, when the point has one); `slower` again, and that part (M..last) is bisected by steps 2-3
-   in turn, a change of its own (found by the gate within the point's range: its medians and
+   against the range's last commit (the segments' span's, when the point has one); `slower` again,
+   and that part (M..last) is bisected by steps 2-3 in turn, a change of its own (found by the gate within the point's range: its medians and
    p-value the gate's, no runs either side), listed after the point's, as often as a commit is named
    before the last. Not `slower`: the note says so, and the named commit explains the range.
 5. **Budget.** `budget_s` bounds all the gating; the points go strongest first (smallest p-value).
@@ -317,7 +317,8 @@ def _found_within(point, line: tuple, rest: GateAnswer, verdict: str, commit: st
     before, after = rest.medians or (point.median_after / rest.ratio, point.median_after)
     return replace(point, before_commit=line[0], after_commit=line[-1], commits_between=tuple(line[1:]),
                    median_before=before, median_after=after, ratio=rest.ratio,
-                   p_value=rest.p_slower if rest.p_slower is not None else math.nan, verdict=verdict, commit=commit,
+                   p_value=rest.p_slower if rest.p_slower is not None and rest.ratio > 1 else math.nan,  # a p of `slower`
+                   verdict=verdict, commit=commit,
                    runs_before=0, runs_after=0, from_commit=None, to_commit=None, span_between=(), found_by="gate")
 
 
