@@ -98,3 +98,97 @@ def test_an_unchanged_below_the_threshold_or_for_a_slower_forward_is_not_counted
     forward = _experiment(0.15, set_big="forward 20% slower")  # the step slowed by less than its forward
     counted = wrong_unchanged(forward, {forward.big: []}, {"forward 20% slower": [_set_run(single="unchanged")]})
     assert counted["set_total"] == 0 and counted["set_training_verdicts"] == 0, counted
+
+
+def _planted_resnet18(tmp_path, fraction: float):
+    """ResNet-18 as a copy of mgpu/models.py with the GPU plant appended builds it (imported from that file)."""
+    import importlib.util
+
+    from mgpu_perf.lab.plants import PLANTED_GPU
+
+    source = Path(__file__).resolve().parent.parent / "mgpu" / "models.py"
+    planted = tmp_path / "planted_models.py"
+    planted.write_text(source.read_text() + PLANTED_GPU.format(fraction=fraction))
+    spec = importlib.util.spec_from_file_location("planted_models", planted)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.resnet18
+
+
+def test_the_gpu_plant_leaves_a_cpu_step_as_it_was(tmp_path):
+    """--plant-on gpu plants a kernel: on a CPU the planted model computes bit for bit what mgpu's does."""
+    import torch
+
+    from mgpu.models import resnet18
+
+    planted = _planted_resnet18(tmp_path, 0.5)
+    losses = []
+    for build in (resnet18, planted):
+        torch.manual_seed(0)
+        model = build(width=4)
+        x = torch.randn(4, 1, 16, 16)
+        loss = model(x).square().mean()
+        loss.backward()
+        losses.append((loss.detach(), model[0].weight.grad.clone()))
+    torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=0,
+                               msg="the GPU plant changed a CPU forward or backward")
+
+
+def test_validate_gate_refuses_the_gpu_plant_without_cuda(capsys):
+    import pytest
+    import torch
+
+    from mgpu_perf.lab.validate_gate import main
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: the refusal is for machines without one")
+    with pytest.raises(SystemExit) as stop:
+        main(["--quick", "--plant-on", "gpu"])
+    assert stop.value.code == 2
+    assert "--plant-on gpu: no CUDA device" in capsys.readouterr().err
+
+
+def test_a_cuda_graph_replay_runs_the_gpu_plant(tmp_path):
+    """On a GPU: the plant's spin kernel is captured with the step, so a replay of the planted step
+    takes longer than a replay of the plain one, by about the plant's share (timed with CUDA events)."""
+    import pytest
+    import torch
+
+    from mgpu.devices import gpu_count
+
+    if gpu_count() < 1:
+        pytest.skip("needs 1 CUDA device (found 0)")
+    from mgpu.models import resnet18
+
+    def replay_ms(build) -> float:
+        torch.manual_seed(0)
+        model = build(width=64).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x, y = torch.randn(128, 1, 28, 28, device="cuda"), torch.randint(0, 10, (128,), device="cuda")
+
+        def step():
+            opt.zero_grad(set_to_none=False)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):  # as harness/graphs.py: eager warm-up steps, then the capture
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        graph.replay()
+        start.record()
+        for _ in range(20):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 20
+
+    plain, planted = replay_ms(resnet18), replay_ms(_planted_resnet18(tmp_path, 0.5))
+    assert planted > 1.2 * plain, (f"a replay of the step with a 50 % GPU plant took {planted:.3f} ms against "
+                                   f"{plain:.3f} ms plain: the replay did not run the plant")

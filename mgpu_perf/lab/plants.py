@@ -1,8 +1,11 @@
 """The planted slowdowns of `validate-gate` (mgpu_perf/lab/validate_gate.py) and the copies of the
 tree they are planted in: a busy-wait appended to a copy's mgpu/trainer.py (every step and
-evaluation that much slower) or mgpu/models.py (ResNet-18's forward, in every process).
+evaluation that much slower) or mgpu/models.py (ResNet-18's forward, in every process); on a GPU,
+a spin kernel launched inside ResNet-18's forward (`gpu=`), which a CUDA-graph replay of the step
+runs too: a host busy-wait in Trainer.step is never part of a replayed step.
 
     copy_tree(root, tmp / "slowed", slowdown=0.15)   # a copy whose every training step is 15 % slower
+    copy_tree(root, tmp / "slowed", gpu=0.15)        # the GPU's forward and backward 15 % longer
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-__all__ = ["PLANTED", "PLANTED_FORWARD", "SKIP_DIRS", "project_files", "copy_tree"]
+__all__ = ["PLANTED", "PLANTED_FORWARD", "PLANTED_GPU", "SKIP_DIRS", "project_files", "copy_tree"]
 
 
 # Appended to the slowed copies' mgpu/trainer.py.
@@ -67,6 +70,63 @@ def resnet18(*args, **kwargs):
 '''
 
 
+# Appended to the copy's mgpu/models.py by --plant-on gpu: after ResNet-18's forward, a spin kernel
+# (torch.cuda._sleep) as long as `fraction` of the forward and backward's GPU time, measured with
+# CUDA events over two eager steps after the first (which pays cuDNN's algorithm search). The kernel
+# is launched on the step's stream, so torch.cuda.graph captures it and every replay runs it; the
+# length is fixed before the harness captures (it runs 3 eager warm-up steps first). Eager steps
+# include launch gaps that a replay does not, so under replay the plant is at least `fraction`.
+PLANTED_GPU = '''
+
+# -- planted by mgpu_perf/lab/validate_gate.py --plant-on gpu: a spin kernel of {fraction} of the forward and backward
+_unplanted_resnet18_gpu = resnet18
+
+
+def resnet18(*args, **kwargs):
+    import torch as _torch
+
+    model = _unplanted_resnet18_gpu(*args, **kwargs)
+    state = {{"steps": 0, "times": [], "start": None, "cycles": 0}}
+
+    def measuring():
+        return not state["cycles"] and not _torch.cuda.is_current_stream_capturing()
+
+    def start(module, inputs):
+        if inputs[0].is_cuda and measuring() and _torch.is_grad_enabled():
+            state["start"] = _torch.cuda.Event(enable_timing=True)
+            state["start"].record()
+
+    def backward_done(grad):  # the stem's weight gradient: the backward's last product
+        if state["start"] is None or not measuring():
+            return grad
+        end = _torch.cuda.Event(enable_timing=True)
+        end.record()
+        end.synchronize()
+        state["steps"] += 1
+        if state["steps"] > 1:  # the first step pays cuDNN's algorithm search
+            state["times"].append(state["start"].elapsed_time(end))
+        if len(state["times"]) == 2:
+            a, b = _torch.cuda.Event(enable_timing=True), _torch.cuda.Event(enable_timing=True)
+            a.record()
+            _torch.cuda._sleep(1_000_000)
+            b.record()
+            b.synchronize()
+            state["cycles"] = int({fraction} * min(state["times"]) * 1_000_000 / a.elapsed_time(b))
+        state["start"] = None
+        return grad
+
+    def spin(module, inputs, output):
+        if state["cycles"] and output.is_cuda and _torch.is_grad_enabled():
+            _torch.cuda._sleep(state["cycles"])
+        return output
+
+    model.register_forward_pre_hook(start)
+    model.register_forward_hook(spin)
+    model[0].weight.register_hook(backward_done)
+    return model
+'''
+
+
 SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", ".benchmarks", "perf-results", "runs",
              "data"}
 
@@ -82,14 +142,17 @@ def project_files(root: Path) -> list[str]:
             if p.is_file() and not SKIP_DIRS.intersection(p.relative_to(root).parts)]
 
 
-def copy_tree(root: Path, dest: Path, slowdown: float | None = None, forward: float | None = None) -> Path:
+def copy_tree(root: Path, dest: Path, slowdown: float | None = None, forward: float | None = None,
+              gpu: float | None = None) -> Path:
     """A copy of the tree; `slowdown`: every step and evaluation that much slower (PLANTED);
-    `forward`: the model's forward that much slower (PLANTED_FORWARD)."""
+    `forward`: the model's forward that much slower (PLANTED_FORWARD); `gpu`: a spin kernel of that
+    fraction of the forward and backward's GPU time, inside the step (PLANTED_GPU)."""
     for f in project_files(root):
         target = dest / f
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / f, target)
-    for fraction, file, code in ((slowdown, "trainer.py", PLANTED), (forward, "models.py", PLANTED_FORWARD)):
+    for fraction, file, code in ((slowdown, "trainer.py", PLANTED), (forward, "models.py", PLANTED_FORWARD),
+                                 (gpu, "models.py", PLANTED_GPU)):
         if fraction:
             target = dest / "mgpu" / file
             target.write_text(target.read_text() + code.format(fraction=fraction))

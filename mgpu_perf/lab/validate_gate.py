@@ -5,6 +5,7 @@
     python -m mgpu_perf validate-gate --threshold 5  # the gate at --ab-threshold 5 against a 5 % slower step
     python -m mgpu_perf validate-gate --threshold 5 --workers 2   # ... with two worker processes an arm
     python -m mgpu_perf validate-gate --runs 0 --set-runs 2 --set-forward 50   # the set against a slower forward
+    python -m mgpu_perf validate-gate --quick --plant-on gpu   # on a GPU: a kernel that CUDA-graph replays run
 
 Run it from a checkout of mgpu with nothing else on the machine; it is not part of CI. It copies
 the tree three times into a temporary folder (so the checkout may change while it runs): `same`
@@ -24,6 +25,12 @@ would). Then:
    `slower`, the kernel not), with the time per run. `--set-forward P`: that candidate's model forward
    takes P % longer instead (a busy-wait in forward hooks, in every process: ddp's and fsdp's
    ranks too), a slowdown of part of the step, as a real one would be.
+
+`--plant-on gpu` (CUDA only): the slowdown is GPU work instead, a spin kernel launched after
+ResNet-18's forward and sized to the plant's share of the forward and backward's GPU time
+(lab/plants.py PLANTED_GPU). A busy-wait in Trainer.step never runs in a CUDA-graph replay of the
+step (the harness replays the captured step, not Trainer.step), so on a GPU this is the plant that
+tests the gate on what it times there.
 
 Writes gate-validation.json into --out and prints the rates; exits 1 if the targets (at most 1
 false `slower` in 20 and at least 19 detections in 20 at T %, scaled to --runs) are missed.
@@ -169,6 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plant", type=float, default=None, metavar="PERCENT",
                         help="the slowed candidate's slowdown in percent (default: --threshold); at or above the "
                              "threshold an `unchanged` for it is a wrong `unchanged`, counted apart")
+    parser.add_argument("--plant-on", choices=("host", "gpu"), default="host",
+                        help="host: a busy-wait in the step (or forward); gpu: a spin kernel inside ResNet-18's "
+                             "forward that CUDA-graph replays run too, sized to the plant's share of the forward "
+                             "and backward's GPU time (needs CUDA)")
     parser.add_argument("--set-slowed-only", action="store_true",
                         help="the whole gated set from the slowed candidate only (no same-tree set runs)")
     parser.add_argument("--stop-starting-after-min", type=float, default=None, metavar="MINUTES",
@@ -336,8 +347,17 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.tree).resolve()
     if not is_mgpu_checkout(root):
         parser.error(f"--tree {root} is not a checkout of mgpu (validate-gate plants slowdowns in its mgpu/trainer.py)")
+    on_gpu = args.plant_on == "gpu"
+    if on_gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("--plant-on gpu: no CUDA device visible to torch (the plant is a kernel on the GPU)")
+        if args.set_forward:
+            parser.error("--plant-on gpu and --set-forward: one plant at a time (the GPU plant is in the forward)")
     full, half = plant / 100, args.threshold / 200
-    big, small = f"{plant:g}% slower", f"{args.threshold / 2:g}% slower"
+    where = " (GPU kernel)" if on_gpu else ""
+    big, small = f"{plant:g}% slower{where}", f"{args.threshold / 2:g}% slower{where}"
     forward = bool(args.set_forward and set_runs)  # the whole set's candidate: a slower forward instead
     name, spec, family = single_step_spec()
     experiment = Experiment(name, spec, family, runs, set_runs, settings, big,
@@ -351,9 +371,12 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp)
         same = copy_tree(root, tmp / "same")  # the baseline of every run
         unchanged = copy_tree(root, tmp / "unchanged")  # a candidate identical to it (a folder may not be both arms)
-        slowed = {full: copy_tree(root, tmp / "slowed-full", full)}
+        def planted(fraction: float, folder: str) -> Path:
+            return copy_tree(root, tmp / folder, gpu=fraction) if on_gpu else copy_tree(root, tmp / folder, fraction)
+
+        slowed = {full: planted(full, "slowed-full")}
         if not args.without_half:
-            slowed[half] = copy_tree(root, tmp / "slowed-half", half)
+            slowed[half] = planted(half, "slowed-half")
         kinds = {"same tree": unchanged, big: slowed[full], **({} if args.without_half else {small: slowed[half]})}
         decisions = single_decisions(experiment, {"same": same, "kinds": kinds}, tmp, partial)
         set_slowed = copy_tree(root, tmp / "slowed-forward", forward=args.set_forward / 100) if forward else slowed[full]
