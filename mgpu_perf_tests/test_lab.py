@@ -89,6 +89,18 @@ def test_validate_gate_says_how_many_whole_set_runs_were_as_required(tmp_path, c
         f"--runs 0: no single-step figures\n{out}"
 
 
+def test_validate_gate_summarises_a_run_stopped_before_its_whole_set_runs(tmp_path, capsys):
+    """--stop-starting-after-min can come before the first whole-set run (the H100 run of 2026-11-28
+    then ended in a ValueError instead of its summary)."""
+    from mgpu_perf.lab.validate_gate import print_summary, summarise
+
+    e = _experiment(0.10)
+    decisions = {"same tree": [{"verdict": "unchanged", "rounds": 40, "seconds": 40.0}],
+                 e.big: [{"verdict": "slower", "rounds": 40, "seconds": 39.0}]}
+    print_summary(summarise(e, decisions, {"same tree": [], e.big: []}, total=80.0), e, tmp_path / "v.json")
+    assert "whole gated set: no run (--stop-starting-after-min" in capsys.readouterr().out
+
+
 def test_an_unchanged_below_the_threshold_or_for_a_slower_forward_is_not_counted_wrong():
     from mgpu_perf.lab.validate_gate import wrong_unchanged
 
@@ -190,5 +202,5 @@ def test_a_cuda_graph_replay_runs_the_gpu_plant(tmp_path):
         return start.elapsed_time(end) / 20
 
     plain, planted = replay_ms(resnet18), replay_ms(_planted_resnet18(tmp_path, 0.5))
-    assert planted > 1.2 * plain, (f"a replay of the step with a 50 % GPU plant took {planted:.3f} ms against "
+    assert planted > 1.3 * plain, (f"a replay of the step with a 50 % GPU plant took {planted:.3f} ms against "
                                    f"{plain:.3f} ms plain: the replay did not run the plant")

@@ -169,7 +169,8 @@ def with_round_health(r: Comparison, verdict: str, level: float, threshold: floa
     """The result judged `verdict` at `level`, its rounds' health (gate/health.py) checked: an
     `unchanged` whose rounds do not show it by every check becomes `undecidable`, the doubt its
     reason. Other verdicts stand (a `slower` is tested at its level whatever the rounds' health)."""
-    health = check_rounds(r.samples, [RoundFacts.from_dict(f) for f in r.facts], threshold, level, r.cpu_applies)
+    health = check_rounds(r.samples, [RoundFacts.from_dict(f) for f in r.facts], threshold, level, r.cpu_applies,
+                          r.clock)
     if verdict == "unchanged" and health.doubt:
         return dataclasses.replace(r, status="undecidable", verdict="undecidable", level=level, health=health,
                                    reason=f"no positive evidence of `unchanged` ({r.estimate.ratio:.3f}): "

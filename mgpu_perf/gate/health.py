@@ -12,7 +12,10 @@ tight interval. `slower` is safe from this (a slowdown shown is tested at the Ho
 `unchanged` is the verdict that needs positive evidence, so it stands only when (rule):
 
 1. at most MAX_FAULTY of the rounds are faulty (round_faults: not interleaved, timed little, a
-   worker busy between its samples);
+   worker busy between its samples where the host clock decides: a round timed by CUDA events on
+   the GPU is not lengthened by the other worker's CPU, and on a GPU every worker spends some,
+   spinning in its event waits and in CUDA's own threads: an H100's idle worker spent 0.02-0.09 CPU
+   seconds beside the other arm's 0.25-s sample, docs/notes/gpu-runs.md 2026-11-28);
 2. the healthy rounds alone give an interval inside (1/(1 + T), 1 + T) at the verdict's level;
 3. every part of the rounds says so by its own estimate: the rounds each arm ran first, and the
    first and second half (the ratio must not hang on the order or drift within the benchmark);
@@ -94,14 +97,14 @@ class RoundFacts:
         return RoundFacts(d["first"], arm(d["baseline"]), arm(d["candidate"]))
 
 
-def round_faults(r: RoundFacts) -> tuple[str, ...]:
+def round_faults(r: RoundFacts, host_clock: bool = True) -> tuple[str, ...]:
     """Why one round cannot be trusted to cancel the machine (empty: it can). Each fault is a name:
     `not interleaved` (the two samples' windows overlap, or lie more than GAP_S and more than twice
     the longer sample apart: between them only the workers' yardsticks and the exchange of answers
     run, which a loaded machine may stretch to a few tenths of a second), `timed little` (an arm's
     operations filled less than TIMED_SHARE of its window), `busy between` (the worker timed second
     spent more than BETWEEN_SHARE of the first arm's sample on the CPU while that arm was timed: it
-    competed with it)."""
+    competed with it; only with `host_clock`: times from CUDA events are the GPU's)."""
     faults = []
     a, b = (r.baseline, r.candidate) if r.first == "baseline" else (r.candidate, r.baseline)
     if a.window and b.window:
@@ -110,7 +113,7 @@ def round_faults(r: RoundFacts) -> tuple[str, ...]:
             faults.append("not interleaved")
     if any(s.wall_s and s.busy_s < TIMED_SHARE * s.wall_s for s in (a, b)):
         faults.append("timed little")
-    if b.cpu_between_s is not None and b.cpu_between_s > BETWEEN_SHARE * a.busy_s:
+    if host_clock and b.cpu_between_s is not None and b.cpu_between_s > BETWEEN_SHARE * a.busy_s:
         faults.append("busy between")
     return tuple(faults)
 
@@ -156,13 +159,14 @@ def cpu_work(facts: list[RoundFacts]) -> bool:
 
 
 def check_rounds(samples: dict, facts: list[RoundFacts], threshold: float, level: float,
-                 cpu_applies: bool = False) -> RoundHealth:
+                 cpu_applies: bool = False, clock: str = "host") -> RoundHealth:
     """The rounds' health (the module's rule) for an `unchanged` at `level`: `samples` the deciding
     times {arm: [one a round]}, `facts` each round's (as many, in order; rounds without facts are
-    judged by rules 2-3 only). `cpu_applies`: the step runs in the worker's process on the host clock."""
+    judged by rules 2-3 only). `cpu_applies`: the step runs in the worker's process on the host clock;
+    `clock`: the deciding clock (rounds.choose_clock: "host" or "cuda-events")."""
     pairs = list(zip(samples["baseline"], samples["candidate"]))
     n = len(pairs)
-    faults = [round_faults(f) for f in facts] if len(facts) == n else [()] * n
+    faults = [round_faults(f, clock == "host") for f in facts] if len(facts) == n else [()] * n
     named = sorted({x for fs in faults for x in fs})
     counted = tuple((x, sum(x in fs for fs in faults)) for x in named)
     faulty = sum(bool(fs) for fs in faults)

@@ -222,7 +222,8 @@ def doubted(bench: Benchmark) -> str:
     for, so that its verdict rests on more rounds than the doubted ones."""
     rounds = bench.rounds
     facts = [RoundFacts.from_dict(f) for f in rounds.facts]
-    return check_rounds(rounds.samples, facts, bench.settings.threshold, bench.strictest, bench.cpu_applies).doubt
+    return check_rounds(rounds.samples, facts, bench.settings.threshold, bench.strictest, bench.cpu_applies,
+                        bench.clock).doubt
 
 
 def resized_limit(bench: Benchmark, est: abstats.Estimate, now: float) -> int:

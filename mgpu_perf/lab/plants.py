@@ -5,7 +5,7 @@ a spin kernel launched inside ResNet-18's forward (`gpu=`), which a CUDA-graph r
 runs too: a host busy-wait in Trainer.step is never part of a replayed step.
 
     copy_tree(root, tmp / "slowed", slowdown=0.15)   # a copy whose every training step is 15 % slower
-    copy_tree(root, tmp / "slowed", gpu=0.15)        # the GPU's forward and backward 15 % longer
+    copy_tree(root, tmp / "slowed", gpu=0.15)        # on a GPU, every training step 15 % longer
 """
 
 from __future__ import annotations
@@ -71,14 +71,15 @@ def resnet18(*args, **kwargs):
 
 
 # Appended to the copy's mgpu/models.py by --plant-on gpu: after ResNet-18's forward, a spin kernel
-# (torch.cuda._sleep) as long as `fraction` of the forward and backward's GPU time, measured with
-# CUDA events over two eager steps after the first (which pays cuDNN's algorithm search). The kernel
-# is launched on the step's stream, so torch.cuda.graph captures it and every replay runs it; the
-# length is fixed before the harness captures (it runs 3 eager warm-up steps first). Eager steps
-# include launch gaps that a replay does not, so under replay the plant is at least `fraction`.
+# (torch.cuda._sleep) as long as `fraction` of a training step's GPU time, measured with CUDA events
+# from one training forward's start to the next one's over the first eager steps (the shorter of two).
+# The kernel is launched on the step's stream, so torch.cuda.graph captures it and every replay runs
+# it; its length is fixed by the third step, before the harness captures (it runs 3 eager warm-up
+# steps first). An eager step holds launch gaps that a replay does not, so under replay the plant
+# is at least `fraction` of the step.
 PLANTED_GPU = '''
 
-# -- planted by mgpu_perf/lab/validate_gate.py --plant-on gpu: a spin kernel of {fraction} of the forward and backward
+# -- planted by mgpu_perf/lab/validate_gate.py --plant-on gpu: a spin kernel of {fraction} of a training step
 _unplanted_resnet18_gpu = resnet18
 
 
@@ -86,43 +87,35 @@ def resnet18(*args, **kwargs):
     import torch as _torch
 
     model = _unplanted_resnet18_gpu(*args, **kwargs)
-    state = {{"steps": 0, "times": [], "start": None, "cycles": 0}}
+    state = {{"last": None, "steps": [], "cycles": 0}}
 
-    def measuring():
-        return not state["cycles"] and not _torch.cuda.is_current_stream_capturing()
+    def training(x):
+        return x.is_cuda and _torch.is_grad_enabled()
 
-    def start(module, inputs):
-        if inputs[0].is_cuda and measuring() and _torch.is_grad_enabled():
-            state["start"] = _torch.cuda.Event(enable_timing=True)
-            state["start"].record()
-
-    def backward_done(grad):  # the stem's weight gradient: the backward's last product
-        if state["start"] is None or not measuring():
-            return grad
-        end = _torch.cuda.Event(enable_timing=True)
-        end.record()
-        end.synchronize()
-        state["steps"] += 1
-        if state["steps"] > 1:  # the first step pays cuDNN's algorithm search
-            state["times"].append(state["start"].elapsed_time(end))
-        if len(state["times"]) == 2:
+    def measure(module, inputs):
+        if state["cycles"] or not training(inputs[0]) or _torch.cuda.is_current_stream_capturing():
+            return
+        now = _torch.cuda.Event(enable_timing=True)
+        now.record()
+        now.synchronize()
+        if state["last"] is not None:
+            state["steps"].append(state["last"].elapsed_time(now))  # ms, the previous step's
+        state["last"] = now
+        if len(state["steps"]) == 2:
             a, b = _torch.cuda.Event(enable_timing=True), _torch.cuda.Event(enable_timing=True)
             a.record()
             _torch.cuda._sleep(1_000_000)
             b.record()
             b.synchronize()
-            state["cycles"] = int({fraction} * min(state["times"]) * 1_000_000 / a.elapsed_time(b))
-        state["start"] = None
-        return grad
+            state["cycles"] = int({fraction} * min(state["steps"]) * 1_000_000 / a.elapsed_time(b))
 
     def spin(module, inputs, output):
-        if state["cycles"] and output.is_cuda and _torch.is_grad_enabled():
+        if state["cycles"] and training(output):
             _torch.cuda._sleep(state["cycles"])
         return output
 
-    model.register_forward_pre_hook(start)
+    model.register_forward_pre_hook(measure)
     model.register_forward_hook(spin)
-    model[0].weight.register_hook(backward_done)
     return model
 '''
 
@@ -146,7 +139,7 @@ def copy_tree(root: Path, dest: Path, slowdown: float | None = None, forward: fl
               gpu: float | None = None) -> Path:
     """A copy of the tree; `slowdown`: every step and evaluation that much slower (PLANTED);
     `forward`: the model's forward that much slower (PLANTED_FORWARD); `gpu`: a spin kernel of that
-    fraction of the forward and backward's GPU time, inside the step (PLANTED_GPU)."""
+    fraction of a training step's GPU time, inside the step (PLANTED_GPU)."""
     for f in project_files(root):
         target = dest / f
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ would). Then:
    ranks too), a slowdown of part of the step, as a real one would be.
 
 `--plant-on gpu` (CUDA only): the slowdown is GPU work instead, a spin kernel launched after
-ResNet-18's forward and sized to the plant's share of the forward and backward's GPU time
+ResNet-18's forward and sized to the plant's share of an eager training step's GPU time
 (lab/plants.py PLANTED_GPU). A busy-wait in Trainer.step never runs in a CUDA-graph replay of the
 step (the harness replays the captured step, not Trainer.step), so on a GPU this is the plant that
 tests the gate on what it times there.
@@ -178,8 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "threshold an `unchanged` for it is a wrong `unchanged`, counted apart")
     parser.add_argument("--plant-on", choices=("host", "gpu"), default="host",
                         help="host: a busy-wait in the step (or forward); gpu: a spin kernel inside ResNet-18's "
-                             "forward that CUDA-graph replays run too, sized to the plant's share of the forward "
-                             "and backward's GPU time (needs CUDA)")
+                             "forward that CUDA-graph replays run too, sized to the plant's share of an eager "
+                             "training step's GPU time (needs CUDA)")
     parser.add_argument("--set-slowed-only", action="store_true",
                         help="the whole gated set from the slowed candidate only (no same-tree set runs)")
     parser.add_argument("--stop-starting-after-min", type=float, default=None, metavar="MINUTES",
@@ -309,8 +309,10 @@ def print_summary(summary: dict, experiment: Experiment, path: Path) -> None:
               f"inconclusive {rate(ds, 'inconclusive')}, faster {rate(ds, 'faster')}, "
               f"undecidable {rate(ds, 'undecidable')}; "
               f"{summary['rounds_per_decision'][kind]:.1f} rounds, {summary['seconds_per_decision'][kind]:.0f} s a run")
-    if experiment.set_runs:
-        per_run = [r["seconds"] for rs in sets.values() for r in rs]
+    per_run = [r["seconds"] for rs in sets.values() for r in rs]
+    if experiment.set_runs and not per_run:  # --stop-starting-after-min came first
+        print("whole gated set: no run (--stop-starting-after-min reached before the first)")
+    elif experiment.set_runs:
         # Per kind, how many runs were as required: a slowed run with one `undecidable` is not, yet it
         # holds no wrong answer (counted apart below).
         met = ", ".join(f"{kind} {sum(as_required(r, kind != 'same tree') for r in rs)}/{len(rs)}"

@@ -4,7 +4,7 @@
 #   OUT=/tmp/gpu bash docs/notes/measure/gpu_counts_and_graph_plant.sh
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-OUT=${OUT:-perf-results/gpu}; mkdir -p "$OUT"
+OUT=${OUT:-perf-results/gpu}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 PLUGINS_OFF="-p no:cacheprovider -p no:hypothesispytest -p no:hydra_pytest -p no:anyio"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
@@ -19,7 +19,7 @@ for e in json.load(open(sys.argv[1]))["entries"]:
 PY
 }
 echo "== 1. the GPU plant runs in a CUDA-graph replay (mgpu_perf_tests/test_lab.py)"
-timeout 120 python3 -m pytest mgpu_perf_tests/test_lab.py $PLUGINS_OFF -q -rs 2>&1 | tail -4
+timeout 120 python3 -m pytest mgpu_perf_tests/test_lab.py mgpu_perf_tests/test_round_health.py $PLUGINS_OFF -q -rs --tb=short 2>&1 | tail -25
 echo "== 2. pytest perf --counts-save on CUDA"
 start=$(date +%s)
 timeout 150 python3 -m pytest perf --counts-save "$OUT/counts-cuda.json" $PLUGINS_OFF -q -rs 2>&1 | tail -6
@@ -30,7 +30,7 @@ timeout 120 python3 -m pytest perf --counts-check "$OUT/counts-cuda.json" $PLUGI
 echo "   exit ${PIPESTATUS[0]} ($(( $(date +%s) - start )) s)"
 echo "== 3b. --counts-check from a copy with the GPU plant (expect: CUDA kernels grow, exit 1)"
 python3 -c "from pathlib import Path; from mgpu_perf.lab.plants import copy_tree; copy_tree(Path('.'), Path('/tmp/planted'), gpu=0.1)"
-(cd /tmp/planted && PYTHONPATH=/tmp/planted timeout 120 python3 -m pytest perf --counts-check "$OLDPWD/$OUT/counts-cuda.json" \
+(cd /tmp/planted && PYTHONPATH=/tmp/planted timeout 120 python3 -m pytest perf --counts-check "$OUT/counts-cuda.json" \
    $PLUGINS_OFF -q -rs 2>&1 | grep -v "^\s*$" | tail -14; echo "   exit ${PIPESTATUS[0]}")
 echo "== 4. validate-gate --plant-on gpu (3 runs a kind, the slowed set once)"
 start=$(date +%s)
