@@ -42,8 +42,11 @@ from mgpu.check.dropout import DropoutOff, random_layer_modules, stochastic_dept
 from mgpu.check.records import ForwardRecord, RankRecord, StepRecord
 from mgpu.scriptcheck.batchnorm import SyncedBatchNorm
 from mgpu.scriptcheck.collectives import CollectiveWatch
+from mgpu.scriptcheck.draws import RANDOM_FUNCTIONS, DrawWatch, module_generator
 from mgpu.scriptcheck.evidence import is_setup_step, process_group_size, suspect_values
 from mgpu.scriptcheck.feeds import FeedWatch
+from mgpu.scriptcheck.keyed import KeyedData, in_fetch, note
+from mgpu.scriptcheck.names import WRAPPER_SEGMENTS, parameter_names, strip_wrappers
 from mgpu.scriptcheck.precision import PrecisionSeen
 from mgpu.scriptcheck.plan import RankJob
 from mgpu.scriptcheck.inputs import Digest, call_kwargs, data_record, tensor_digest
@@ -51,35 +54,12 @@ from mgpu.scriptcheck.optimizer import settings_of
 
 __all__ = ["Recorder", "StopScript", "ScriptMode", "strip_wrappers", "Digest", "tensor_digest", "WRAPPER_SEGMENTS"]
 
-# Module names that wrappers put into parameter names: anywhere (torch.compile, FSDP1, activation
-# checkpointing, Lightning), and "module" at the front (DDP, DataParallel, accelerate's DDP).
-WRAPPER_SEGMENTS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_forward_module")
 # Ranks other than 0 keep their tensors whole up to this many elements a snapshot; above, digests.
 KEEP_RANK_NUMEL = 1 << 23
-# torch's functions that draw random numbers (dropout's are DropoutOff's; these are what it leaves).
-RANDOM_FUNCTIONS = {
-    torch.rand: "torch.rand", torch.randn: "torch.randn", torch.randint: "torch.randint",
-    torch.rand_like: "torch.rand_like", torch.randn_like: "torch.randn_like",
-    torch.randint_like: "torch.randint_like", torch.randperm: "torch.randperm", torch.bernoulli: "torch.bernoulli",
-    torch.normal: "torch.normal", torch.multinomial: "torch.multinomial", torch.poisson: "torch.poisson",
-    torch.Tensor.bernoulli_: "Tensor.bernoulli_", torch.Tensor.normal_: "Tensor.normal_",
-    torch.Tensor.uniform_: "Tensor.uniform_", torch.Tensor.random_: "Tensor.random_",
-    torch.Tensor.exponential_: "Tensor.exponential_", torch.Tensor.geometric_: "Tensor.geometric_",
-    torch.Tensor.cauchy_: "Tensor.cauchy_", torch.Tensor.log_normal_: "Tensor.log_normal_",
-    torch.Tensor.multinomial: "Tensor.multinomial", torch.Tensor.bernoulli: "Tensor.bernoulli",
-}
 
 
 class StopScript(BaseException):
     """Raised in the optimizer's post-hook after step K: the script has done what the check needs."""
-
-
-def strip_wrappers(name: str) -> str:
-    """'module._orig_mod.fc1.weight' -> 'fc1.weight': the names the model itself gives."""
-    parts = [p for p in name.split(".") if p not in WRAPPER_SEGMENTS]
-    while parts and parts[0] == "module":
-        parts.pop(0)
-    return ".".join(parts)
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -104,9 +84,9 @@ class ScriptMode(DropoutOff):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         rec = self.recorder
-        if rec.depth.value and func in RANDOM_FUNCTIONS and not rec.in_backward() and not (
+        if func in RANDOM_FUNCTIONS and not rec.quiet and not rec.in_backward() and not (
                 func is torch.Tensor.bernoulli_ and stochastic_depth_caller() is not None):
-            rec.random_draw(RANDOM_FUNCTIONS[func])
+            rec.classify_draw(RANDOM_FUNCTIONS[func], args, kwargs or {})
         if func is torch.Tensor.backward:  # forwards between two backward passes fed one loss (data.py)
             rec.backwards += 1
         return super().__torch_function__(func, types, args, kwargs)
@@ -119,10 +99,10 @@ class _Uncounted:
         self.recorder = recorder
 
     def __enter__(self):
-        self.saved, self.recorder.depth.value = self.recorder.depth.value, 0
+        self.saved, self.recorder.quiet = self.recorder.quiet, True
 
     def __exit__(self, *exc):
-        self.recorder.depth.value = self.saved
+        self.recorder.quiet = self.saved
 
 
 class _Depth(threading.local):
@@ -164,6 +144,11 @@ class Recorder:
         self.skipped: dict[int, int] = {}        # optimizer index -> set-up steps not counted (evidence.is_setup_step)
         self.collectives = CollectiveWatch(lambda: bool(self.pending))
         self.feeds = FeedWatch()                 # the DataLoaders' samplers and the LR schedulers (feeds.py)
+        self.quiet = False                       # the recorder's own draws (_Uncounted)
+        self.draws = DrawWatch(note)             # seeds, draws outside the forward, generator states (draws.py)
+        self.batches: list = []                  # dataset indices of each batch delivered since the last step
+        self.keyed = KeyedData(os.path.join(job.folder, f"{job.tag}-rank{self.rank}.draws"), self.batches.append,
+                               self.draws.outer_states)   # augmentation keyed to the example (keyed.py)
 
     # -- hooks --------------------------------------------------------------------------------------
 
@@ -180,10 +165,14 @@ class Recorder:
         self.mode.__enter__()
         self.collectives.install()
         self.feeds.install()
+        self.draws.install()
+        self.keyed.install()
 
     def uninstall(self) -> None:
         self.collectives.uninstall()
         self.feeds.uninstall()
+        self.keyed.uninstall()
+        self.draws.uninstall()
         for h in self.handles:
             h.remove()
         self.handles = []
@@ -195,6 +184,22 @@ class Recorder:
     @staticmethod
     def in_backward() -> bool:
         return torch._C._current_graph_task_id() != -1
+
+    def classify_draw(self, name: str, args, kwargs) -> None:
+        """A torch random function called: in a DataLoader fetch, a model's forward (the randomness
+        finding), a module without parameters called outside the model (augmentation in the step), or the
+        training step (draws.py)."""
+        where, stack = in_fetch(), self.depth.stack
+        if where:
+            if where != "loader":
+                self.draws.draw(name, args, kwargs, where, stack[-1] if stack and self.depth.value else None)
+        elif self.depth.value and stack:
+            if any(True for _ in stack[0].parameters()):
+                self.random_draw(name)
+            else:
+                self.draws.draw(name, args, kwargs, "step", stack[-1])
+        elif self.first_forward is not None or self.keyed.passes:
+            self.draws.draw(name, args, kwargs, "step")
 
     def random_draw(self, name: str) -> None:
         self.random_draws[name] = self.random_draws.get(name, 0) + 1
@@ -232,6 +237,7 @@ class Recorder:
             record.root, record.root_name, record.training = key, type(module).__name__, module.training
             record.backwards = self.backwards
             if module.training:
+                self.draws.state("forward", module_generator(module))
                 self.precision.forward(module)
                 self.depth.root_forward = True
             self.pending.append(record)
@@ -286,31 +292,9 @@ class Recorder:
         return [p for group in optimizer.param_groups for p in group["params"]]
 
     def _names(self, index: int, params: list[torch.Tensor]) -> dict[int, str]:
-        if index in self.names and all(id(p) in self.names[index] for p in params):
-            return self.names[index]
-        found: dict[int, str] = {}
-        for root in self.roots.values():
-            for name, p in root.named_parameters():
-                found.setdefault(id(p), strip_wrappers(name))
-        if any(id(p) not in found for p in params):  # a model never called as a module (model.forward(x))
-            import gc
-
-            wanted = {id(p) for p in params} - set(found)
-            for obj in gc.get_objects():
-                if isinstance(obj, nn.Module) and wanted:
-                    for name, p in obj.named_parameters():
-                        if id(p) in wanted:
-                            found[id(p)] = strip_wrappers(name)
-                            wanted.discard(id(p))
-        names, used = {}, set()
-        for i, p in enumerate(params):
-            name = found.get(id(p)) or f"param_groups[{index}] parameter {i}"
-            while name in used:
-                name += "'"
-            used.add(name)
-            names[id(p)] = name
-        self.names[index] = names
-        return names
+        if index not in self.names or not all(id(p) in self.names[index] for p in params):
+            self.names[index] = parameter_names(self.roots.values(), index, params)
+        return self.names[index]
 
     def _keep(self, t: torch.Tensor):
         return t if t.numel() <= self.keep_numel else Digest(t)
@@ -329,9 +313,11 @@ class Recorder:
         if any(f.training for f in forwards):  # an evaluation under grad between steps is no training data
             forwards = [f for f in forwards if f.training]
         self.pending = [f for f in self.pending if id(f) not in used and self.root_params[f.root] & trained]
+        indices, self.batches[:] = list(self.batches), []
         rec = StepRecord(optimizer=index, step=k, optimizer_type=type(optimizer).__name__, forwards=forwards,
                          grads={}, settings=settings_of(optimizer),  # lr as a scheduler set it for this step
                          loaders=self.feeds.loaders(), schedulers=self.feeds.schedulers(optimizer))
+        rec.indices = indices  # dataset indices of the batches since the last step (keyed.py; read with getattr)
         if k == 1:
             rec.before = {names[id(p)]: self._keep(_full(p)) for p in params}
         for i, p in enumerate(params):
@@ -378,6 +364,11 @@ class Recorder:
             raise StopScript()
 
     def result(self) -> RankRecord:
+        record = self._record()
+        record.randomness = {**self.draws.evidence(), **self.keyed.evidence(), "dropout": dict(self.mode.calls)}
+        return record
+
+    def _record(self) -> RankRecord:
         return RankRecord(steps=self.records, forwards=self.forwards, batchnorm=self.batchnorm,
                           init_digests=self.init_digests, random_modules=self.random_modules,
                           dropout_calls=dict(self.mode.calls), random_draws=dict(self.random_draws),
