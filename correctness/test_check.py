@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -18,6 +17,7 @@ import torch
 
 from conftest import requires_gpus
 from correctness.helpers import COMPARISON_KIND
+from correctness.processes import run_to_end
 from mgpu.cli import main
 from mgpu.config import CheckOptions
 from mgpu.errors import EXIT_FAILED, EXIT_NOT_VERIFIED, CheckTimeout, NotVerifiedError, ParityError, SpecError
@@ -117,8 +117,8 @@ def test_gradients_that_are_all_zero_are_not_verified(tmp_path):
                                                     "zero"), table(report)
     assert report.exit_code() == EXIT_NOT_VERIFIED and report.exit_code(accept_not_verified=True) == 0
     out = tmp_path / "check.json"
-    proc = subprocess.run([sys.executable, "-m", "mgpu", "check", f"{MODELS}:zero_gradients", "--strategies",
-                           "manual", "--devices", "2", "--json", str(out)], capture_output=True, text=True, timeout=100)
+    proc = run_to_end([sys.executable, "-m", "mgpu", "check", f"{MODELS}:zero_gradients", "--strategies",
+                       "manual", "--devices", "2", "--json", str(out)])
     assert proc.returncode == EXIT_NOT_VERIFIED, f"exit {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     assert json.loads(out.read_text())["exit_code"] == EXIT_NOT_VERIFIED
     with pytest.raises(NotVerifiedError, match="every gradient of the single-device steps is zero"):
@@ -418,12 +418,10 @@ def test_a_hanging_model_names_the_strategy_and_step():
         mp.undo()
 
 
-@pytest.mark.timeout(60)
 def test_a_real_process_prints_one_line_leaves_nothing_behind(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "mgpu", "check", f"{MODELS}:hangs", "--strategies", "ddp",
-                           "--devices", "2", "--step-timeout", "0.25"], capture_output=True, text=True, timeout=50,
-                          env=env)
+    proc = run_to_end([sys.executable, "-m", "mgpu", "check", f"{MODELS}:hangs", "--strategies", "ddp",
+                       "--devices", "2", "--step-timeout", "0.25"], env=env)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("mgpu: error: "), proc.stderr
     assert list(tmp_path.iterdir()) == [], "a temporary file or folder was left behind"

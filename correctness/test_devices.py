@@ -2,13 +2,13 @@
 
 import os
 import platform
-import subprocess
 import sys
 
 import pytest
 import torch
 
 from conftest import requires_gpus
+from correctness.processes import run_to_end
 from mgpu import devices as devmod
 from mgpu.errors import ConfigError, DeviceError
 
@@ -187,8 +187,7 @@ def _glibc_with_mallinfo2() -> bool:
 @pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="keep_freed_memory tunes glibc's malloc (glibc 2.33+ to check)")
 def test_keep_freed_memory_serves_activation_sized_blocks_from_the_heap():
     def mapped(mode: str) -> int:
-        out = subprocess.run([sys.executable, "-c", _MAPPED_BYTES_FOR_31_MIB, mode], capture_output=True, text=True,
-                             timeout=120)
+        out = run_to_end([sys.executable, "-c", _MAPPED_BYTES_FOR_31_MIB, mode])
         assert out.returncode == 0, out.stderr
         return int(out.stdout.split()[-1])
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import re
 import socket
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 
 from conftest import gpu_count
 from correctness.helpers import write_idx
+from correctness.processes import run_to_end
 from mgpu import checkpoint
 from mgpu.cli import build_parser, config_or_exit, main
 from mgpu.comm import split_batch
@@ -318,26 +318,23 @@ def test_api_only_bad_input_raises_a_specific_error(case_id, busy_port):
 
 # -- end to end: a real process prints no traceback ------------------------------------------------
 
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("argv, message", [
     (["--epochs", "0"], r"^mgpu: error: epochs must be a positive integer, got 0$"),
     (["--data", "fashion-mnist", "--data-dir", "/nonexistent/mgpu"], r"^mgpu: error: Fashion-MNIST not found in "),
 ], ids=["parser", "train"])
 def test_real_process_prints_one_line_and_exits_2(argv, message, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "mgpu", "train", *BASE_ARGS, "--out", str(tmp_path), *argv],
-                          cwd=ROOT, capture_output=True, text=True, timeout=50)
+    proc = run_to_end([sys.executable, "-m", "mgpu", "train", *BASE_ARGS, "--out", str(tmp_path), *argv], cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert re.search(message, proc.stderr.strip()), proc.stderr
 
 
-@pytest.mark.timeout(60)
 def test_help_and_bad_values_answer_without_importing_torch():
     code = ("import sys\nfrom mgpu.cli import main\n"
             "for argv in (['train', '--help'], ['train', '--epochs', '0'], ['train', '--strategy', 'zero3']):\n"
             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
             "print('torch imported:', 'torch' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=50)
+    proc = run_to_end([sys.executable, "-c", code], cwd=ROOT)
     assert proc.stdout.strip().splitlines()[-1] == "torch imported: False", proc.stdout + proc.stderr
     assert proc.stderr.splitlines() == ["mgpu: error: epochs must be a positive integer, got 0",
                                         "mgpu: error: unknown strategy 'zero3': choose one of single, manual, "

@@ -17,6 +17,7 @@ module (DDP's forward would start collectives, and ranks may hold different numb
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import socket
 from datetime import timedelta
@@ -145,6 +146,16 @@ class DistributedDataParallel(SingleDevice):
                    find_unused_parameters=self.settings.find_unused_parameters)
 
     def teardown(self) -> None:
+        """The model, its wrapper and the optimizer released first, then the process group. Left to
+        the interpreter's exit, the last collective's work object (held by DDP's reducer, FSDP's
+        state) is freed after the group is destroyed, while gloo's worker thread still runs: then
+        "terminate called without an active exception" aborts the rank (torch 2.14 under torchrun,
+        an fsdp rank 1 in 8 runs here; docs/notes/suite-times.md, 2026-11-28), its agent fails, and
+        on several nodes the other agents wait out torch's exit barrier (300 s) after training."""
+        for name in ("net", "wrapped", "ddp", "fsdp", "model", "optimizer"):
+            if name in vars(self):
+                setattr(self, name, None)
+        gc.collect()  # the modules' cycles (hooks hold their modules) go now, while the group lives
         if dist.is_initialized():
             dist.destroy_process_group()
 
