@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: train test test-slow test-correctness test-kernels convergence perf counts-check gpu-check clean
+.PHONY: train test test-slow test-correctness test-kernels stress convergence perf counts-check gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,16 @@ test-kernels: $(VENV)/.installed
 		echo "== ATEN_CPU_CAPABILITY=$${path%%:*} ONEDNN_MAX_CPU_ISA=$${path##*:}"; \
 		ATEN_CPU_CAPABILITY=$${path%%:*} ONEDNN_MAX_CPU_ISA=$${path##*:} $(PY) -m pytest correctness -q -p no:cacheprovider || exit 1; \
 	done
+
+# The suite's multi-process tests (DDP, FSDP, torchrun nodes, checkpoints, bad input) run STRESS_RUNS times in the
+# suite's order as a CI runner's background job would meet them: SIGINT ignored, a CPU burner on every core, a disk
+# writer beside; counts green, red and hung runs (correctness/stress.py; figures in docs/notes/suite-times.md).
+# STRESS_TESTS takes any pytest selection; STRESS_ENV e.g. ATEN_CPU_CAPABILITY=default for the kill-and-resume test.
+STRESS_RUNS ?= 10
+STRESS_TESTS ?= -m "reliability or multiprocess" correctness
+STRESS_ENV ?=
+stress: $(VENV)/.installed
+	$(STRESS_ENV) $(PY) -m correctness.stress --runs $(STRESS_RUNS) -- $(STRESS_TESTS)
 
 test-correctness: $(VENV)/.installed
 	$(PY) -m pytest correctness -q
