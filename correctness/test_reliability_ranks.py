@@ -46,6 +46,11 @@ pytestmark = [pytest.mark.reliability, pytest.mark.multiprocess, pytest.mark.tim
 ROOT = Path(__file__).resolve().parents[1]
 TAG = "MGPU_TEST_RUN_TAG"
 EXIT_WITHIN_S = 30.0
+# A run whose ranks have all finished (its last line printed) exits within this long, under load too:
+# torchrun's agents meet at an exit barrier after their workers end, and a rank that aborts at exit
+# (gloo's "terminate called", mended in DistributedDataParallel.teardown) left the others waiting
+# out its 300-s timeout.
+FINISHED_EXIT_S = 10.0
 # The module's runs (and their ranks) run at this niceness: they overlap the rest of the suite, which is
 # one process on one core, and would otherwise take that core from it in bursts of several runs at once.
 NICE = int(os.environ.get("MGPU_TEST_NICE", "10"))
@@ -104,6 +109,7 @@ class Run:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
         self.out: list[str] = []
+        self.out_at: list[float] = []  # when each stdout line came
         self.err: list[tuple[float, str]] = []
         self._readers = [threading.Thread(target=self._read, args=(self.proc.stdout, False), daemon=True),
                          threading.Thread(target=self._read, args=(self.proc.stderr, True), daemon=True)]
@@ -135,6 +141,7 @@ class Run:
             if is_err:
                 self.err.append((time.monotonic(), line.rstrip("\n")))
             else:
+                self.out_at.append(time.monotonic())
                 self.out.append(line.rstrip("\n"))
 
     @property
@@ -482,6 +489,10 @@ def test_two_torchrun_nodes_train_what_two_ranks_train_and_only_global_rank_0_wr
     assert sorted(p.name for p in folders[writer].iterdir()) == ["ckpt", "out"], list(folders[writer].iterdir())
     printed = [node for node, run in enumerate(nodes) if any("test acc:" in line for line in run.out)]
     assert printed == [writer], f"{strategy}: the chapter's line came from nodes {printed}, files from node {writer}"
+    last_line_at = max(at for at, line in zip(nodes[writer].out_at, nodes[writer].out) if "test acc:" in line)
+    exited = [run.ended - last_line_at for run in nodes]
+    assert max(exited) < FINISHED_EXIT_S, (f"{strategy}: the nodes exited {exited[0]:.1f} s and {exited[1]:.1f} s after "
+                                           f"the run's last line (at most {FINISHED_EXIT_S:g} s)")
     data = check_run_outputs(folders[writer] / "out", "\n".join(nodes[writer].out), strategy, epochs=WEIGHTS.epochs)
     assert data["devices"] == "[cpu (rank 0), cpu (rank 1)]", data["devices"]
     saved = torch.load(folders[writer] / "out" / "model.pt", weights_only=True)
