@@ -47,6 +47,7 @@ from dataclasses import dataclass, field, replace
 from mgpu.check.divergence import Divergence
 from mgpu.check.records import StepRecord
 from mgpu.check.tolerance import largest
+from mgpu.scriptcheck.augment import NOT_KEYED
 from mgpu.scriptcheck.data import StepData, data_divergence, step_data
 from mgpu.scriptcheck.diagnose import (ScriptFacts, explained, gradient_diagnosis, other_start, uninitialised_cause,
                                        update_diagnosis)
@@ -251,7 +252,7 @@ def _step(w: "_Walk", i: int, recs_n: list, world_1: tuple) -> None:
     sd = step_data(r1, rn, n) if "data" not in w.stopped else None
     if sd is not None:
         w.check("data", "the data against world 1", step,
-                lambda: data_divergence(step, sd, n, _root_name(r1), w.hint, w.previous_1))
+                lambda: data_divergence(step, sd, n, _root_name(r1), w.hint, w.previous_1, facts.randomness))
         w.previous_1 = len(sd.world_1)
     w.check("ranks", "optimizer settings across ranks", step,
             lambda: ranks_settings_apart(step, [r.settings for r in rn]))
@@ -362,9 +363,11 @@ class _Walk:
         if out.first is None:
             return
         known = explained(facts)
-        finding = bool(known) and out.first.kind in ("gradient", "update", "weight") and out.first.diagnosis == known
+        finding = (bool(known) and out.first.kind in ("gradient", "update", "weight") and out.first.diagnosis == known) \
+            or (out.first.kind == "data" and NOT_KEYED in out.first.diagnosis)  # randomness not keyable (augment.py)
         if finding and out.later:  # a known reason came first, a failure of another check after it
-            out.notes.append(f"{out.first.where()}, world {out.world} differs for a known reason: {known}")
+            out.notes.append(f"{out.first.where()}, world {out.world} differs for a known reason: "
+                             f"{known or out.first.diagnosis}")
             out.first, finding = out.later.pop(0), False
         out.status = "finding" if finding else "fail"
         out.first = _traced(out.first, self.watch.drifts)

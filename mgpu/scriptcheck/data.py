@@ -17,6 +17,7 @@ import torch
 
 from mgpu.check.divergence import Divergence
 from mgpu.check.records import ForwardRecord, StepRecord
+from mgpu.scriptcheck.augment import indices_agree, unkeyed_cause
 from mgpu.scriptcheck.inputs import tensor_digest
 
 __all__ = ["StepData", "step_data", "data_divergence", "order_cause", "example_digests", "micro_batches"]
@@ -107,6 +108,8 @@ class StepData:
     micro_n: list = field(default_factory=list)   # per rank
     loaders_1: tuple = ()    # world 1's DataLoaders iterated by the step, each its sampler chain (feeds.sampler_chain)
     loaders_n: tuple = ()    # world N rank 0's
+    indices_1: list | None = None   # world 1's batches of dataset indices delivered for the step (keyed.py)
+    indices_n: list | None = None   # per rank: its batches of dataset indices
 
 
 def micro_batches(rec: StepRecord, digests: list[list[str]]) -> int:
@@ -141,13 +144,15 @@ def step_data(rec_1: StepRecord, recs_n: list[StepRecord], n: int) -> StepData:
     return StepData([d for ds in per_1 for d in ds], [[d for ds in per for d in ds] for per in per_n], len(f1),
                     [len(fs) for fs in fn_all], micro_batches(rec_1, per_1),
                     [micro_batches(r, per) for r, per in zip(recs_n, per_n)], tuple(rec_1.loaders),
-                    tuple(recs_n[0].loaders) if recs_n else ())
+                    tuple(recs_n[0].loaders) if recs_n else (), getattr(rec_1, "indices", None),
+                    [getattr(r, "indices", None) for r in recs_n])
 
 
 def data_divergence(step: int, sd: StepData, n: int, root: str, arg_hint: str,
-                     previous_1: int | None = None) -> Divergence | None:
+                     previous_1: int | None = None, randomness: dict | None = None) -> Divergence | None:
     """The data of one step at world N against world 1's; `previous_1`: world 1's examples in the step
-    before (a smaller step after it is an epoch's partial last batch)."""
+    before (a smaller step after it is an epoch's partial last batch); `randomness`: the script's random
+    draws (augment.randomness_facts), which tell other examples from the same ones drawn otherwise."""
     c1 = collections.Counter(sd.world_1)
     union = collections.Counter()
     for r in sd.ranks:
@@ -183,11 +188,25 @@ def data_divergence(step: int, sd: StepData, n: int, root: str, arg_hint: str,
         return Divergence(step, kind="data",
                           diagnosis=f"the global batch changed size: {hint}per-device batch size? Keep the global batch "
                           f"fixed: {arg_hint}", detail=f"{tensor}: {sizes}")
-    why = order_cause(sd, n, step) or ("the order of the data depends on the world size or the rank (a sampler or "
-                                       "shuffle seeded by rank, a DistributedSampler at one world size only, random "
-                                       "augmentation drawn per rank?)")
-    return Divergence(step, kind="data", diagnosis=f"the global batch holds other examples than world 1's ({shared} of "
-                      f"{total_1} shared): {why}", detail=f"{tensor}: {sizes}")
+    why = _other_examples(sd, n, step, randomness or {})
+    what = ("the global batch's examples differ from world 1's" if indices_agree(sd) else
+            "the global batch holds other examples than world 1's")
+    return Divergence(step, kind="data", diagnosis=f"{what} ({shared} of {total_1} shared): {why}",
+                      detail=f"{tensor}: {sizes}")
+
+
+def _other_examples(sd: StepData, n: int, step: int, randomness: dict) -> str:
+    """Why a global batch of as many examples holds others than world 1's: the sampler indices and the
+    random draws tell first (augment.py), then the samplers (order_cause), then the possible causes."""
+    evidence, explained = unkeyed_cause(sd, n, randomness, "")
+    if explained or (evidence and indices_agree(sd)):
+        return evidence
+    order = order_cause(sd, n, step)
+    if evidence and "the order agrees" in order:
+        order = ""  # the indices say otherwise
+    guess = ("the order of the data depends on the world size or the rank (a sampler or shuffle seeded by rank, a "
+             "DistributedSampler at one world size only" + (")" if evidence else ", random augmentation drawn per rank?)"))
+    return "; ".join(x for x in (evidence, order or guess) if x)
 
 
 TORCH_RANDOM = "torch.utils.data.sampler.RandomSampler"  # DataLoader(shuffle=True)'s sampler

@@ -30,6 +30,7 @@ class ScriptFacts:
     batchnorm: tuple = ()        # BatchNorm modules normalising per rank (synchronised by the check at world N)
     random_draws: dict = field(default_factory=dict)   # torch function -> draws inside a forward, beyond dropout
     collectives: tuple = ()      # CollectiveCall: a collective without autograd on a tensor that requires grad
+    randomness: dict = field(default_factory=dict)     # the script's draws outside the forward (augment.randomness_facts)
 
 
 def gradient_diagnosis(got: dict, ref: dict, n: int, sd: StepData, facts: ScriptFacts) -> str:
@@ -138,6 +139,11 @@ def explained(facts: ScriptFacts) -> str:
         what = ", ".join(f"{k} ({v} calls)" for k, v in sorted(facts.random_draws.items()))
         return (f"the forward draws random numbers beyond dropout ({what}): each rank draws its own for its shard, "
                 "so world N cannot match world 1 exactly (randomness finding)")
+    step = {k: e for k, e in (facts.randomness or {}).get("step", {}).items() if not e.get("own")}
+    if step:  # from the global generators only: a generator of the script's own may draw alike at every world size
+        what = "; ".join(f"{k} at {e['site']}" for k, e in sorted(step.items()))
+        return (f"the training step draws random numbers outside the model ({what}): each rank draws its own for its "
+                "shard, so world N cannot match world 1 exactly (randomness finding)")
     return ""
 
 

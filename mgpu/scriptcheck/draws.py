@@ -156,7 +156,7 @@ class DrawWatch:
             if self.sites_left <= 0:
                 return
             self.sites_left -= 1
-            entry = table[name] = {"calls": 0, "site": call_site(3), "where": where,
+            entry = table[name] = {"calls": 0, "site": call_site(3), "where": where, "own": own is not None,
                                    "module": type(module).__name__ if module is not None else ""}
         entry["calls"] += 1
         if own is not None and name not in self.explicit and self.sites_left > 0:
@@ -165,6 +165,9 @@ class DrawWatch:
             if where != "step":
                 self.note("site", f"generator\t{name}(generator=...) in {where} "
                                    f"({entry['module'] or entry['site']}): a torch.Generator of its own")
+        elif where != "step" and entry["calls"] == 1 and _device_generator(args, kwargs) is not None:
+            self.note("site", f"generator\t{name} on CUDA in {where} ({entry['module'] or entry['site']}): CUDA's "
+                              "generator is not keyed")
         elif where != "step" and entry["calls"] == 1:
             self.note("fetch", f"{name}\t{where}\t{entry['module'] or entry['site']}")
         if where == "step" and "step" not in self.states:

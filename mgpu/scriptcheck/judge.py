@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from mgpu.check.divergence import Divergence, Finding
+from mgpu.scriptcheck.augment import keyed_note, not_keyed, randomness_facts, same_numbers, where_drawn
 from mgpu.scriptcheck.compare import ScriptFacts, WorldComparison, compare_world, reproducibility
 from mgpu.scriptcheck.diagnose import (collective_fix, collective_text, merged_collectives, no_process_group,
                                       uninitialised_cause)
@@ -48,6 +49,11 @@ def judge(plan: CheckPlan, runs: list[WorldRun]) -> Judgement:
     compared = [r for r in runs if r.world > 1 and r.failure is None]
     labels = [_precision_label(r) for r in compared]
     out.findings, facts = findings_of(runs)
+    if keyed_note(facts.randomness):
+        out.notes.append(keyed_note(facts.randomness))
+    same = next((t for t in map(same_numbers, compared) if t), "")
+    if same:
+        out.findings.append(Finding("same-random-numbers", same))
     # whatever parts first at world N, N copies of world 1 (no process group) explain it
     no_group = [no_process_group(r.ranks, r.world) for r in compared]
     for pair in by_kind.values():
@@ -150,13 +156,17 @@ def findings_of(runs: list[WorldRun]) -> tuple[list[Finding], ScriptFacts]:
         out.append(Finding("random-layers", (
             "dropout and stochastic depth switched off in every process (DropoutOff, at the function level): "
             f"{'; '.join(parts)}. With them on, each rank draws its own masks: parity can then only be statistical")))
-    if draws:
+    records = [r for run in runs for r in run.ranks]
+    randomness = randomness_facts(records)
+    unkeyed = not_keyed(randomness)
+    if draws or unkeyed:
         what = "; ".join(f"{k}: {v} call(s) in a run" + (f", first in {where[k]}" if k in where else "")
                          for k, v in sorted(draws.items()))
+        forward = (f"the forward draws random numbers beyond dropout ({what})" if draws else "")
         out.append(Finding("randomness", (
-            f"the forward draws random numbers beyond dropout ({what}): each rank draws its own for its shard, so "
-            "world N matches world 1 only where the draws do not matter; draw them from the input, or switch them "
-            "off for the check")))
+            f"{'; '.join(where_drawn(randomness, forward))}: each rank draws its own for its shard, so world N "
+            "matches world 1 only where the draws do not matter; draw them from the input (the example), or switch "
+            "them off for the check")))
     if bn:
         out.append(Finding("batch-mixing", (
             f"BatchNorm without SyncBatchNorm: {_listed(bn)}: as the script is, each rank normalises over its own "
@@ -170,7 +180,6 @@ def findings_of(runs: list[WorldRun]) -> tuple[list[Finding], ScriptFacts]:
             f"every gradient world 1 recorded is zero ({zero}): a loss that cannot move the weights passes any "
             "comparison of gradients, so this one checked little (cross-entropy over a single class, a loss from "
             "detached tensors?); give the check a loss that depends on the weights")))
-    records = [r for run in runs for r in run.ranks]
     uninitialised = uninitialised_cause(records)
     if uninitialised:
         out.append(Finding("uninitialised-memory", uninitialised))
@@ -180,7 +189,7 @@ def findings_of(runs: list[WorldRun]) -> tuple[list[Finding], ScriptFacts]:
             f"{collective_text(collectives)}: torch.distributed's collectives are not differentiable, what they "
             "return (or write in place) is a constant to autograd, so the gradient of the loss for the other ranks' "
             f"examples never comes back to this rank's parameters; {collective_fix(collectives)}")))
-    return out, ScriptFacts(tuple(bn), draws, collectives)
+    return out, ScriptFacts(tuple(bn), draws, collectives, randomness)
 
 
 def _zero_gradients(runs: list[WorldRun]) -> str:

@@ -138,6 +138,8 @@ def _differ(a, b) -> bool:
 
 
 def _where(obj) -> str:
+    while hasattr(obj, "dataset") and hasattr(obj, "indices"):  # a Subset (random_split): the dataset it wraps
+        obj = obj.dataset
     code = getattr(getattr(type(obj), "__getitem__", None), "__code__", None)
     return f"{type(obj).__name__}.__getitem__ ({os.path.basename(code.co_filename)}:{code.co_firstlineno})" \
         if code is not None else f"{type(obj).__name__}.__getitem__"
@@ -354,14 +356,16 @@ class KeyedData:
             with open(self.sink) as f:
                 notes |= {tuple(line.rstrip("\n").split("\t", 1)) for line in f if "\t" in line}
         drawn: dict = {}
-        sites = []
+        sites, fetch_draws = [], []
         for kind, text in sorted(notes):
             if kind == "drawn":
                 gen, where = text.split("\t", 1)
                 drawn.setdefault(gen, where)
             elif kind == "site":
                 sites.append(text)
-        return {"drawn": drawn, "sites": sites, "passes": list(self.passes)}
+            elif kind == "fetch":
+                fetch_draws.append(tuple(text.split("\t")))
+        return {"drawn": drawn, "sites": sites, "fetch_draws": fetch_draws, "passes": list(self.passes)}
 
 
 def _plain(i):

@@ -169,10 +169,10 @@ class Recorder:
         self.keyed.install()
 
     def uninstall(self) -> None:
-        self.collectives.uninstall()
-        self.feeds.uninstall()
-        self.keyed.uninstall()
+        self.keyed.uninstall()  # the reverse of install: keyed wraps what FeedWatch wrapped
         self.draws.uninstall()
+        self.feeds.uninstall()
+        self.collectives.uninstall()
         for h in self.handles:
             h.remove()
         self.handles = []

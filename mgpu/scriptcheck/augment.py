@@ -1,0 +1,195 @@
+"""The judge's side of random augmentation and of the script's other random numbers (the rank's side is
+keyed.py and draws.py; docs/guide/check-script.md, "Random augmentation").
+
+    facts = randomness_facts(records)        # merged over every rank of every run
+    indices_agree(step_data)                 # True: the samplers gave world N world 1's examples
+    not_keyed(facts)                         # ["collate_fn draws from torch's generator ...", ...]
+    same_numbers(runs)                       # the same-random-numbers finding's text, or ''
+    where_drawn(facts)                       # the randomness finding's sentences on where the draws are made
+
+A map-style dataset's draws are keyed to the example (keyed.py), so a correct script with random
+augmentation gives world N world 1's examples bitwise. Where the examples still differ, the indices each
+sampler yielded tell why: other indices are a sampler bug (FAILED, the data named); the same indices
+with other contents are randomness the check could not key (NOT VERIFIED, named with where it is drawn);
+no indices (no DataLoader) with draws in the training step are examples drawn at random per rank
+(nanoGPT's get_batch: a choice, NOT VERIFIED).
+"""
+
+from __future__ import annotations
+
+import collections
+
+__all__ = ["randomness_facts", "indices_agree", "not_keyed", "unkeyed_cause", "same_numbers", "where_drawn",
+           "NOT_KEYED", "keyed_note"]
+
+# Every data divergence that randomness the check cannot key explains holds these words (compare.py
+# reports it as NOT VERIFIED, not a failure).
+NOT_KEYED = "random numbers the check cannot key to the example"
+_GENERATORS = {"torch": "torch's global generator", "numpy": "numpy's global generator (np.random)",
+               "random": "Python's random"}
+
+
+def randomness_facts(records) -> dict:
+    """Every rank record's randomness evidence (RankRecord.randomness, set by the recorder), merged."""
+    out = {"drawn": {}, "sites": [], "fetch_draws": [], "step": {}, "explicit": {}}
+    for r in records:
+        ev = getattr(r, "randomness", None) or {}
+        for gen, where in ev.get("drawn", {}).items():
+            out["drawn"].setdefault(gen, where)
+        out["sites"] += [s for s in ev.get("sites", []) if s not in out["sites"]]
+        out["fetch_draws"] += [tuple(d) for d in ev.get("fetch_draws", []) if tuple(d) not in out["fetch_draws"]]
+        for name, entry in ev.get("step", {}).items():
+            if name not in out["step"] or entry["calls"] > out["step"][name]["calls"]:
+                out["step"][name] = entry
+        for name, where in ev.get("explicit", {}).items():
+            out["explicit"].setdefault(name, where)
+    return out
+
+
+def indices_agree(sd) -> bool | None:
+    """Whether world N's samplers yielded world 1's dataset indices at the step (as multisets, over every
+    rank's batches); None where a side recorded none (no DataLoader over a map-style dataset)."""
+    one, ranks = getattr(sd, "indices_1", None), getattr(sd, "indices_n", None)
+    if not one or not ranks or any(not r for r in ranks):
+        return None
+    union = collections.Counter()
+    for r in ranks:
+        union.update(i for batch in r for i in batch)
+    return union == collections.Counter(i for batch in one for i in batch)
+
+
+def _indices_shared(sd) -> str:
+    one = collections.Counter(i for batch in sd.indices_1 for i in batch)
+    union = collections.Counter(i for r in sd.indices_n for batch in r for i in batch)
+    return f"{sum((one & union).values())} of {sum(one.values())}"
+
+
+def not_keyed(facts: dict) -> list[str]:
+    """The randomness that reaches the data and cannot be keyed to the example, each with where it is drawn."""
+    out = []
+    for site in facts.get("sites", []):
+        kind, _, text = site.partition("\t")
+        if kind == "held":
+            out.append(f"a generator object {text} (its draws follow the order examples are loaded in)")
+        elif kind in ("generator", "collate", "iterable"):
+            out.append(text)
+    for name, entry in sorted(facts.get("step", {}).items()):
+        module = f" in {entry['module']} (a module without parameters, outside the model)" if entry.get("module") else ""
+        out.append(f"{name} in the training step at {entry['site']}{module}, {entry['calls']} call(s)")
+    return out
+
+
+_WHAT_TO_DO = ("to compare, draw them from the example (keyed by its index, as the check does for a Dataset's "
+               "global generators), move them into the Dataset's __getitem__, or switch them off for the check "
+               "(a flag of the script)")
+
+
+def unkeyed_cause(sd, n: int, facts: dict, shared: str) -> tuple[str, bool]:
+    """(why the examples differ, whether randomness the check cannot key explains it: NOT VERIFIED) for a
+    step whose global batch holds other examples than world 1's, as many; ('', False) where the evidence
+    says nothing (data.py then gives its own causes)."""
+    agree = indices_agree(sd)
+    unkeyed = not_keyed(facts)
+    if agree is False:
+        return (f"world {n}'s samplers yielded other dataset indices than world 1's ({_indices_shared(sd)} shared): "
+                "other examples, not the same ones augmented otherwise", False)
+    if agree:
+        if unkeyed:
+            return (f"the same examples as world 1's (every rank's sampler indices together are world 1's), "
+                    f"with other contents: {NOT_KEYED}: {'; '.join(unkeyed)}: each process draws them for its own "
+                    f"examples, in its own order, so world {n} cannot match world 1's data; {_WHAT_TO_DO}", True)
+        return (f"the same examples as world 1's (every rank's sampler indices together are world 1's), with "
+                f"other contents, and no random draw the check could not key: the dataset computes them otherwise at "
+                f"this world size (statistics over a rank's shard, a file or cache per rank?)", False)
+    steps = [u for u in unkeyed if " in the training step at " in u]
+    if steps:
+        return (f"the examples are drawn at random in the training step ({'; '.join(steps)}): {NOT_KEYED}; each "
+                f"rank draws its own (seeded by rank, or not at all), so world {n} cannot take world 1's examples: "
+                "a choice, not a bug; to compare, draw the global batch from a generator seeded alike at every world "
+                "size and take this rank's share of it (rows rank::world_size)", True)
+    return "", False
+
+
+def where_drawn(facts: dict, forward: str = "") -> list[str]:
+    """The randomness finding's sentences: where the script draws random numbers, besides the forward."""
+    out = [forward] if forward else []
+    drawn = facts.get("drawn", {})
+    if drawn:
+        modules = sorted({f"{m} ({name})" for name, where, m in facts.get("fetch_draws", []) if where == "__getitem__"
+                          and not m.endswith(")")})
+        gens = ", ".join(_GENERATORS[g] for g in ("torch", "numpy", "random") if g in drawn)
+        out.append(f"the Dataset's __getitem__ ({next(iter(drawn.values()))}) draws from {gens}"
+                   + (f", in the transforms {', '.join(modules)}" if modules else "")
+                   + ": keyed to the example by the check (index, epoch), at every world size")
+    out += not_keyed(facts)
+    return out
+
+
+def keyed_note(facts: dict) -> str:
+    """The note that says augmentation was keyed ('' where no __getitem__ drew)."""
+    if not facts.get("drawn"):
+        return ""
+    return ("random augmentation: " + where_drawn(facts)[0] + ": the random numbers drawn for one example depend "
+            "on its index and the epoch only, whoever loads it (docs/guide/check-script.md)")
+
+
+# -- ranks that draw the same random numbers --------------------------------------------------------------
+
+_OFFSET = ("give what must differ between ranks a per-rank offset, after what must agree is drawn: "
+           "torch.manual_seed(seed + rank) after the model is built, keeping what must stay equal on its own "
+           "generator seeded alike (a shuffle drawn from the global generator: a RandomSampler without a generator "
+           "of its own, a DataLoader(shuffle=True); HF Trainer's seeding), not a plain seed + rank at the top")
+_WORKERS = ("give each rank's DataLoader its own worker seeds: DataLoader(generator=torch.Generator()."
+            "manual_seed(seed + rank)) (with a DistributedSampler, whose order comes from its own seed, this moves "
+            "only the workers' seeds), or a worker_init_fn that adds the rank")
+
+
+def _seeded(records, gen: str) -> str:
+    calls = [[s for s in (getattr(r, "randomness", None) or {}).get("seeds", []) if s["generator"] == gen]
+             for r in records]
+    if not calls[0]:
+        return {"torch": "never seeded by the script: torch's default seed, the same in every process",
+                "numpy": "never seeded by the script", "random": "never seeded by the script"}[gen]
+    last = [c[-1] if c else None for c in calls]
+    alike = all(x is not None and x["value"] == last[0]["value"] for x in last)
+    head = {"torch": "torch.manual_seed", "numpy": "numpy.random.seed", "random": "random.seed"}[gen]
+    return f"seeded {'alike on every rank' if alike else 'per rank'} by {head}({last[0]['value']}) at {last[0]['site']}"
+
+
+def same_numbers(run) -> str:
+    """The same-random-numbers finding's text for a world-N run (every rank's record), or ''."""
+    records = run.ranks
+    evs = [getattr(r, "randomness", None) or {} for r in records]
+    if len(records) < 2 or not all(evs):
+        return ""
+
+    def alike(key):
+        states = [e.get("states", {}).get(key) for e in evs]
+        return bool(states[0]) and all(s == states[0] for s in states)
+    parts = []
+    forward = {**evs[0].get("dropout", {}), **getattr(records[0], "random_draws", {})}
+    if forward and alike("forward"):
+        parts.append(f"torch's generator is in the same state on every rank at the first training forward, where the "
+                     f"model draws ({', '.join(sorted(forward))}): every rank draws the same masks and noise for its "
+                     f"examples ({_seeded(records, 'torch')}); {_OFFSET}")
+    drawn = randomness_facts(records)["drawn"]
+    passes = [e.get("passes", []) for e in evs]
+    workers = passes[0] and passes[0][0]["workers"] > 0
+    if drawn and workers:
+        seeds = [p[0]["base_seed"] if p else None for p in passes]
+        if seeds[0] is not None and all(s == seeds[0] for s in seeds):
+            parts.append(f"the DataLoader's worker seeds are equal on every rank (base seed {seeds[0]}, drawn from the "
+                         f"loader's generator or torch's; torch {_seeded(records, 'torch')}): worker k of every rank "
+                         f"draws the same augmentation in {next(iter(drawn.values()))}; {_WORKERS}")
+    elif drawn:
+        for gen in ("torch", "numpy", "random"):
+            if gen in drawn and alike(f"fetch-{gen}"):
+                parts.append(f"{_GENERATORS[gen]} is in the same state on every rank when the Dataset's __getitem__ "
+                             f"draws ({drawn[gen]}): example j of every rank's batch gets the same augmentation "
+                             f"({_seeded(records, gen)}); {_OFFSET}")
+    step = evs[0].get("step", {})
+    if step and alike("step"):
+        name, entry = sorted(step.items())[0]
+        parts.append(f"every rank draws the same {name} in the training step ({entry['site']}): the generator is in "
+                     f"the same state on every rank there ({_seeded(records, 'torch')}); {_OFFSET}")
+    return "; and ".join(parts)
