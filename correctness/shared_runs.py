@@ -12,8 +12,11 @@ runs them one after the other, writing each result to a file:
 * `ranks2`, `ranks3`: the shared ddp and fsdp runs of each world size the selected tests read
   (helpers.spawn_rank_runs from that trajectory's checkpoints), the session's `rank_runs`;
 * `parity-lenet-ddp`, `parity-resnet18-w4-fsdp`: the reports of test_parity's rank tests of mgpu's
-  own models (test_parity.rank_report; not for `--model`, whose model only the test process loads);
-* `figures-ddp2`: test_reported_figures' DDP run (test_reported_figures.timed_run), its fixture's.
+  own models (shared_jobs.rank_report; not for `--model`, whose model only the test process loads);
+* `figures-ddp2`: test_reported_figures' DDP run (shared_jobs.timed_run), its fixture's.
+
+The jobs' code is correctness/shared_jobs.py, which test_parity and test_reported_figures import too:
+this module imports no test module (no import circle).
 
 The fixtures read those files, waiting where a test comes first; a run nobody announced is made in
 the test process, as before. What the runs compute is unchanged: the same jobs, with the same
@@ -218,11 +221,11 @@ def _run_job(job: str, folder: Path, done: dict):
     if job.startswith("ranks"):
         return helpers.spawn_rank_runs(int(job[len("ranks"):]), done["reference"], folder / job)
     if job.startswith("parity-"):
-        from correctness.test_parity import run_parity_job
+        from correctness.shared_jobs import run_parity_job
 
-        return run_parity_job(job)
+        return run_parity_job(job[len("parity-"):])
     if job == FIGURES_DDP_JOB:
-        from correctness.test_reported_figures import timed_run
+        from correctness.shared_jobs import timed_run
 
         (folder / job).mkdir()
         return timed_run("ddp", 2, folder / job)

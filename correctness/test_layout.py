@@ -27,10 +27,10 @@ def _parsed(path: Path) -> ast.Module:
 
 
 @functools.cache
-def _imports() -> dict[str, set[str]]:
-    """Every module of both packages and the modules of both packages it imports, anywhere in it
+def _imports(packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    """Every module of `packages` (both packages) and the modules of them it imports, anywhere in it
     (computed once: three tests read it, none changes it)."""
-    modules = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    modules = {_module_name(p): p for pkg in packages for p in (ROOT / pkg).rglob("*.py")}
     graph = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -126,6 +126,13 @@ def test_no_module_is_longer_than_400_lines():
 def test_no_import_circles():
     cycle = _cycle(_without_package_inits(_imports()))
     assert cycle is None, f"an import circle: {' -> '.join(cycle)}"
+
+
+def test_the_correctness_suites_modules_import_no_circle():
+    """The suite's helpers (shared_runs, shared_jobs, helpers) import no test module that imports them back."""
+    cycle = _cycle(_without_package_inits(_imports(("correctness",))))
+    assert cycle is None, (f"an import circle in the correctness suite: {' -> '.join(cycle)} (what a helper and a "
+                           "test module both need belongs in a helper module, such as correctness/shared_jobs.py)")
 
 
 def test_a_command_provider_named_in_the_environment_joins_the_command_line(tmp_path, monkeypatch, capsys):

@@ -13,17 +13,15 @@ errors) and the command that reproduces it; hypothesis adds the drawn example.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from correctness.draws import seeds
 from correctness.helpers import COMPARISON_KIND
+from correctness.shared_jobs import ParityCase, builtin_cases, fewest_training_examples, rank_report
 from correctness.shared_runs import parity_job
 from mgpu.parity import CheckOptions, check_data_parallel, run_check
-from mgpu.spec import ModelSpec, builtin_spec
 from mgpu.strategies import RANK_STRATEGIES
 
 pytestmark = [pytest.mark.parity, pytest.mark.rounding]
@@ -32,32 +30,12 @@ IN_PROCESS = ("manual", "dataparallel")
 EXACT_CHECKS = ("gradients", "weights", "optimizer", "statistics", "uneven", "accumulate")
 
 
-@dataclass(frozen=True)
-class ParityCase:
-    spec: ModelSpec
-    examples: int                     # hypothesis examples of the in-process property
-    world_sizes: dict                 # rank strategy -> world sizes, one spawn each; absent where the suite checks it elsewhere
-    rank_steps: int = CheckOptions().steps  # steps of each rank run (the second already starts from momentum)
-    max_steps: int = 3                # the most steps the in-process property draws
-
-
 def _cases(config) -> dict[str, ParityCase]:
     spec = getattr(config, "mgpu_model_spec", None)  # set by the root conftest from --model
     if spec is not None:
         return {config.getoption("model"): ParityCase(spec, config.getoption("parity_examples"),
                                                       {s: (2, 3) for s in RANK_STRATEGIES})}
     return builtin_cases()
-
-
-def builtin_cases() -> dict[str, ParityCase]:
-    # mgpu's own: LeNet under ddp (one spawn; fsdp's LeNet runs are test_weights' and test_evaluation's);
-    # ResNet-18 (BatchNorm) under fsdp, whose BatchNorm follows ddp's rules (ddp's are test_batchnorm's).
-    # Two steps a rank run: fsdp's gathers make each step of ResNet-18 on gloo costly. At most two
-    # in process too: the second step starts from momentum buffers (and accumulated micro-steps' state),
-    # and a third takes its path again at the cost of another step of every run the check makes.
-    return {"lenet": ParityCase(builtin_spec("lenet"), 6, {"ddp": (2,)}, rank_steps=2, max_steps=2),
-            "resnet18-w4": ParityCase(builtin_spec("resnet18", width=4), 4, {"fsdp": (2,)}, rank_steps=2,
-                                      max_steps=2)}
 
 
 def pytest_generate_tests(metafunc):
@@ -100,26 +78,13 @@ def exact_or_skip(case) -> None:
         pytest.skip(f"{case.spec.name}: {reason}")
 
 
-def _fewest_examples(case: ParityCase) -> int | str:
-    model = case.spec.build_seeded(0).train()
-    errors = []
-    for n in (1, 2, 3, 4):
-        inputs, target = case.spec.batch(n, seed=0)
-        try:
-            case.spec.objective.loss_and_stats(model(*inputs), target, 1.0)[0].backward()
-            return n
-        except Exception as e:  # noqa: BLE001 (any error of the model's own code)
-            errors.append(f"{n}: {type(e).__name__}: {e}")
-    return f"{case.spec.name} trains on no batch of 1 to 4 examples on one device: {errors}"
-
-
 @pytest.fixture(scope="module")
 def fewest_examples(case) -> int:
     """The fewest examples one training step of the model accepts on one device: BatchNorm whose
     input has shrunk to 1x1 needs two ("Expected more than 1 value per channel when training",
     torchvision's MNASNet at 32x32), and single-device training fails there too. The draws give
     every device at least that many examples per micro-step."""
-    fewest = _once("fewest", case, _fewest_examples)
+    fewest = _once("fewest", case, fewest_training_examples)
     if isinstance(fewest, str):
         pytest.fail(fewest)
     return fewest
@@ -160,31 +125,6 @@ def test_in_process_strategies_match_single_device(case, exact_or_skip, fewest_e
         _assert_checked(report, f"{case.spec.name}, {options['strategies'][0]} on {options['devices'][0]} devices")
 
     prop()
-
-
-def rank_report(case: ParityCase, rank_strategy: str, fewest: int):
-    """The check of `case` under `rank_strategy` on its world sizes (one spawn each), with a batch that
-    gives every rank at least `fewest` examples a micro-step. For mgpu's own models the suite's
-    background process makes it (correctness/shared_runs.py, `parity_job`) while the tests before
-    this module run; a failure is then the check's error as text."""
-    sizes = case.world_sizes[rank_strategy]
-    batch = max(CheckOptions().batch_size, max(sizes) * CheckOptions().accumulate * fewest)
-    return check_data_parallel(case.spec, strategies=(rank_strategy,), devices=sizes, batch_size=batch,
-                               steps=case.rank_steps, device=COMPARISON_KIND)
-
-
-def run_parity_job(job: str):
-    """What the background process runs for `job` (shared_runs.parity_job of a rank test's id): that
-    test's report for one of mgpu's own models. (A model that draws random numbers would be skipped
-    by the test's own fixture before it reads the report.)"""
-    for name, case in builtin_cases().items():
-        for rank_strategy in case.world_sizes:
-            if parity_job(f"{name}-{rank_strategy}") == job:
-                fewest = _fewest_examples(case)
-                if isinstance(fewest, str):
-                    raise RuntimeError(fewest)
-                return rank_report(case, rank_strategy, fewest)
-    raise ValueError(f"no built-in parity case for {job!r}")
 
 
 @pytest.mark.multiprocess

@@ -23,72 +23,35 @@
 The runs of 1 and 2 are tiny (1 epoch of 32 steps on 10x10 images, 61 test examples) and shared:
 each strategy runs once per module (fixture), the DDP one with the delay, so that both properties
 ride on it (made by the suite's background process as the tests before this module run:
-correctness/shared_runs.py).
+correctness/shared_runs.py; the run itself is correctness/shared_jobs.timed_run).
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
-import os
-import time
 
 import pytest
 import torch
 
 from correctness.helpers import labelled_by, make_model, random_batch, run_config, sgd
+from correctness.shared_jobs import DELAY_MS, RUN, Run, timed_run
+from correctness.shared_runs import FIGURES_DDP_JOB
 from mgpu.data import BatchLoader, ImageDataset, synthetic_fashion_mnist
-from mgpu.faults import FAULT_ENV
 from mgpu.models import build_model
 from mgpu.strategies import get_strategy
-from mgpu.run import train
 from mgpu.trainer import LoopSettings, Trainer
 
 pytestmark = pytest.mark.rounding  # the rounding-sensitive part: make test runs it under other CPU kernels too
 
-DELAY_MS = 500  # how long rank 1 of the DDP run sleeps in its first step (FAULT_ENV, kind=delay)
-
-# 1024 training examples in global batches of 32 (shards of 11, 11, 10 over 3 devices), images
-# resized to 10x10 to keep it cheap, momentum so that one epoch leaves the chapter's tiny initial
-# weights (after fewer steps the model predicts one class for everything, whatever its BatchNorm
-# statistics); 61 test examples in batches of 32, so that the last one (29) splits unevenly too.
-RUN = dict(model="resnet18", width=4, resize=10, epochs=1, batch_size=32, lr=0.1, momentum=0.9, train_size=1024,
-           test_size=61, seed=3)
 CASES = [("single", 1), ("manual", 2), ("manual", 3), ("dataparallel", 2),
          pytest.param("ddp", 2, marks=[pytest.mark.multiprocess, pytest.mark.timeout(180)])]
-
-
-@dataclasses.dataclass
-class Run:
-    result: object   # RunResult
-    out: object      # the run's output folder
-    wall_s: float    # wall time around train(cfg)
-
-
-def timed_run(strategy: str, n: int, out) -> Run:
-    """RUN under `strategy` on `n` devices, writing into `out`; under ddp, rank 1 sleeps DELAY_MS at
-    the start of the epoch's first step."""
-    cfg = run_config(strategy, n, out=str(out), **RUN)
-    saved = os.environ.get(FAULT_ENV)
-    if strategy == "ddp":
-        os.environ[FAULT_ENV] = f"kind=delay,rank=1,epoch=1,step=1,ms={DELAY_MS}"
-    try:
-        start = time.perf_counter()
-        result = train(cfg)
-        return Run(result, out, time.perf_counter() - start)
-    finally:
-        os.environ.pop(FAULT_ENV, None)
-        if saved is not None:
-            os.environ[FAULT_ENV] = saved
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, shared_runs):
     """One run per (strategy, devices), on first use; the DDP one from the suite's background
     process when it made it (correctness/shared_runs.py: it overlaps the tests before this module)."""
-    from correctness.shared_runs import FIGURES_DDP_JOB
-
     done = {}
 
     def get(strategy: str, n: int) -> Run:
