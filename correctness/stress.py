@@ -116,6 +116,9 @@ def one_run(i: int, pytest_args: list[str], timeout_s: float, sigint_ignored: bo
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         killed = True
+    except BaseException:  # stopped itself: the run goes too
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
     seconds = time.monotonic() - started
     found = SUMMARY.findall(out)
     failed = FAILED.findall(out)
@@ -147,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the tests after --, as pytest takes them (e.g. -- -m reliability correctness)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the load and the run in hand stop with it (finally)
     load = Load(args.burn, args.disk)
     print(f"stress: {args.runs} run(s) of pytest {' '.join(pytest_args)}; {load.describe()} "
           f"(burn {args.burn}, disk {args.disk}), SIGINT ignored: {args.sigint_ignored}", flush=True)
