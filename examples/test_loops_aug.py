@@ -36,6 +36,9 @@ CORRECT = [
     pytest.param("aug_torchvision.py", ["--workers", "2", "--persistent"], id="torchvision-persistent_workers"),
     pytest.param("aug_torchvision.py", [], id="torchvision-main_process", marks=SLOW),
     pytest.param("aug_torchvision.py", ["--workers", "2"], id="torchvision-workers", marks=SLOW),
+    # spawned workers inherit nothing: check-script's worker_init_fn wrapper keys them (about 60 s: each imports torch)
+    pytest.param("aug_torchvision.py", ["--workers", "2", "--start-method", "spawn"], id="torchvision-spawn_workers",
+                 marks=[SLOW, pytest.mark.timeout(600)]),
     pytest.param("aug_numpy.py", ["--subset"], id="numpy_random-subset"),
     pytest.param("aug_numpy.py", ["--subset", "--workers", "2"], id="numpy_random-subset-workers", marks=SLOW),
     pytest.param("aug_numpy.py", [], id="numpy_random", marks=SLOW),
@@ -81,6 +84,19 @@ NOT_KEYABLE = [
     pytest.param("aug_numpy.py", ["--rng"], ["NumpyImages.rng (numpy.Generator), held by the dataset"],
                  id="generator_held_by_the_dataset", marks=SLOW),
 ]
+
+
+@SLOW
+def test_batches_drawn_per_rank_in_the_step_are_a_choice_not_verified():
+    """nanoGPT's get_batch (torch.randint, seeded 1337 + rank): not FAILED as a bug; every rank seeded alike
+    (the same batch on every rank) still is."""
+    report = check("randint_batches.py", [])
+    assert report.verdict == "not verified" and report.exit_code() == 3, report.text()
+    d = report.comparisons[0].first
+    assert d.kind == "data" and "drawn at random in the training step" in d.diagnosis, d.describe(2)
+    assert "torch.randint in the training step at randint_batches.py:" in d.diagnosis and "get_batch" in d.diagnosis
+    alike = check("randint_batches.py", ["--seed-alike"])
+    assert alike.verdict == "failed" and "every rank saw the same examples" in alike.comparisons[0].first.diagnosis
 
 
 @pytest.mark.parametrize("script, args, words", NOT_KEYABLE)

@@ -12,6 +12,7 @@ built, the DataLoader's generator that seeds its workers), after seeding alike w
 --sampler plants a sampler bug: `none` (a shuffling DataLoader, no DistributedSampler: every rank reads the
 same examples), `rank` (a DistributedSampler seeded with the rank: each rank shuffles otherwise).
 --mixup mixes each batch with a Beta draw in collate_fn (not keyable: NOT VERIFIED).
+--start-method spawn: workers that do not inherit the rank's patches (check-script's worker_init_fn wrapper keys them).
 """
 
 import argparse
@@ -73,6 +74,8 @@ def main():
     parser.add_argument("--seed-alike", action="store_true", help="no per-rank offset (the same draws on every rank)")
     parser.add_argument("--mixup", action="store_true")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--start-method", choices=["fork", "spawn", "forkserver"], default=None,
+                        help="how DataLoader workers start (default: the platform's)")
     args = parser.parse_args()
 
     device, backend = pick_device(args.device)
@@ -98,7 +101,8 @@ def main():
         generator = torch.Generator().manual_seed(2000)  # the shuffle's order: alike on every rank (the defect)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, shuffle=sampler is None,
                         drop_last=True, num_workers=args.workers, persistent_workers=args.persistent and args.workers > 0,
-                        generator=generator, collate_fn=mixup if args.mixup else None)
+                        generator=generator, collate_fn=mixup if args.mixup else None,
+                        multiprocessing_context=args.start_method if args.workers > 0 else None)
 
     for epoch in range(args.epochs):
         if sampler is not None:
