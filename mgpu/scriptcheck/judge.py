@@ -155,7 +155,7 @@ def findings_of(runs: list[WorldRun]) -> tuple[list[Finding], ScriptFacts]:
         parts += [f"{v} call(s) to {k} in a run" for k, v in sorted(dropout_calls.items())]
         out.append(Finding("random-layers", (
             "dropout and stochastic depth switched off in every process (DropoutOff, at the function level): "
-            f"{'; '.join(parts)}. With them on, each rank draws its own masks: parity can then only be statistical")))
+            f"{'; '.join(parts)}. With them on, each rank draws the masks of its own examples: parity can then only be statistical")))
     records = [r for run in runs for r in run.ranks]
     randomness = randomness_facts(records)
     unkeyed = not_keyed(randomness)
