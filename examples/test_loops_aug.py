@@ -108,8 +108,9 @@ def test_randomness_that_cannot_be_keyed_is_not_verified_and_named(script, args,
     assert "cannot key to the example" in d.diagnosis and "the same examples" in d.diagnosis, d.describe(2)
     for word in words:
         assert word in d.diagnosis, f"{word!r} not in {d.describe(2)}"
-    randomness = next(f for f in report.findings if f.name == "randomness")
-    assert words[0] in randomness.text, randomness.text
+    if "held by the dataset" not in words[0]:  # a generator held is a suspect the divergence names, not a draw seen
+        randomness = next(f for f in report.findings if f.name == "randomness")
+        assert words[0] in randomness.text, randomness.text
 
 
 # every rank seeded alike before the draws: named (which generator, where seeded, what to do)

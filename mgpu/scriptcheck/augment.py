@@ -64,11 +64,15 @@ def _indices_shared(sd) -> str:
     return f"{sum((one & union).values())} of {sum(one.values())}"
 
 
-def not_keyed(facts: dict) -> list[str]:
-    """The randomness that reaches the data and cannot be keyed to the example, each with where it is drawn."""
+def not_keyed(facts: dict, suspects: bool = True) -> list[str]:
+    """The randomness that reaches the data and cannot be keyed to the example, each with where it is drawn;
+    suspects=False: only draws seen made, not a generator the dataset holds or an IterableDataset (which
+    explain data that differ, but are no randomness by themselves)."""
     out = []
     for site in facts.get("sites", []):
         kind, _, text = site.partition("\t")
+        if kind in ("held", "iterable") and not suspects:
+            continue
         if kind == "held":
             out.append(f"a generator object {text} (its draws follow the order examples are loaded in)")
         elif kind in ("generator", "collate", "iterable"):
@@ -121,7 +125,7 @@ def where_drawn(facts: dict, forward: str = "") -> list[str]:
         out.append(f"the Dataset's __getitem__ ({next(iter(drawn.values()))}) draws from {gens}"
                    + (f", in the transforms {', '.join(modules)}" if modules else "")
                    + ": keyed to the example by the check (index, epoch), at every world size")
-    out += not_keyed(facts)
+    out += not_keyed(facts, suspects=False)
     return out
 
 

@@ -158,7 +158,7 @@ def findings_of(runs: list[WorldRun]) -> tuple[list[Finding], ScriptFacts]:
             f"{'; '.join(parts)}. With them on, each rank draws the masks of its own examples: parity can then only be statistical")))
     records = [r for run in runs for r in run.ranks]
     randomness = randomness_facts(records)
-    unkeyed = not_keyed(randomness)
+    unkeyed = not_keyed(randomness, suspects=False)
     if draws or unkeyed:
         what = "; ".join(f"{k}: {v} call(s) in a run" + (f", first in {where[k]}" if k in where else "")
                          for k, v in sorted(draws.items()))
