@@ -10,7 +10,7 @@
   the same example gets other random numbers, so world N cannot take world 1's examples. Here
   `torch.utils.data._utils.fetch._MapDatasetFetcher.fetch` (what the DataLoader calls, in its main process
   and in every worker) calls `dataset[index]` once per example with the three generators seeded from
-  `example_key(index, epoch)` and puts the outer states back after it: the draws for one example depend on
+  `example_key(index, epoch)`, and puts the outer states back after the batch: the draws for one example depend on
   (the index, the epoch) only, at every world size, whoever loads it, and the script's other draws
   (collate_fn's, the training step's) are those it makes anyway. `__getitems__` (Subset, random_split)
   is gone around: `dataset[i]` per index, as the fetcher's own fallback does.
@@ -145,44 +145,45 @@ def _where(obj) -> str:
         if code is not None else f"{type(obj).__name__}.__getitem__"
 
 
-def _item(dataset, index, epoch):
-    """dataset[index] with the global generators seeded from the example's key; the outer states back."""
-    np = _numpy()
-    if _STATE.get("first_fetch") is not None and torch.utils.data.get_worker_info() is None:
-        _STATE.pop("first_fetch")()  # the script's own states, before keying (draws.DrawWatch.outer_states)
-    outer = _states(np)
+def _item(dataset, index, epoch, np):
+    """dataset[index] with the global generators seeded from the example's key (the caller puts the outer
+    states back after the batch: seeding each example overwrites them anyway)."""
     _seed(example_key(index, epoch), np)
     probe = _STATE["probes"] > 0
     if probe:
         _STATE["probes"] -= 1
         seeded = _states(np)
-    previous, _LOCAL.where = in_fetch(), "__getitem__"
-    try:
-        return dataset[index]
-    finally:
-        _LOCAL.where = previous
-        if probe:
-            after = _states(np)
-            for name, a, b in zip(("torch", "random", "numpy"), seeded, after):
-                if _differ(a, b):
-                    note("drawn", f"{name}\t{_where(dataset)}")
-        _set_states(outer, np)
+    _LOCAL.where = "__getitem__"
+    item = dataset[index]
+    if probe:
+        for name, a, b in zip(("torch", "random", "numpy"), seeded, _states(np)):
+            if _differ(a, b):
+                note("drawn", f"{name}\t{_where(dataset)}")
+    return item
 
 
 def _keyed_fetch(self, possibly_batched_index):
     epoch = getattr(possibly_batched_index, "mgpu_epoch", None)
-    if self.auto_collation:
-        data = [_item(self.dataset, i, epoch) for i in possibly_batched_index]
-    else:
-        index = possibly_batched_index.index if isinstance(possibly_batched_index, KeyedIndex) else \
-            possibly_batched_index
-        data = _item(self.dataset, index, epoch)
     np = _numpy()
+    if _STATE.get("first_fetch") is not None and torch.utils.data.get_worker_info() is None:
+        _STATE.pop("first_fetch")()  # the script's own states, before keying (draws.DrawWatch.outer_states)
+    outer = _states(np)   # once a batch: numpy's get_state and set_state cost more than its seed
+    previous = in_fetch()
+    try:
+        if self.auto_collation:
+            data = [_item(self.dataset, i, epoch, np) for i in possibly_batched_index]
+        else:
+            index = possibly_batched_index.index if isinstance(possibly_batched_index, KeyedIndex) else \
+                possibly_batched_index
+            data = _item(self.dataset, index, epoch, np)
+    finally:
+        _LOCAL.where = previous
+        _set_states(outer, np)
     probe = "collate" not in _STATE or _STATE["collate"] > 0
     if probe:
         _STATE["collate"] = _STATE.get("collate", 2) - 1
         before = _states(np)
-    previous, _LOCAL.where = in_fetch(), "collate_fn"
+    _LOCAL.where = "collate_fn"
     try:
         return self.collate_fn(data)
     finally:
