@@ -94,7 +94,7 @@ class Run:
 
     def __init__(self, args: list[str], fault: str | None = None, code: str | None = None,
                  sigint_ignored: bool = False, module: str = "mgpu", cores: set[int] | None = None,
-                 env: dict | None = None):
+                 env: dict | None = None, niced: bool = True):
         self.tag = uuid.uuid4().hex
         extra, env = env or {}, {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, "RANK", "WORLD_SIZE")}
         env.update(extra)
@@ -105,7 +105,7 @@ class Run:
         self.started = time.monotonic()
         command = ["-c", code, *args] if code else ["-m", module, *(["train"] if module == "mgpu" else []), *args]
         shim = SIGINT_SHIM.format("IGN" if sigint_ignored else "DFL")
-        shim = NICE_SHIM.format(0 if _HURRIED else NICE) + shim
+        shim = NICE_SHIM.format(0 if _HURRIED or not niced else NICE) + shim
         if cores is not None:  # the run (and everything it starts) may use these cores only
             shim = f"import os; os.sched_setaffinity(0, {sorted(cores)}); {shim}"
         command = [sys.executable, "-c", shim, *command]
@@ -361,7 +361,9 @@ def _start_nodes(tmp: Path, strategy: str) -> dict[str, Run]:
              "--rdzv-conf", f"join_timeout=60,is_host={'true' if node == 0 else 'false'}",
              "-m", "mgpu", "train", "--strategy", strategy, *WEIGHTS_ARGS,
              "--out", str(folder / "out"), "--checkpoint-dir", str(folder / "ckpt")],
-            module="torch.distributed.run", cores=set(cores[node * half:(node + 1) * half] or cores[:half]),
+            # Not niced: each node has one core of its own, and its exit is timed (FINISHED_EXIT_S); at +10
+            # beside a CPU burner a node took 6-11 s to tear down after its last line.
+            module="torch.distributed.run", cores=set(cores[node * half:(node + 1) * half] or cores[:half]), niced=False,
             env={"CUDA_VISIBLE_DEVICES": str(node) if COMPARISON_KIND == "cuda" else ""})
     return started
 
