@@ -151,12 +151,13 @@ class DrawWatch:
         kwargs = kwargs or {}
         own = _generator_of(args, kwargs)
         table = self.step if where == "step" else self.fetch
-        entry = table.get(name)
+        key = name if where == "step" or module is None else f"{name} in {type(module).__name__}"
+        entry = table.get(key)
         if entry is None:
             if self.sites_left <= 0:
                 return
             self.sites_left -= 1
-            entry = table[name] = {"calls": 0, "site": call_site(3), "where": where, "own": own is not None,
+            entry = table[key] = {"calls": 0, "site": call_site(3), "where": where, "own": own is not None,
                                    "module": type(module).__name__ if module is not None else ""}
         entry["calls"] += 1
         if own is not None and name not in self.explicit and self.sites_left > 0:
