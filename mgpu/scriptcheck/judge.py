@@ -61,6 +61,11 @@ def judge(plan: CheckPlan, runs: list[WorldRun]) -> Judgement:
         # start in another dtype; the lifted pair says whether the script reproduces itself.
         if "A" in pair and "B" in pair and pair["A"].lifted == pair["B"].lifted and out.unreproducible is None:
             out.unreproducible = reproducibility(pair["A"], pair["B"])
+    unkeyed = not_keyed(facts.randomness)
+    if out.unreproducible is not None and out.unreproducible.kind == "data" and unkeyed:
+        out.unreproducible = dataclasses.replace(out.unreproducible, diagnosis=(
+            f"{out.unreproducible.diagnosis}; the data's random numbers the check cannot key to the example: "
+            f"{'; '.join(unkeyed)} (seeding them makes world 1 reproducible, not world N comparable)"))
     for r, label, cause in zip(compared, labels, no_group):
         world_1 = by_kind.get((r.device, r.lifted), {})
         if "A" not in world_1 or "B" not in world_1:
