@@ -9,6 +9,8 @@ check-script says where it is drawn and ends NOT VERIFIED.
 --seed-alike: no per-rank offset after the model (torch.manual_seed(0) on every rank only): every rank then
 draws the same noise for its examples (check-script names it, same-random-numbers).
 --no-noise: the same loop without the noise (passes).
+--noise-module: the noise drawn by a module without parameters called in the step (as GPU augmentation
+libraries such as kornia do), not by a bare function call.
 """
 
 import argparse
@@ -19,6 +21,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+class GaussianNoise(nn.Module):
+    """Noise augmentation as a module (no parameters), applied to the batch in the training step."""
+
+    def forward(self, x):
+        return x + 0.1 * torch.randn_like(x)
 
 
 def make_data(n=512, features=20, classes=4):
@@ -34,6 +43,7 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed-alike", action="store_true")
     parser.add_argument("--no-noise", action="store_true")
+    parser.add_argument("--noise-module", action="store_true")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -47,8 +57,11 @@ def main():
     dataset = make_data()
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+    noise = GaussianNoise()
     for step, (x, y) in enumerate(loader):
-        if not args.no_noise:
+        if args.noise_module:
+            x = noise(x)
+        elif not args.no_noise:
             x = x + 0.1 * torch.randn_like(x)
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x), y)
