@@ -191,7 +191,7 @@ def same_numbers(run) -> str:
                 parts.append(f"{_GENERATORS[gen]} is in the same state on every rank when the Dataset's __getitem__ "
                              f"draws ({drawn[gen]}): example j of every rank's batch gets the same augmentation "
                              f"({_seeded(records, gen)}); {_OFFSET}")
-    step = evs[0].get("step", {})
+    step = {k: e for k, e in evs[0].get("step", {}).items() if not e.get("own")}  # the global generator's
     if step and alike("step"):
         name, entry = sorted(step.items())[0]
         parts.append(f"every rank draws the same {name} in the training step ({entry['site']}): the generator is in "

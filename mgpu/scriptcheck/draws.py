@@ -171,8 +171,8 @@ class DrawWatch:
                               "generator is not keyed")
         elif where != "step" and entry["calls"] == 1:
             self.note("fetch", f"{name}\t{where}\t{entry['module'] or entry['site']}")
-        if where == "step" and "step" not in self.states:
-            self.states["step"] = state_digest(own if own is not None else _device_generator(args, kwargs))
+        if where == "step" and own is None and "step" not in self.states:  # the global generator's state
+            self.states["step"] = state_digest(_device_generator(args, kwargs))
 
     def state(self, event: str, generator=None) -> None:
         if event not in self.states:
