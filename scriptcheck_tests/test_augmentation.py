@@ -129,3 +129,23 @@ def test_indices_tell_a_sampler_bug_from_draws_the_check_cannot_key():
     why, explained = unkeyed_cause(StepData(["a"], [["b"]], 1, [1]), 2, nanogpt, "")
     assert explained and "drawn at random in the training step" in why and "train.py:120" in why, why
     assert not_keyed({"sites": ["held\tDs.rng (numpy.Generator), held by the dataset"], "step": {}})
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        for i in range(8):
+            yield torch.tensor([float(i), torch.rand(()).item()])
+
+
+def test_an_iterable_dataset_that_draws_is_named_not_keyed():
+    keyed = KeyedData()
+    keyed.install()
+    try:
+        for _ in DataLoader(Stream(), batch_size=4):
+            pass
+        sites = keyed.evidence()["sites"]
+    finally:
+        keyed.uninstall()
+    assert any(s.startswith("iterable\tan IterableDataset (Stream) draws from torch's") for s in sites), sites
+    why, explained = unkeyed_cause(StepData(["a"], [["b"]], 1, [1]), 2, {"sites": sites, "step": {}}, "")
+    assert explained and "no index to key the draws by" in why, why

@@ -105,6 +105,12 @@ def unkeyed_cause(sd, n: int, facts: dict, shared: str) -> tuple[str, bool]:
         return (f"the same examples as world 1's (every rank's sampler indices together are world 1's), with "
                 f"other contents, and no random draw the check could not key: the dataset computes them otherwise at "
                 f"this world size (statistics over a rank's shard, a file or cache per rank?)", False)
+    iterable = [u for u in unkeyed if u.startswith("an IterableDataset")]
+    if iterable:
+        return (f"{NOT_KEYED}: {'; '.join(iterable)}: each rank draws for its own examples, so world {n} cannot match "
+                "world 1's data; to compare, draw them from the example (a key of its own: a file name, a position in "
+                "the stream), or a map-style Dataset (whose __getitem__ the check keys), or switch them off for the "
+                "check", True)
     steps = [u for u in unkeyed if " in the training step at " in u]
     if steps:
         return (f"the examples are drawn at random in the training step ({'; '.join(steps)}): {NOT_KEYED}; each "

@@ -1,8 +1,7 @@
 """Inside a rank: random augmentation keyed to the example, and what the DataLoaders fed each step.
 
-    keyed = KeyedData(sink); keyed.install()   # the Recorder installs one, before the script's first line
-    ...                                        # the script iterates its DataLoaders
-    keyed.uninstall(); keyed.evidence()        # {"drawn": {...}, "sites": [...], "held": [...], "passes": [...]}
+    keyed = KeyedData(sink, on_batch); keyed.install()   # the Recorder's, before the script's first line
+    keyed.uninstall(); keyed.evidence()        # {"drawn": {...}, "sites": [...], "fetch_draws": [...], "passes": [...]}
 
 * **Keyed draws.** A map-style dataset's `__getitem__` (its transforms: torchvision's RandomCrop, a numpy
   crop) draws from torch's, numpy's and Python's global generators. At world 1 one process draws for every
@@ -24,8 +23,8 @@
   otherwise" is told from "other examples" (a sampler bug) (augment.py).
 * **What cannot be keyed** is noted with where it is drawn (`sites`): a draw with an explicit
   `torch.Generator` in `__getitem__`, a generator object the dataset or a transform holds (numpy's
-  `default_rng`, `random.Random`), draws in `collate_fn` (MixUp, CutMix), an IterableDataset. The first
-  examples a process loads are probed (which global generators `__getitem__` drew from: `drawn`);
+  `default_rng`, `random.Random`), draws in `collate_fn` (MixUp, CutMix), an IterableDataset that draws. The
+  first examples a process loads are probed (which global generators `__getitem__` drew from: `drawn`);
   workers report to a file in the run's folder (`sink`), read back at the end.
 """
 
@@ -191,9 +190,8 @@ def _keyed_fetch(self, possibly_batched_index):
         if probe:
             for name, a, b in zip(("torch", "random", "numpy"), before, _states(np)):
                 if _differ(a, b):
-                    fn = self.collate_fn
                     note("site", f"collate\t{name}'s global generator in collate_fn "
-                                 f"{getattr(fn, '__qualname__', type(fn).__name__)}")
+                                 f"{getattr(self.collate_fn, '__qualname__', type(self.collate_fn).__name__)}")
 
 
 class KeyedWorkerInit:
@@ -208,6 +206,7 @@ class KeyedWorkerInit:
         _STATE["probes"] = PROBES
         _STATE.pop("collate", None)
         _STATE["notes"] = set()
+        _STATE.pop("iterable", None)
         _patch_fetcher()
         if self.inner is not None:
             self.inner(worker_id)
@@ -216,21 +215,48 @@ class KeyedWorkerInit:
 _ORIGINALS: dict = {}
 
 
+def _probed_iterable_fetch(self, possibly_batched_index):
+    """An IterableDataset's batch as torch fetches it; its first batches watched for global draws (no index
+    to key them by: where they change the data, NOT VERIFIED, augment.py)."""
+    original = _ORIGINALS["iterable"]
+    if _STATE.get("iterable", 2) <= 0:
+        return original(self, possibly_batched_index)
+    _STATE["iterable"] = _STATE.get("iterable", 2) - 1
+    np = _numpy()
+    before = _states(np)
+    batch = original(self, possibly_batched_index)
+    for name, a, b in zip(("torch", "random", "numpy"), before, _states(np)):
+        if _differ(a, b):
+            note("site", f"iterable\tan IterableDataset ({type(self.dataset).__name__}) draws from {name}'s global "
+                         "generator: its examples have no index to key the draws by")
+    return batch
+
+
 def _patch_fetcher() -> None:
     from torch.utils.data._utils import fetch
 
     if fetch._MapDatasetFetcher.__dict__["fetch"] is not _keyed_fetch:
         _ORIGINALS.setdefault("fetch", fetch._MapDatasetFetcher.__dict__["fetch"])
         fetch._MapDatasetFetcher.fetch = _keyed_fetch
+    if fetch._IterableDatasetFetcher.__dict__["fetch"] is not _probed_iterable_fetch:
+        _ORIGINALS.setdefault("iterable", fetch._IterableDatasetFetcher.__dict__["fetch"])
+        fetch._IterableDatasetFetcher.fetch = _probed_iterable_fetch
+
+
+def _inner(obj):
+    """What a loader or sampler wraps: its batch sampler, else its sampler (never truth-tested: a sampler's
+    __len__ may raise)."""
+    inner = getattr(obj, "batch_sampler", None)
+    return inner if inner is not None else getattr(obj, "sampler", None)
 
 
 def _sampler_epoch(loader):
-    obj, seen = getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None), 0
+    obj, seen = _inner(loader), 0
     while obj is not None and seen < 6:
         epoch = getattr(obj, "epoch", None)
         if isinstance(epoch, int) and not isinstance(epoch, bool):
             return epoch
-        obj, seen = getattr(obj, "batch_sampler", None) or getattr(obj, "sampler", None), seen + 1
+        obj, seen = _inner(obj), seen + 1
     return None
 
 
@@ -249,6 +275,7 @@ class KeyedData:
 
         _STATE.update(sink=self.sink, probes=PROBES, notes=set(), installed=True, first_fetch=self.first_fetch)
         _STATE.pop("collate", None)
+        _STATE.pop("iterable", None)
         _patch_fetcher()
         base = dataloader._BaseDataLoaderIter
         for owner, name, wrap in ((dataloader.DataLoader, "__iter__", self._iter), (base, "_next_index", self._next),
@@ -265,6 +292,8 @@ class KeyedData:
         self.saved = []
         if "fetch" in _ORIGINALS:
             fetch._MapDatasetFetcher.fetch = _ORIGINALS.pop("fetch")
+        if "iterable" in _ORIGINALS:
+            fetch._IterableDatasetFetcher.fetch = _ORIGINALS.pop("iterable")
         _STATE["installed"] = False
 
     # -- the wrappers --------------------------------------------------------------------------------
@@ -295,12 +324,7 @@ class KeyedData:
         return __iter__
 
     def _first_sight(self, loader, ordinal: int) -> None:
-        from torch.utils.data import IterableDataset
-
         dataset = loader.dataset
-        if isinstance(dataset, IterableDataset):
-            note("site", f"iterable\tan IterableDataset ({type(dataset).__name__}): its examples have no index "
-                         "to key their random numbers by")
         for held in held_generators(dataset, type(dataset).__name__):
             note("site", f"held\t{held}, held by the dataset")
         for held in held_generators(loader.collate_fn, "collate_fn"):
@@ -370,9 +394,7 @@ class KeyedData:
 
 
 def _plain(i):
-    if isinstance(i, torch.Tensor) and i.numel() == 1:
-        return int(i)
-    try:
+    try:  # an int, a numpy integer, a one-element tensor
         return int(i)
     except (TypeError, ValueError):
         return repr(i)
