@@ -28,7 +28,7 @@ import functools
 import sys
 import weakref
 
-__all__ = ["FeedWatch", "sampler_chain", "LENGTH_ATTRIBUTES"]
+__all__ = ["FeedWatch", "sampler_chain", "sampler_epoch", "LENGTH_ATTRIBUTES"]
 
 # A scheduler's length, the first of these it has: what a schedule counted per rank or per process changes.
 LENGTH_ATTRIBUTES = ("total_steps", "T_max", "total_iters", "T_0", "step_size")
@@ -47,6 +47,24 @@ def sampler_chain(loader) -> tuple:
         inner = getattr(obj, "batch_sampler", None)
         obj = inner if inner is not None else getattr(obj, "sampler", None)
     return tuple(chain)
+
+
+def _inner(obj):
+    """What a loader or sampler wraps: its batch sampler, else its sampler (never truth-tested: a sampler's
+    __len__ may raise)."""
+    inner = getattr(obj, "batch_sampler", None)
+    return inner if inner is not None else getattr(obj, "sampler", None)
+
+
+def sampler_epoch(loader):
+    """The epoch of the first sampler in a loader's chain that has one (DistributedSampler.set_epoch's), else None."""
+    obj, seen = _inner(loader), 0
+    while obj is not None and seen < 6:
+        epoch = getattr(obj, "epoch", None)
+        if isinstance(epoch, int) and not isinstance(epoch, bool):
+            return epoch
+        obj, seen = _inner(obj), seen + 1
+    return None
 
 
 def _length(scheduler):

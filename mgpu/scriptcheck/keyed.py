@@ -40,6 +40,7 @@ import threading
 import torch
 
 from mgpu.scriptcheck.draws import held_generators
+from mgpu.scriptcheck.feeds import sampler_epoch
 
 __all__ = ["KeyedData", "KeyedBatch", "KeyedWorkerInit", "example_key", "in_fetch", "note", "PROBES"]
 
@@ -243,23 +244,6 @@ def _patch_fetcher() -> None:
         fetch._IterableDatasetFetcher.fetch = _probed_iterable_fetch
 
 
-def _inner(obj):
-    """What a loader or sampler wraps: its batch sampler, else its sampler (never truth-tested: a sampler's
-    __len__ may raise)."""
-    inner = getattr(obj, "batch_sampler", None)
-    return inner if inner is not None else getattr(obj, "sampler", None)
-
-
-def _sampler_epoch(loader):
-    obj, seen = _inner(loader), 0
-    while obj is not None and seen < 6:
-        epoch = getattr(obj, "epoch", None)
-        if isinstance(epoch, int) and not isinstance(epoch, bool):
-            return epoch
-        obj, seen = _inner(obj), seen + 1
-    return None
-
-
 class KeyedData:
     """The patches of the module docstring, and what they saw (`evidence`)."""
 
@@ -304,11 +288,14 @@ class KeyedData:
         def __iter__(loader):
             passes = loader.__dict__.get("_mgpu_passes", 0)
             loader.__dict__["_mgpu_passes"] = passes + 1
-            epoch = _sampler_epoch(loader)
+            epoch = sampler_epoch(loader)
             keyed.epoch = passes if epoch is None else epoch
             ordinal = keyed.loaders.setdefault(id(loader), len(keyed.loaders))
             if passes == 0:
-                keyed._first_sight(loader, ordinal)
+                try:
+                    keyed._first_sight(loader, ordinal)
+                except Exception:  # a dataset that resists being looked at: no sightings, never the script's failure
+                    pass
             if loader.__dict__.get("_iterator") is not None:
                 loader._iterator._mgpu_epoch = keyed.epoch
             previous, _LOCAL.where = in_fetch(), "loader"
@@ -344,7 +331,8 @@ class KeyedData:
             epoch = it.__dict__.get("_mgpu_epoch", keyed.epoch)
             sent = it.__dict__.setdefault("_mgpu_sent", collections.deque())
             if it._auto_collation:
-                index = KeyedBatch(index, epoch)
+                if isinstance(index, (list, tuple, range, torch.Tensor)) or type(index).__module__ == "numpy":
+                    index = KeyedBatch(index, epoch)  # else (a batch of another kind) as it is, keyed at epoch 0
                 sent.append([_plain(i) for i in index])
             else:
                 sent.append([_plain(index)])
