@@ -15,11 +15,14 @@ report); the other is mgpu/parity/, any model under mgpu's strategies. One stage
                         each rank is told (CheckPlan); scriptargs: the script's own batch option, for the hint
     run       launch    each world size through torch's elastic agent, as torchrun; every rank's record
               rank, recorder: inside each rank (torch's optimizer and module hooks), with inputs,
-              batchnorm, precision, feeds, collectives, evidence: what a comparison or a cause needs
+              batchnorm, precision, feeds, collectives, evidence: what a comparison or a cause needs;
+              keyed: random augmentation keyed to the example, each batch's indices; draws: seeds,
+              draws outside the forward, generator states; names: parameter names
     judge     judge     crashes, findings, world 1 against itself, each world N against world 1
               compare   step by step: the start, the data, the gradients, the updates, the weights
               data, tensors, optimizer, tally, diagnose: the examples compared; the error and tolerance
                         of a tensor; settings and updates; what was compared, and its sensitivity; why they part
+              augment   the indices and draws: a sampler bug, randomness not keyable, ranks drawing alike
     locate    locate    where a failed step's divergence enters the model: world 1 and N again, traced (tracer)
     report    report    the verdict, as text and JSON
     command   command   `mgpu check-script`: its options from the command line, the core's command ending
