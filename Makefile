@@ -112,6 +112,7 @@ gpu-check:
 	PYTHONPATH=. $(GPU_PY) -m pytest mgpu_perf_tests -m "not slow" -p no:cacheprovider -q -rs
 	PYTHONPATH=. $(GPU_PY) -m mgpu train --model resnet18 --width 64 --epochs 1 --batch-size 256 --lr 0.1 \
 		--data-on-device --amp bf16 --channels-last --no-progress --out runs/gpu-check
+	OUT=$(GPU_OUT)/check-script bash docs/notes/measure/gpu_check_script_aug.sh  # augmentation and bf16 loops on CUDA
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis .benchmarks perf-results

@@ -60,6 +60,7 @@ class StepRecord:
     settings: list = field(default_factory=list)  # per param group: its settings but "params", as the step used them
     loaders: tuple = ()                # the DataLoaders iterated by then, each its sampler chain (scriptcheck/feeds.py)
     schedulers: list = field(default_factory=list)  # the optimizer's LR schedulers then: type, steps, length, stepped by
+    indices: list | None = None        # the dataset indices of the batches fed since the last step (scriptcheck/keyed.py)
 
 
 @dataclass(frozen=True)
@@ -106,3 +107,4 @@ class RankRecord:
     rank: int = 0
     world: int = 1
     timing: RankTiming | None = None
+    randomness: dict = field(default_factory=dict)  # the script's draws, seeds and keyed fetches (scriptcheck/augment.py)

@@ -33,7 +33,7 @@ def randomness_facts(records) -> dict:
     """Every rank record's randomness evidence (RankRecord.randomness, set by the recorder), merged."""
     out = {"drawn": {}, "sites": [], "fetch_draws": [], "step": {}, "explicit": {}}
     for r in records:
-        ev = getattr(r, "randomness", None) or {}
+        ev = r.randomness
         for gen, where in ev.get("drawn", {}).items():
             out["drawn"].setdefault(gen, where)
         out["sites"] += [s for s in ev.get("sites", []) if s not in out["sites"]]
@@ -155,7 +155,7 @@ _WORKERS = ("give each rank's DataLoader its own worker seeds: DataLoader(genera
 
 
 def _seeded(records, gen: str) -> str:
-    calls = [[s for s in (getattr(r, "randomness", None) or {}).get("seeds", []) if s["generator"] == gen]
+    calls = [[s for s in (r.randomness).get("seeds", []) if s["generator"] == gen]
              for r in records]
     if not calls[0]:
         return {"torch": "never seeded by the script: torch's default seed, the same in every process",
@@ -169,7 +169,7 @@ def _seeded(records, gen: str) -> str:
 def same_numbers(run) -> str:
     """The same-random-numbers finding's text for a world-N run (every rank's record), or ''."""
     records = run.ranks
-    evs = [getattr(r, "randomness", None) or {} for r in records]
+    evs = [r.randomness for r in records]
     if len(records) < 2 or not all(evs):
         return ""
 

@@ -144,8 +144,8 @@ def step_data(rec_1: StepRecord, recs_n: list[StepRecord], n: int) -> StepData:
     return StepData([d for ds in per_1 for d in ds], [[d for ds in per for d in ds] for per in per_n], len(f1),
                     [len(fs) for fs in fn_all], micro_batches(rec_1, per_1),
                     [micro_batches(r, per) for r, per in zip(recs_n, per_n)], tuple(rec_1.loaders),
-                    tuple(recs_n[0].loaders) if recs_n else (), getattr(rec_1, "indices", None),
-                    [getattr(r, "indices", None) for r in recs_n])
+                    tuple(recs_n[0].loaders) if recs_n else (), rec_1.indices,
+                    [r.indices for r in recs_n])
 
 
 def data_divergence(step: int, sd: StepData, n: int, root: str, arg_hint: str,

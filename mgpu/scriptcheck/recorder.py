@@ -317,7 +317,7 @@ class Recorder:
         rec = StepRecord(optimizer=index, step=k, optimizer_type=type(optimizer).__name__, forwards=forwards,
                          grads={}, settings=settings_of(optimizer),  # lr as a scheduler set it for this step
                          loaders=self.feeds.loaders(), schedulers=self.feeds.schedulers(optimizer))
-        rec.indices = indices  # dataset indices of the batches since the last step (keyed.py; read with getattr)
+        rec.indices = indices  # dataset indices of the batches since the last step (keyed.py)
         if k == 1:
             rec.before = {names[id(p)]: self._keep(_full(p)) for p in params}
         for i, p in enumerate(params):
