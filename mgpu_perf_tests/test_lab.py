@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from conftest import requires_gpus
+
 PACKAGE = Path(__file__).resolve().parent.parent / "mgpu_perf"
 
 
@@ -160,16 +162,12 @@ def test_validate_gate_refuses_the_gpu_plant_without_cuda(capsys):
     assert "--plant-on gpu: no CUDA device" in capsys.readouterr().err
 
 
+@requires_gpus(1)
 def test_a_cuda_graph_replay_runs_the_gpu_plant(tmp_path):
     """On a GPU: the plant's spin kernel is captured with the step, so a replay of the planted step
     takes longer than a replay of the plain one, by about the plant's share (timed with CUDA events)."""
-    import pytest
     import torch
 
-    from mgpu.devices import gpu_count
-
-    if gpu_count() < 1:
-        pytest.skip("needs 1 CUDA device (found 0)")
     from mgpu.models import resnet18
 
     def replay_ms(build) -> float:

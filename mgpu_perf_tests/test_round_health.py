@@ -150,8 +150,8 @@ def test_rounds_where_a_worker_was_busy_while_the_other_was_timed_are_faulty():
 
 def test_a_worker_busy_between_on_the_cpu_does_not_fault_rounds_timed_by_cuda_events():
     """On a GPU the deciding times are the step's stream's (CUDA events): the other worker's CPU does
-    not lengthen them, and every GPU worker spends some (an H100's idle worker 0.02-0.09 CPU seconds
-    beside a 0.25-s sample, 2026-11-28), so identical trees there were `undecidable` 2 of 2."""
+    not lengthen them, and every GPU worker spends some, so identical trees there
+    were `undecidable` (docs/notes/gpu-runs.md, 2026-11-28)."""
     samples, facts = rounds(40, 1.0, noise=0.02, machine={"between": 0.03})
     assert all(round_faults(f, host_clock=False) == () for f in facts), [round_faults(f, False) for f in facts[:2]]
     est = abstats.estimate(samples["baseline"], samples["candidate"], T)

@@ -149,8 +149,8 @@ class DistributedDataParallel(SingleDevice):
         """The model, its wrapper and the optimizer released first, then the process group. Left to
         the interpreter's exit, the last collective's work object (held by DDP's reducer, FSDP's
         state) is freed after the group is destroyed, while gloo's worker thread still runs: then
-        "terminate called without an active exception" aborts the rank (torch 2.14 under torchrun,
-        an fsdp rank 1 in 8 runs here; docs/notes/suite-times.md, 2026-11-28), its agent fails, and
+        "terminate called without an active exception" aborts the rank (torch 2.14 under torchrun;
+        the runs that showed it: docs/notes/suite-times.md, 2026-11-28), its agent fails, and
         on several nodes the other agents wait out torch's exit barrier (300 s) after training."""
         for name in ("net", "wrapped", "ddp", "fsdp", "model", "optimizer"):
             if name in vars(self):

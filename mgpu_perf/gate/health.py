@@ -14,8 +14,7 @@ tight interval. `slower` is safe from this (a slowdown shown is tested at the Ho
 1. at most MAX_FAULTY of the rounds are faulty (round_faults: not interleaved, timed little, a
    worker busy between its samples where the host clock decides: a round timed by CUDA events on
    the GPU is not lengthened by the other worker's CPU, and on a GPU every worker spends some,
-   spinning in its event waits and in CUDA's own threads: an H100's idle worker spent 0.02-0.09 CPU
-   seconds beside the other arm's 0.25-s sample, docs/notes/gpu-runs.md 2026-11-28);
+   spinning in its event waits and in CUDA's own threads: docs/notes/gpu-runs.md, 2026-11-28);
 2. the healthy rounds alone give an interval inside (1/(1 + T), 1 + T) at the verdict's level;
 3. every part of the rounds says so by its own estimate: the rounds each arm ran first, and the
    first and second half (the ratio must not hang on the order or drift within the benchmark);

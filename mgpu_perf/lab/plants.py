@@ -102,8 +102,8 @@ def resnet18(*args, **kwargs):
             state["steps"].append(state["last"].elapsed_time(now))  # ms, the previous step's
         state["last"] = now
         if len(state["steps"]) == 2:
-            # _sleep counts SM cycles: timed on a GPU that idles at a low clock, a cycle seems 5 times as
-            # long as in a busy replay (an H100's plant of 50 % read 1.09). So the clock is raised first
+            # _sleep counts SM cycles: timed on a GPU that idles at a low clock, a cycle seems several times
+            # as long as in a busy replay (docs/notes/gpu-runs.md, 2026-11-28). So the clock is raised first
             # by a long spin, and the fastest of three spins is taken.
             _torch.cuda._sleep(100_000_000)
             spans = []
