@@ -33,7 +33,7 @@ from mgpu.config import TrainConfig
 from mgpu.data import BatchLoader, ImageDataset
 from mgpu.launch import free_port, spawn
 from mgpu.models import build_model, lenet, resnet18
-from mgpu.parity.compare import assert_tensors_close, max_abs_diff  # noqa: F401  (one copy: the check's)
+from mgpu.check.model.compare import assert_tensors_close, max_abs_diff  # noqa: F401  (one copy: the check's)
 from mgpu.strategies import RANK_STRATEGIES, DistributedDataParallel, Manual, get_strategy
 
 # A DDP run of the suite gets this long before spawn() stops every rank and names the stragglers.
@@ -102,7 +102,7 @@ def weights_config(strategy: str, devices: int = 1) -> TrainConfig:
 # moved 4e-3 in 25 steps when only the CPU kernels changed). So runs are compared one step at a
 # time: every step of the checked run starts from the reference's state after the step before,
 # through the run's own checkpoint and --resume (weights, momentum buffers, RNG states). Its end
-# is judged as `mgpu check` judges a step (mgpu.parity.compare): against the same step in float64
+# is judged as `mgpu check` judges a step (mgpu.check.model.compare): against the same step in float64
 # from the same state, allowing the check core's FACTOR times the float32 reference's own distance from it.
 # A fixed float32 tolerance is not enough for one step either: a ReLU that rounding flips inside the
 # step moves a correct run past torch's atol (docs/notes/kernel-timings.md has the case).
@@ -223,7 +223,7 @@ def step_yardstick(reference: Trajectory, step: int, what: str) -> tuple[dict, d
 
 def _step_yardstick(reference: Trajectory, step: int, what: str) -> StepYardstick:
     from mgpu.data import make_loaders
-    from mgpu.parity.compare import error
+    from mgpu.check.model.compare import error
 
     cfg, single32 = reference.cfg, reference.weights[step - 1]
     train_loader, _ = make_loaders(cfg)
@@ -248,9 +248,9 @@ def _step_yardstick(reference: Trajectory, step: int, what: str) -> StepYardstic
 
 def assert_stepwise_close(results: list, reference: Trajectory, what: str) -> None:
     """Each step's weights (RunResults of stepwise_configs) as close to the float64 step from the
-    reference's state as float32 steps from that state allow (mgpu.parity.compare): the reference's
+    reference's state as float32 steps from that state allow (mgpu.check.model.compare): the reference's
     own, or the same step summed over shards (YARDSTICK_SHARDS), whichever is farther."""
-    from mgpu.parity.compare import compare_to_reference
+    from mgpu.check.model.compare import compare_to_reference
 
     assert len(results) == reference.steps(), f"{what}: {len(results)} steps run, {reference.steps()} expected"
     cfg = reference.cfg

@@ -22,7 +22,7 @@ from mgpu.cli import main
 from mgpu.config import CheckOptions
 from mgpu.errors import EXIT_FAILED, EXIT_NOT_VERIFIED, CheckTimeout, NotVerifiedError, ParityError, SpecError
 from mgpu.parity import check_data_parallel, run_check
-from mgpu.parity.report import table
+from mgpu.check.model.report import table
 from mgpu.spec import builtin_spec, load_spec
 from mgpu.strategies import Manual
 from mgpu.strategies.base import micro_batches
@@ -467,7 +467,7 @@ def test_the_float32_reference_runs_on_the_checked_runs_first_device(monkeypatch
     there is a GPU for every device of the run, else the CPU (emulated devices); the CPU under
     --device cpu. On this machine as it is, and on one with 2 GPUs."""
     from mgpu import devices as devmod
-    from mgpu.parity.plans import run_device
+    from mgpu.check.model.plans import run_device
 
     for n in (2, 3):
         first = "cuda:0" if devmod.comparison_kind(n, devmod.gpu_count()) == "cuda" else "cpu"
@@ -543,8 +543,8 @@ def test_a_crash_of_one_rank_strategy_fails_that_strategy_alone():
 def test_the_json_report_writes_an_infinite_relative_error_as_null(tmp_path):
     """A weight whose float64 reference is zero (timm zero-initialises some BatchNorm weights) has an
     infinite relative error; JSON has no infinity, and the report must still be written."""
-    from mgpu.parity.report import CheckResult, Report
-    from mgpu.parity.report import write_json
+    from mgpu.check.model.report import CheckResult, Report
+    from mgpu.check.model.report import write_json
 
     report = Report("zeros", MANUAL_2, [CheckResult("weights", "manual", 2, "pass",
                                                     errors={"max_abs": 1e-9, "max_rel": float("inf")})])

@@ -1,10 +1,10 @@
 """Defects in the check itself that would hide a broken strategy, each caught through the public path.
 
 * Rank runs leave out of the gather what a rank's state digest shows to be rank 0's
-  (mgpu/parity/ranks.py, `_send_only_differences`). Were a rank's digest compared with the wrong
+  (mgpu/check/model/ranks.py, `_send_only_differences`). Were a rank's digest compared with the wrong
   one, ranks that drifted apart would be sent as equal and look identical: a ddp run whose ranks
   drift must fail `replicas`, naming the rank.
-* The judge caches a run's comparison by the recording's digest (mgpu/parity/judge.py,
+* The judge caches a run's comparison by the recording's digest (mgpu/check/model/judge.py,
   `References.compared`). Were the digest left out of the key, a later strategy whose plan and shard
   count match an earlier one's would get the earlier verdict: in a check over two strategies of one
   shape, the broken one fails and the correct one passes, in either order.

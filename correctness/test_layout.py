@@ -91,15 +91,80 @@ def test_mgpu_never_imports_mgpu_perf():
     assert not offenders, f"mgpu imports mgpu_perf (mgpu_perf adds its commands through mgpu.cli's hook): {offenders}"
 
 
-def test_the_two_check_sources_never_import_each_other():
-    """`check` (mgpu.parity) and `check-script` (mgpu.scriptcheck) are two sources of one check core
-    (mgpu.check): what they share lives there, and the core imports neither."""
-    sources = ("mgpu.parity", "mgpu.scriptcheck")
-    within = lambda module, package: module == package or module.startswith(package + ".")  # noqa: E731
-    crossings = {m: sorted(t for t in ts if any(within(t, other) for other in sources if not within(m, other)))
-                 for m, ts in _imports().items() if any(within(m, s) for s in (*sources, "mgpu.check"))}
+CHECKS = ("mgpu.check.model", "mgpu.check.script")  # `mgpu check` and `mgpu check-script`
+INRANK = "mgpu.check.script.inrank"
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _core_modules() -> list[str]:
+    """The modules at the top of the check core (mgpu/check/*.py), its __init__ aside."""
+    return sorted(f"mgpu.check.{p.stem}" for p in (ROOT / "mgpu/check").glob("*.py") if p.stem != "__init__")
+
+
+def test_the_two_checks_never_import_each_other():
+    """`check` (mgpu.check.model) and `check-script` (mgpu.check.script) share only the core at the top of
+    mgpu.check: what they share lives there, and the core imports neither."""
+    crossings = {m: sorted(t for t in ts if any(_within(t, other) for other in CHECKS if not _within(m, other)))
+                 for m, ts in _imports().items() if _within(m, "mgpu.check")}
     crossings = {m: ts for m, ts in crossings.items() if ts}
-    assert not crossings, f"a check source (or the core) imports another source: {crossings}"
+    assert not crossings, f"a check (or the core) imports the other check: {crossings}"
+
+
+def test_every_module_at_the_top_of_the_check_core_is_used_by_both_checks():
+    """A module that only one check uses belongs in that check's folder, not in the shared core."""
+    graph = _imports()
+    users = {core: {c for c in CHECKS if any(_within(m, c) and core in ts for m, ts in graph.items())}
+             for core in _core_modules()}
+    one_sided = {core: sorted(u) for core, u in users.items() if u != set(CHECKS)}
+    assert not one_sided, f"core modules not used by both checks (only by these): {one_sided}"
+
+
+def test_the_code_that_runs_in_the_users_process_imports_nothing_of_the_judging_side():
+    """check-script's inrank/ package runs inside every rank of the user's script: it may import itself,
+    the plan it is handed (mgpu.check.script.plan), the core and mgpu's own modules; never the judge,
+    the comparisons or the causes (which would load them into every rank, and blur which side is which)."""
+    allowed = lambda t: (_within(t, INRANK) or t in ("mgpu.check.script.plan", "mgpu.check.script")  # noqa: E731
+                         or t in _core_modules() or t == "mgpu.check" or not _within(t, "mgpu.check"))
+    offenders = {m: sorted(t for t in ts if not allowed(t)) for m, ts in _imports().items() if _within(m, INRANK)}
+    offenders = {m: ts for m, ts in offenders.items() if ts}
+    assert not offenders, f"in-rank modules import the judging side: {offenders}"
+
+
+def test_class_names_are_unique_across_both_packages():
+    """One name, one class: a reader who meets `ScriptCheckPlan` never has to ask which one."""
+    where: dict[str, list[str]] = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for node in ast.walk(_parsed(path)):
+                if isinstance(node, ast.ClassDef):
+                    where.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    twice = {name: paths for name, paths in where.items() if len(paths) > 1}
+    assert not twice, f"class names defined more than once: {twice}"
+
+
+def test_every_package_folder_is_in_the_readmes_folder_table():
+    readme = (ROOT / "README.md").read_text()
+    folders = sorted(str(p.parent.relative_to(ROOT)) + "/" for pkg in PACKAGES for p in (ROOT / pkg).rglob("__init__.py"))
+    missing = [f for f in folders if f"`{f}`" not in readme]
+    assert not missing, f"package folders README.md's folder table does not name (as `path/`): {missing}"
+
+
+def test_the_public_faces_only_hand_names_on():
+    """mgpu.parity and mgpu.scriptcheck are where users import the checks from (and `python -m
+    mgpu.scriptcheck`); the checks live in mgpu/check/, so the faces define nothing of their own."""
+    for face in ("mgpu/parity/__init__.py", "mgpu/scriptcheck/__init__.py"):
+        defined = [n.name for n in _parsed(ROOT / face).body
+                   if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name != "__getattr__"]
+        assert not defined, f"{face} defines {defined}: it belongs in mgpu/check/"
+    import mgpu.parity
+    import mgpu.scriptcheck
+    from mgpu.check.model import check_data_parallel
+    from mgpu.check.script import check_script
+
+    assert mgpu.parity.check_data_parallel is check_data_parallel and mgpu.scriptcheck.check_script is check_script
 
 
 def test_no_function_takes_more_than_eight_parameters():

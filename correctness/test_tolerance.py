@@ -20,8 +20,9 @@ from torch import nn
 from correctness.helpers import COMPARISON_KIND
 from mgpu.check.tolerance import FLOOR_ULPS, error, largest
 from mgpu.config import CheckOptions
-from mgpu.parity import judge, run_check
-from mgpu.parity.compare import EPS32
+from mgpu.check.model import judge
+from mgpu.parity import run_check
+from mgpu.check.model.compare import EPS32
 from mgpu.spec import image_spec
 from mgpu.strategies import Manual
 

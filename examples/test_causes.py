@@ -10,10 +10,11 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from mgpu.scriptcheck.data import StepData, data_divergence, order_cause
-from mgpu.scriptcheck.diagnose import schedule_cause
-from mgpu.scriptcheck.feeds import FeedWatch
-from mgpu.scriptcheck.optimizer import setting_divergence, settings_of
+from mgpu.check.script.data import StepData, data_divergence, order_cause
+from mgpu.check.script.diagnose import schedule_cause
+from mgpu.check.script.inrank.feeds import FeedWatch
+from mgpu.check.script.inrank.settings import settings_of
+from mgpu.check.script.optimizer import setting_divergence
 
 RANDOM = "torch.utils.data.sampler.RandomSampler"
 BATCH = "torch.utils.data.sampler.BatchSampler"

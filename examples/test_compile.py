@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from mgpu.config import CheckOptions
-from mgpu.parity.check import run_check
+from mgpu.check.model.check import run_check
 from mgpu.spec import load_spec
 from mgpu.strategies.ddp import DistributedDataParallel
 
@@ -85,7 +85,7 @@ def test_train_compile_trains_what_eager_trains(strategy, n, tmp_path, capsys):
     """`python -m mgpu train --compile`: the chapter's line, and after one step the weights of the eager
     run within float32 tolerance (one step: free-running runs part by more, test_weights says why)."""
     from mgpu.cli import main
-    from mgpu.parity.compare import assert_tensors_close
+    from mgpu.check.model.compare import assert_tensors_close
 
     args = ["train", "--model", "lenet", "--strategy", strategy, "--devices", str(n), "--epochs", "1",
             "--batch-size", "16", "--train-size", "16", "--test-size", "16", "--no-progress", "--seed", "3"]

@@ -17,7 +17,7 @@ import os
 import pytest
 
 from mgpu.cli import main
-from mgpu.parity.report import NO_BUFFERS
+from mgpu.check.model.report import NO_BUFFERS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGES = ["--input-shape", "3,32,32", "--classes", "10"]

@@ -1,7 +1,7 @@
 """The vision loops of examples/loops/ with random augmentation, through `mgpu check-script` (issue 55): a
 correct loop whose Dataset augments at random (torchvision v2 transforms; numpy and Python's `random`), with and
 without DataLoader workers, persistent or not, over a Subset, passes, its augmentation keyed to the example
-(mgpu/scriptcheck/keyed.py); the same augmentation under a sampler bug fails at step 1 naming the data; noise
+(mgpu/check/script/inrank/keyed.py); the same augmentation under a sampler bug fails at step 1 naming the data; noise
 drawn per rank in the training step, MixUp in collate_fn and a generator held by the dataset are NOT VERIFIED
 with where they are drawn; every rank seeded alike before augmentation or noise is named (same-random-numbers).
 

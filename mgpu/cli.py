@@ -31,8 +31,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mgpu.config import (AMP_MODES, CHECK_STRATEGIES, DATA_NAMES, DEVICE_KINDS, EXACT_GPU_MATH_ENV, MODEL_NAMES,
-                         NONFINITE_POLICIES, RESHARD_MODES, SHARD_MODES, STRATEGY_NAMES, CheckOptions, TrainConfig)
+from mgpu.config import (AMP_MODES, DATA_NAMES, DEVICE_KINDS, EXACT_GPU_MATH_ENV, MODEL_NAMES,
+                         NONFINITE_POLICIES, RESHARD_MODES, SHARD_MODES, STRATEGY_NAMES, TrainConfig)
+from mgpu.validators import choices_metavar, float_or_text, int_or_text
 from mgpu.errors import (EXIT_FAILED, EXIT_USAGE, ConfigError, LaunchError, MgpuError, NonFiniteLossError,
                          OneLineParser, one_line)
 
@@ -44,29 +45,6 @@ COMMANDS_GROUP = "mgpu.commands"
 COMMANDS_ENV = "MGPU_COMMANDS"
 # Commands a provider adds, for the one-line answer when it is not there (a checkout used without install).
 PROVIDED_ELSEWHERE = {"bench": "mgpu_perf.cli", "gate": "mgpu_perf.cli", "history": "mgpu_perf.cli"}
-
-
-# Options are parsed into numbers here and checked in TrainConfig.validate, which holds every
-# rule and message: text that is no number is handed on as it is, so that `--epochs 2.5`,
-# `--batch-size lots` and TrainConfig(epochs=2.5, batch_size="lots") get the same message.
-def int_or_text(text: str) -> int | float | str:
-    """An integer when the text is one; else the number or the text itself, for validate() to reject."""
-    try:
-        return int(text)
-    except ValueError:
-        return float_or_text(text)
-
-
-def float_or_text(text: str) -> float | str:
-    """A float when the text is a number ('nan' and 'inf' included); else the text itself."""
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
-def one_of(names: tuple[str, ...]) -> str:
-    return "{" + ",".join(names) + "}"  # the metavar argparse shows for `choices`
 
 
 def config_or_exit(parser: argparse.ArgumentParser, **fields) -> TrainConfig:
@@ -98,11 +76,11 @@ def _add_train_parser(commands) -> None:
     t = commands.add_parser("train", allow_abbrev=False, help="train a model and print the chapter's line",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = TrainConfig()
-    t.add_argument("--strategy", metavar=one_of(STRATEGY_NAMES), default=d.strategy, help="how to spread the work")
+    t.add_argument("--strategy", metavar=choices_metavar(STRATEGY_NAMES), default=d.strategy, help="how to spread the work")
     t.add_argument("--devices", type=int_or_text, default=d.devices,
                    help="devices (replicas, or ranks for ddp and fsdp); emulated on the CPU when GPUs are short")
     t.add_argument("--require-gpus", action="store_true", help="fail instead of emulating missing GPUs")
-    t.add_argument("--device", metavar=one_of(DEVICE_KINDS), default=d.device,
+    t.add_argument("--device", metavar=choices_metavar(DEVICE_KINDS), default=d.device,
                    help="auto: GPUs when there are --devices of them, else the CPU; cpu: the CPU even beside GPUs; "
                         "cuda: GPUs or an error (as --require-gpus)")
     t.add_argument("--exact-gpu-math", action="store_true",
@@ -113,9 +91,9 @@ def _add_train_parser(commands) -> None:
     t.add_argument("--lr", type=float_or_text, default=d.lr, help="learning rate")
     t.add_argument("--momentum", type=float_or_text, default=d.momentum)
     t.add_argument("--weight-decay", type=float_or_text, default=d.weight_decay)
-    t.add_argument("--model", metavar=one_of(MODEL_NAMES), default=d.model)
+    t.add_argument("--model", metavar=choices_metavar(MODEL_NAMES), default=d.model)
     t.add_argument("--width", type=int_or_text, default=d.width, help="ResNet-18 base width")
-    t.add_argument("--data", metavar=one_of(DATA_NAMES), default=d.data)
+    t.add_argument("--data", metavar=choices_metavar(DATA_NAMES), default=d.data)
     t.add_argument("--data-dir", default=d.data_dir, help="folder with FashionMNIST/raw/ (torchvision layout)")
     t.add_argument("--download", action="store_true", help="download Fashion-MNIST if it is missing")
     t.add_argument("--resize", type=int_or_text, default=None, help="resize images to this side")
@@ -124,7 +102,7 @@ def _add_train_parser(commands) -> None:
     t.add_argument("--seed", type=int_or_text, default=d.seed)
     t.add_argument("--out", default=d.out, help="folder for results.json, accuracy.png and model.pt")
     t.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
-    t.add_argument("--on-nonfinite", metavar=one_of(NONFINITE_POLICIES), default=d.on_nonfinite,
+    t.add_argument("--on-nonfinite", metavar=choices_metavar(NONFINITE_POLICIES), default=d.on_nonfinite,
                    help="on a NaN/Inf loss: stop with an error, or skip that step's update")
     t.add_argument("--port", type=int_or_text, default=None,
                    help="ddp rendezvous port (default: a free one, chosen per run)")
@@ -133,7 +111,7 @@ def _add_train_parser(commands) -> None:
     t.add_argument("--sync-bn", action="store_true", help="ddp: use SyncBatchNorm (CUDA only)")
     t.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                    help="save model, optimizer, RNG states and epoch to DIR/checkpoint.pt after every epoch")
-    t.add_argument("--amp", metavar=one_of(AMP_MODES), default=d.amp,
+    t.add_argument("--amp", metavar=choices_metavar(AMP_MODES), default=d.amp,
                    help="bf16: autocast forward and loss to bfloat16 (weights and SGD stay fp32)")
     t.add_argument("--channels-last", action="store_true", help="channels-last memory layout for images and convolutions")
     t.add_argument("--compile", action="store_true",
@@ -143,9 +121,9 @@ def _add_train_parser(commands) -> None:
     t.add_argument("--accumulate", type=int_or_text, default=d.accumulate, metavar="K",
                    help="gradient accumulation: each global batch in K micro-steps per device, gradients synchronised "
                         "on the last (under ddp: no_sync before it)")
-    t.add_argument("--shard", metavar=one_of(SHARD_MODES), default=d.shard,
+    t.add_argument("--shard", metavar=choices_metavar(SHARD_MODES), default=d.shard,
                    help="fsdp: fully_shard each block (residual block, layer) then the root, or the whole model as one")
-    t.add_argument("--reshard-after-forward", metavar=one_of(RESHARD_MODES), default=d.reshard_after_forward,
+    t.add_argument("--reshard-after-forward", metavar=choices_metavar(RESHARD_MODES), default=d.reshard_after_forward,
                    help="fsdp: free the gathered weights after forward and gather them again for backward (less "
                         "memory), or keep them (less communication)")
     t.add_argument("--resume", action="store_true",
@@ -153,7 +131,7 @@ def _add_train_parser(commands) -> None:
 
 
 def _add_check_script_parser(commands) -> None:
-    from mgpu.scriptcheck.command import add_arguments
+    from mgpu.check.script.command import add_arguments
 
     p = commands.add_parser("check-script", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             help="run your own training script at world size 1 and at N ranks and find the first "
@@ -162,7 +140,7 @@ def _add_check_script_parser(commands) -> None:
 
 
 def _check_script_main(parser: argparse.ArgumentParser, args) -> int:
-    from mgpu.scriptcheck.command import run_main
+    from mgpu.check.script.command import run_main
 
     return run_main(parser, args)
 
@@ -186,69 +164,17 @@ def _command_providers() -> list:
 
 
 def _add_check_parser(commands) -> None:
-    from mgpu.check.command import add_report_arguments
+    from mgpu.check.model.command import add_arguments
 
-    d = CheckOptions()
-    c = commands.add_parser("check", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    p = commands.add_parser("check", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             help="check that data-parallel training of your model computes what one device computes")
-    c.add_argument("model", metavar="MODULE:FUNCTION",
-                   help="a function (in a module, or a .py file) returning an nn.Module or an mgpu.ModelSpec; "
-                        "or resnet18 / lenet")
-    c.add_argument("--input-shape", default=None, metavar="C,H,W", help="one input image, for a function returning an nn.Module")
-    c.add_argument("--classes", type=int_or_text, default=None, help="class count (default: read off the model's output)")
-    c.add_argument("--strategies", default=",".join(d.strategies), metavar="S[,S...]",
-                   help=f"strategies to check, from {','.join(CHECK_STRATEGIES)}")
-    c.add_argument("--devices", default=",".join(map(str, d.devices)), metavar="N[,N...]",
-                   help="device counts (emulated on the CPU when GPUs are short)")
-    c.add_argument("--device", metavar=one_of(DEVICE_KINDS), default=d.device,
-                   help="auto: GPUs when there are enough for a device count, else the CPU; cpu: every run on the CPU; "
-                        "cuda: GPUs or an error")
-    c.add_argument("--batch-size", type=int_or_text, default=d.batch_size, help="global batch size of each step")
-    c.add_argument("--steps", type=int_or_text, default=d.steps, help="optimizer steps per run")
-    c.add_argument("--seed", type=int_or_text, default=d.seed)
-    c.add_argument("--accumulate", type=int_or_text, default=d.accumulate, metavar="K",
-                   help="micro-steps of the gradient accumulation check")
-    c.add_argument("--step-timeout", type=float_or_text, default=d.step_timeout, metavar="S",
-                   help="seconds a step may take before the model counts as hanging")
-    c.add_argument("--amp", metavar=one_of(AMP_MODES), default=d.amp,
-                   help="bf16: every run's forward and loss under bfloat16 autocast, as train --amp bf16 runs them; "
-                        "the allowance comes from the single-device bf16 step (docs/design/check-tolerance.md)")
-    c.add_argument("--compile", action="store_true",
-                   help="every strategy's model under torch.compile (inductor), against the eager single-device "
-                        "reference; a compiled run that diverges from eager fails with its first divergence")
-    add_report_arguments(c, json_help="write one record per check here",
-                         strict_help="findings fail the check too (exit 1)")
+    add_arguments(p)
 
 
 def _check_main(parser: argparse.ArgumentParser, args) -> int:
-    """`python -m mgpu check`: the table on stdout, a progress line per check on stderr, --json;
-    the ending (exit codes, one-line errors, Ctrl-C) is the check core's (mgpu/check/command.py)."""
-    def int_list(text: str, what: str) -> tuple[int, ...]:
-        try:
-            return tuple(int(p) for p in text.split(","))
-        except ValueError:
-            parser.error(f"{what} must be comma-separated integers such as 2,3, got {text!r}")
+    from mgpu.check.model.command import run_main
 
-    try:
-        options = CheckOptions(strategies=tuple(p.strip() for p in args.strategies.split(",") if p.strip()),
-                               devices=int_list(args.devices, "devices"), batch_size=args.batch_size,
-                               steps=args.steps, seed=args.seed, accumulate=args.accumulate,
-                               step_timeout=args.step_timeout, device=args.device, amp=args.amp,
-                               compile=args.compile).validate()
-    except ConfigError as e:
-        parser.error(one_line(e))
-    from mgpu.check.command import run_check_command
-    from mgpu.parity.check import run_check
-    from mgpu.spec import builtin_spec, load_spec
-
-    def run():
-        if ":" not in args.model and args.input_shape is None and args.classes is None and args.model in MODEL_NAMES:
-            spec = builtin_spec(args.model, width=16 if args.model == "resnet18" else 64)
-        else:
-            spec = load_spec(args.model, input_shape=args.input_shape, classes=args.classes)
-        return run_check(spec, options, progress=lambda line: print(line, file=sys.stderr, flush=True))
-
-    return run_check_command(parser, args, run)
+    return run_main(parser, args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -189,7 +189,7 @@ def _micro_steps_even(batch: int, devices: int, micro_steps: int) -> bool:
 
 @dataclass(frozen=True)
 class CheckOptions:
-    """Settings of a parity check (mgpu/parity/check.py), validated like TrainConfig."""
+    """Settings of a parity check (mgpu/check/model/check.py), validated like TrainConfig."""
 
     strategies: tuple[str, ...] = ("manual", "dataparallel", "ddp", "fsdp")
     devices: tuple[int, ...] = (2, 3)

@@ -16,7 +16,8 @@ from typing import Callable
 
 from mgpu.errors import ConfigError
 
-__all__ = ["is_int", "positive_int", "non_negative_int", "finite_number", "number", "one_of", "world_sizes"]
+__all__ = ["is_int", "positive_int", "non_negative_int", "finite_number", "number", "one_of", "world_sizes", "int_or_text",
+           "float_or_text", "choices_metavar"]
 
 
 def is_int(value) -> bool:
@@ -73,3 +74,26 @@ def world_sizes(text, name: str = "--ranks", error: type[Exception] = ConfigErro
     if not sizes or any(s < 1 for s in sizes):
         raise error(f"{name} must be positive world sizes such as 1,2, got {text!r}")
     return sizes
+
+
+# Command lines parse options into numbers with these and check them in the options object's validate(),
+# which holds every rule and message: text that is no number is handed on as it is, so that `--epochs 2.5`,
+# `--batch-size lots` and TrainConfig(epochs=2.5, batch_size="lots") get the same message.
+def int_or_text(text: str) -> int | float | str:
+    """An integer when the text is one; else the number or the text itself, for validate() to reject."""
+    try:
+        return int(text)
+    except ValueError:
+        return float_or_text(text)
+
+
+def float_or_text(text: str) -> float | str:
+    """A float when the text is a number ('nan' and 'inf' included); else the text itself."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def choices_metavar(names: tuple[str, ...]) -> str:
+    return "{" + ",".join(names) + "}"  # the metavar argparse shows for `choices`

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mgpu.cli import int_or_text, one_of
+from mgpu.validators import choices_metavar, int_or_text
 from mgpu.config import AMP_MODES, STRATEGY_NAMES
 from mgpu.errors import EXIT_FAILED, EXIT_USAGE, MgpuError, one_line
 from mgpu.validators import positive_int
@@ -71,7 +71,7 @@ def _add_bench_parser(commands) -> None:
 
 def _speed_arguments(p) -> None:
     """--amp and --compile of bench and gate: time the step as you train it."""
-    p.add_argument("--amp", metavar=one_of(AMP_MODES), default="off",
+    p.add_argument("--amp", metavar=choices_metavar(AMP_MODES), default="off",
                    help="bf16: the forward and loss under bfloat16 autocast (weights and optimizer fp32)")
     p.add_argument("--compile", action="store_true",
                    help="the model under torch.compile (inductor); its compilation happens in the untimed warm-up")

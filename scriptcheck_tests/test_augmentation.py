@@ -1,4 +1,4 @@
-"""Random augmentation keyed to the example (mgpu/scriptcheck/keyed.py), in one process: the random numbers a
+"""Random augmentation keyed to the example (mgpu/check/script/inrank/keyed.py), in one process: the random numbers a
 map-style Dataset draws for an example depend on its index and the epoch only, whatever batch, rank or worker
 loads it, for torch's, numpy's and Python's global generators; the script's other draws are unchanged; the
 indices of each delivered batch are noted; what cannot be keyed is named (augment.py). The loops that run this
@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from mgpu.scriptcheck.augment import indices_agree, not_keyed, unkeyed_cause
-from mgpu.scriptcheck.data import StepData
-from mgpu.scriptcheck.keyed import KeyedBatch, KeyedData, example_key
+from mgpu.check.script.augment import indices_agree, not_keyed, unkeyed_cause
+from mgpu.check.script.data import StepData
+from mgpu.check.script.inrank.keyed import KeyedBatch, KeyedData, example_key
 
 
 class Augmented(Dataset):

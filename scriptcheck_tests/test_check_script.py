@@ -24,8 +24,8 @@ import torch
 
 from mgpu.errors import EXIT_FAILED, EXIT_NOT_VERIFIED, NotVerifiedError, ParityError
 from mgpu.scriptcheck import check_script, main, run_check_script
-from mgpu.scriptcheck.launch import ScriptCheckError, expand_args
-from mgpu.scriptcheck.recorder import strip_wrappers
+from mgpu.check.script.launch import ScriptCheckError, expand_args
+from mgpu.check.script.inrank.recorder import strip_wrappers
 
 pytestmark = [pytest.mark.reliability]
 
@@ -385,7 +385,7 @@ def test_no_process_group_at_world_n_is_named_not_a_missing_sampler(tmp_path):
 
 
 def test_the_batch_hint_names_the_scripts_own_batch_option_or_says_to_add_one(tmp_path):
-    from mgpu.scriptcheck.plan import batch_hint
+    from mgpu.check.script.plan import batch_hint
 
     argparse_script = tmp_path / "argp.py"
     argparse_script.write_text("import argparse\np = argparse.ArgumentParser()\n"

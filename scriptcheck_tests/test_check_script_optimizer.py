@@ -1,4 +1,4 @@
-"""check-script's optimizer side (mgpu/scriptcheck/optimizer.py) and what it compares after a first
+"""check-script's optimizer side (mgpu/check/script/optimizer.py) and what it compares after a first
 difference (compare.py): each step's param_groups settings against world 1's, exactly; each step's
 update against world 1's, within its tolerance, with Adam's signs of rounding-level gradients told
 from a bug; the checks that need no world-1 data still run after the data differ.
@@ -17,12 +17,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mgpu.check.records import RankRecord, StepRecord
+from mgpu.check.script.inrank.records import RankRecord, StepRecord
 from mgpu.scriptcheck import run_check_script
-from mgpu.scriptcheck.compare import compare_world
-from mgpu.scriptcheck.diagnose import ScriptFacts
-from mgpu.scriptcheck.optimizer import (ranks_settings_apart, same_setting, setting_divergence, settings_of,
-                                        steps_text)
+from mgpu.check.script.compare import compare_world
+from mgpu.check.script.diagnose import ScriptFacts
+from mgpu.check.script.inrank.settings import settings_of
+from mgpu.check.script.optimizer import ranks_settings_apart, same_setting, setting_divergence, steps_text
 
 from scriptcheck_tests.test_check_script import LOOP
 

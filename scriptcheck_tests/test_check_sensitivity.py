@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from mgpu.scriptcheck import run_check_script
-from mgpu.scriptcheck.precision import LiftPrecision, PrecisionSeen
-from mgpu.scriptcheck.tensors import POOL_PRECISION, POOL_RERUN, allowances
+from mgpu.check.script.inrank.precision import LiftPrecision, PrecisionSeen
+from mgpu.check.script.tensors import POOL_PRECISION, POOL_RERUN, allowances
 
 # A correct DDP loop with SGD whose world N multiplies its loss by (1 + DELTA): every gradient and every
 # update is then (1 + DELTA) times world 1's, the weights hardly move apart.

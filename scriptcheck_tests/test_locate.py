@@ -1,4 +1,4 @@
-"""Where a divergence enters the model (mgpu/scriptcheck/locate.py, tracer.py): at the step that failed,
+"""Where a divergence enters the model (mgpu/check/script/locate.py, tracer.py): at the step that failed,
 each module's output per example and the gradient at the model's output, world N against world 1;
 and a check that passes runs nothing more.
 
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mgpu.scriptcheck import run_check_script
-from mgpu.scriptcheck.tracer import Tracer
+from mgpu.check.script.inrank.tracer import Tracer
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 
@@ -175,7 +175,7 @@ def test_a_check_that_passes_runs_no_traced_pass(tmp_path):
 def test_an_output_gradient_missing_for_the_traces_size_says_so_not_that_there_was_none():
     """A model whose outputs fill the trace's budget (build-nanogpt's logits: 25.8 M elements a rank)
     has no output gradient kept: that is the budget, not an output without a gradient."""
-    from mgpu.scriptcheck.locate import _output_gradient
+    from mgpu.check.script.locate import _output_gradient
 
     where, words, _ = _output_gradient(None, 0.5, 2, "gradient", truncated=True)
     assert where == "unknown" and "TRACE_NUMEL" in words and "no floating output" not in words, words

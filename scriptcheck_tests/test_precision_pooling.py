@@ -16,11 +16,11 @@ from types import SimpleNamespace
 
 import torch
 
-from mgpu.check.records import RankRecord, StepRecord
-from mgpu.scriptcheck.compare import compare_world
-from mgpu.scriptcheck.diagnose import ScriptFacts
-from mgpu.scriptcheck.launch import WorldRun, liftable
-from mgpu.scriptcheck.tensors import POOL_PRECISION, POOL_RERUN, allowances
+from mgpu.check.script.inrank.records import RankRecord, StepRecord
+from mgpu.check.script.compare import compare_world
+from mgpu.check.script.diagnose import ScriptFacts
+from mgpu.check.script.launch import WorldRun, liftable
+from mgpu.check.script.tensors import POOL_PRECISION, POOL_RERUN, allowances
 
 LR = 0.1
 PERTURB = 2.0 ** -22   # run B's perturbation of a float32 gradient: two float32 roundings (launch.PERTURB)

@@ -16,9 +16,9 @@ from types import SimpleNamespace
 
 import torch
 
-from mgpu.check.records import RankRecord, StepRecord
-from mgpu.scriptcheck.compare import compare_world
-from mgpu.scriptcheck.diagnose import ScriptFacts
+from mgpu.check.script.inrank.records import RankRecord, StepRecord
+from mgpu.check.script.compare import compare_world
+from mgpu.check.script.diagnose import ScriptFacts
 
 LR = 0.1
 SPREAD = 1e-5   # run B's distance from run A, relative to each gradient's largest element (float32's eps: 1.2e-7)

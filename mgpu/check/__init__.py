@@ -1,4 +1,4 @@
-"""The check core: what `mgpu check` (mgpu/parity) and `mgpu check-script` (mgpu/scriptcheck) share.
+"""The check core: what `mgpu check` (mgpu/check/model) and `mgpu check-script` (mgpu/check/script) share.
 
 Each source plans and runs its runs, then hands typed records to its judge, which finds
 divergences with the core's tolerance rule and reports through the core's report and command

@@ -5,7 +5,7 @@
     report.raise_unless_accepted() # the API's ending: ParityError, NotVerifiedError, or the report
     report.write_json("check.json")
 
-Each source's report (`mgpu.parity.report.Report`, `mgpu.scriptcheck.report.ScriptReport`) derives
+Each source's report (`mgpu.check.model.report.Report`, `mgpu.check.script.report.ScriptReport`) derives
 from `CheckReport` and says what it judged: its verdict, its findings, its first failure as a
 sentence, its text and its JSON record. What a verdict means for CI is written here, once.
 """

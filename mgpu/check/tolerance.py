@@ -9,10 +9,10 @@ step by step (the spread), and allows
 where each source supplies eps, scale and the spread. The floor covers a tensor the spread happens
 to get almost exactly.
 
-* `check` (mgpu/parity): the spread is the single-device float32 (or bf16) step's distance from the
+* `check` (mgpu/check/model): the spread is the single-device float32 (or bf16) step's distance from the
   float64 step, eps float32's, the scale the float64 reference's largest element;
   docs/design/check-tolerance.md says how the factor was measured;
-* `check-script` (mgpu/scriptcheck): the spread is world 1's rerun, whose gradients are moved by a
+* `check-script` (mgpu/check/script): the spread is world 1's rerun, whose gradients are moved by a
   rounding-sized perturbation, against world 1's plain run; eps the tensor's dtype's, the scale the
   largest element of the tensor's module (docs/guide/check-script.md).
 

@@ -2,7 +2,7 @@
 
 import sys
 
-from mgpu.scriptcheck import main
+from mgpu.check.script import main
 
 if __name__ == "__main__":
     sys.exit(main(prog="python -m mgpu.scriptcheck"))

@@ -28,7 +28,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
-from mgpu.scriptcheck.keyed import KeyedData
+from mgpu.check.script.inrank.keyed import KeyedData
 
 
 class Jpegs(Dataset):

@@ -17,14 +17,14 @@ import torch
 
 from mgpu.models import resnet18
 from mgpu.check.tolerance import FLOOR_ULPS, error
-from mgpu.parity.check import CheckOptions, References, run_in_process
-from mgpu.parity.compare import EPS32
-from mgpu.parity.probe import switch_off_dropout
-from mgpu.parity.record import Plan
+from mgpu.check.model.check import CheckOptions, References, run_in_process
+from mgpu.check.model.compare import EPS32
+from mgpu.check.model.probe import switch_off_dropout
+from mgpu.check.model.record import RunPlan
 from mgpu.spec import builtin_spec, image_spec
 
 
-def ratios(spec, seed: int, n: int, plan: Plan, options: CheckOptions) -> list[tuple]:
+def ratios(spec, seed: int, n: int, plan: RunPlan, options: CheckOptions) -> list[tuple]:
     model = spec.build_seeded(seed)
     switch_off_dropout(model)
     refs = References(spec, model, options)
@@ -65,7 +65,7 @@ def main() -> None:
         for seed in range(5):
             for n in (2, 3):
                 for batch in (12, 13):
-                    found += ratios(spec, seed, n, Plan(batch, 3, seed), options)
+                    found += ratios(spec, seed, n, RunPlan(batch, 3, seed), options)
         values = torch.tensor([r[0] for r in found])
         print(f"{spec.name}: {len(found)} tensor-steps; ratio median {float(values.median()):.2f}, "
               f"99th percentile {float(values.quantile(0.99)):.2f}, max {float(values.max()):.2f} "

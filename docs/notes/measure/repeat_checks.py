@@ -15,7 +15,7 @@ import sys
 import time
 
 from mgpu.scriptcheck import run_check_script
-from mgpu.scriptcheck.launch import PERTURB_SEED_VARIABLE
+from mgpu.check.script.launch import PERTURB_SEED_VARIABLE
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 """What each run of a check is: its plans, its optimizer, the strategy it drives, its name and first device.
 
-    plan = plan_check(options)           # CheckPlan: the plans, the runs, the probe's shards
-    plans = make_plans(options)          # {"plain": Plan, "uneven": Plan, "accumulate": Plan}
+    plan = plan_check(options)           # ModelCheckPlan: the plans, the runs, the probe's shards
+    plans = make_plans(options)          # {"plain": RunPlan, "uneven": RunPlan, "accumulate": RunPlan}
     strategy = strategy_for("manual", 2, options)
     label("ddp", 2)                      # "ddp on 2 ranks", as timeouts and progress lines name a run
 
@@ -18,15 +18,15 @@ import torch
 from mgpu.comm import shard_bounds
 from mgpu.config import CheckOptions, StrategySettings
 from mgpu.devices import devices
-from mgpu.parity.record import Plan
+from mgpu.check.model.record import RunPlan
 from mgpu.spec import ModelSpec
 from mgpu.strategies import RANK_STRATEGIES, get_strategy  # RANK_STRATEGIES: each run is a spawn of its ranks
 
-__all__ = ["CheckPlan", "plan_check", "make_plans", "make_optimizer", "SGDFactory", "strategy_for", "label", "run_device"]
+__all__ = ["ModelCheckPlan", "plan_check", "make_plans", "make_optimizer", "SGDFactory", "strategy_for", "label", "run_device"]
 
 
 @dataclass(frozen=True)
-class CheckPlan:
+class ModelCheckPlan:
     """Everything a check runs, decided from the options before anything runs: each strategy's plans,
     the (strategy, devices) runs in the options' order, and the shards the probe cuts the plain
     batch into (on the most devices checked: [start, stop) each)."""
@@ -36,18 +36,18 @@ class CheckPlan:
     probe_shards: tuple
 
 
-def plan_check(options: CheckOptions) -> CheckPlan:
+def plan_check(options: CheckOptions) -> ModelCheckPlan:
     plans = make_plans(options)
     n, batch = max(options.devices), plans["plain"].batch_size
-    return CheckPlan(plans, tuple(options.runs()), tuple(shard_bounds(batch, n, i) for i in range(n)))
+    return ModelCheckPlan(plans, tuple(options.runs()), tuple(shard_bounds(batch, n, i) for i in range(n)))
 
 
-def make_plans(options: CheckOptions) -> dict[str, Plan]:
+def make_plans(options: CheckOptions) -> dict[str, RunPlan]:
     """The runs of each strategy: plain steps, a batch the device counts do not divide, and accumulation
     over micro-steps of different sizes (CheckOptions.accumulation_batch)."""
-    return {"plain": Plan(options.batch_size, options.steps, options.seed),
-            "uneven": Plan(options.uneven_batch(), options.steps, options.seed),
-            "accumulate": Plan(options.accumulation_batch(), options.steps, options.seed, micro_steps=options.accumulate)}
+    return {"plain": RunPlan(options.batch_size, options.steps, options.seed),
+            "uneven": RunPlan(options.uneven_batch(), options.steps, options.seed),
+            "accumulate": RunPlan(options.accumulation_batch(), options.steps, options.seed, micro_steps=options.accumulate)}
 
 
 def make_optimizer(options: CheckOptions, spec: ModelSpec):

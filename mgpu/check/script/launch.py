@@ -5,7 +5,7 @@ MASTER_ADDR, MASTER_PORT; ranks forked from a fork server that has imported torc
 costs a fork, not an interpreter and an import of torch) of `rank.run_rank`, which runs the
 script with runpy as `python SCRIPT` would. Every rank writes its record (a RankRecord) and its
 stdout/stderr into one temporary folder, removed when the check ends (also on a crash or a timeout).
-Which runs there are, and what each rank is told, is the plan's (plan.CheckPlan: world 1 twice, A and
+Which runs there are, and what each rank is told, is the plan's (plan.ScriptCheckPlan: world 1 twice, A and
 its perturbed rerun B, then each world N; lifted to float32 as well where run A ran below it).
 """
 
@@ -18,9 +18,9 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from mgpu.check.records import RankRecord
+from mgpu.check.script.inrank.records import RankRecord
 from mgpu.errors import LaunchError
-from mgpu.scriptcheck.plan import (PERTURB, PERTURB_SEED_VARIABLE, CheckPlan, PlannedRun, ScriptCheckError,
+from mgpu.check.script.plan import (PERTURB, PERTURB_SEED_VARIABLE, ScriptCheckPlan, PlannedRun, ScriptCheckError,
                                    expand_args)
 
 __all__ = ["WorldRun", "RankFailure", "run_worlds", "run_checked", "liftable", "PERTURB", "PERTURB_SEED_VARIABLE",
@@ -102,13 +102,13 @@ def _failure(e: LaunchError, world: int, folder: str, tag: str, timeout: float |
     return RankFailure(world, rank, "crash", first, tail)
 
 
-def run_world(plan: CheckPlan, planned: PlannedRun, folder: str, trace_step: int = 0) -> WorldRun:
-    """One planned run (plan.PlannedRun), as its RankJob says: every rank spawned, its record loaded, or
+def run_world(plan: ScriptCheckPlan, planned: PlannedRun, folder: str, trace_step: int = 0) -> WorldRun:
+    """One planned run (plan.PlannedRun), as its ScriptRankJob says: every rank spawned, its record loaded, or
     its failure. With trace_step k: up to step k, whose forwards are traced (locate.py)."""
     import torch
 
     from mgpu.launch import spawn
-    from mgpu.scriptcheck.rank import run_rank
+    from mgpu.check.script.inrank.rank import run_rank
 
     job = replace(plan.jobs[planned], folder=folder)
     if trace_step:
@@ -129,7 +129,7 @@ def run_world(plan: CheckPlan, planned: PlannedRun, folder: str, trace_step: int
     return out
 
 
-def run_worlds(plan: CheckPlan, runs: tuple[PlannedRun, ...], progress=None, parallel: int | None = None) -> list[WorldRun]:
+def run_worlds(plan: ScriptCheckPlan, runs: tuple[PlannedRun, ...], progress=None, parallel: int | None = None) -> list[WorldRun]:
     """The planned `runs`; `parallel` at a time (default: as many as the cores allow, one rank a core: one
     at a time on two cores, in this thread, where SIGTERM and Ctrl-C reach the agent), in one temporary
     folder that is removed afterwards. An error of a run other than its ranks' failure (which is the
@@ -175,13 +175,13 @@ def run_worlds(plan: CheckPlan, runs: tuple[PlannedRun, ...], progress=None, par
 def liftable(run: WorldRun) -> bool:
     """Run A computed below float32 (autocast, FSDP2's policy, a model cast whole), as its rank 0
     recorded (precision.PrecisionSeen): check-script then also runs it lifted to float32."""
-    from mgpu.scriptcheck.precision import LOW
+    from mgpu.check.script.inrank.precision import LOW
 
     seen = run.ranks[0].precision if run.ranks else {}
     return seen.get("lowest") in LOW
 
 
-def run_checked(plan: CheckPlan, progress=None) -> list[WorldRun]:
+def run_checked(plan: ScriptCheckPlan, progress=None) -> list[WorldRun]:
     """Every run the check needs: world 1's run A first (on each device kind), and what it ran at
     decides the rest (the plan's `plain` runs, or its `lifted` ones for a mixed precision)."""
     runs = run_worlds(plan, plan.first, progress)

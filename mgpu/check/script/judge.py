@@ -14,12 +14,12 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from mgpu.check.divergence import Divergence, Finding
-from mgpu.scriptcheck.augment import keyed_note, not_keyed, randomness_facts, same_numbers, where_drawn
-from mgpu.scriptcheck.compare import ScriptFacts, WorldComparison, compare_world, reproducibility
-from mgpu.scriptcheck.diagnose import (collective_fix, collective_text, merged_collectives, no_process_group,
+from mgpu.check.script.augment import keyed_note, not_keyed, randomness_facts, same_numbers, where_drawn
+from mgpu.check.script.compare import ScriptFacts, WorldComparison, compare_world, reproducibility
+from mgpu.check.script.diagnose import (collective_fix, collective_text, merged_collectives, no_process_group,
                                       uninitialised_cause)
-from mgpu.scriptcheck.launch import RankFailure, WorldRun
-from mgpu.scriptcheck.plan import CheckPlan, ScriptCheckError, Target
+from mgpu.check.script.launch import RankFailure, WorldRun
+from mgpu.check.script.plan import ScriptCheckPlan, ScriptCheckError, Target
 
 __all__ = ["Judgement", "judge", "findings_of"]
 
@@ -35,7 +35,7 @@ class Judgement:
     comparisons: list[WorldComparison] = field(default_factory=list)
 
 
-def judge(plan: CheckPlan, runs: list[WorldRun]) -> Judgement:
+def judge(plan: ScriptCheckPlan, runs: list[WorldRun]) -> Judgement:
     """The judgement of the runs; ScriptCheckError when world 1 made no optimizer step (nothing to judge).
     In one pass a stage: what world 1 shows, then the findings (diagnose.py: what the records explain),
     then world 1 against itself and each world N against world 1 (compare.py)."""

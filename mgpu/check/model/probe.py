@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from mgpu.parity.compare import error
+from mgpu.check.model.compare import error
 from mgpu.check.dropout import DropoutOff, hold_dropout_off
-from mgpu.parity.record import Plan, check_ties
+from mgpu.check.model.record import RunPlan, check_ties
 from mgpu.spec import ModelSpec, select_output, slice_inputs
 
 __all__ = ["flatten_output", "switch_off_dropout", "find_random_layers", "find_mixing_layers",
@@ -264,7 +264,7 @@ class Traits:
     unused: list[str] = field(default_factory=list)
 
 
-def probe_model(spec: ModelSpec, model: nn.Module, plan: Plan, shards) -> Traits:
+def probe_model(spec: ModelSpec, model: nn.Module, plan: RunPlan, shards) -> Traits:
     """Every probe on step 1's batch of `plan` (mixing: over `shards`, [start, stop) each, as the plan
     cuts the batch on the most devices); `model`'s dropout is left off."""
     inputs, target = plan.batch(spec, 1)

@@ -1,35 +1,17 @@
-"""What a run recorded, typed: the records each source's run stage hands to its judge.
+"""What a rank of a check-script run records, typed: one `RankRecord` per rank, saved with torch.save for
+the launcher and handed to the judge.
 
-`check` (mgpu/parity) drives mgpu's strategies itself and records a `Recording` per strategy run:
-every replica's (or rank's) weights and buffers entering each step and after the last, its
-gradients after step 1, the optimizer state at each step, the global [loss_sum, correct].
-
-`check-script` (mgpu/scriptcheck) runs a user's script and records, in every rank, a `RankRecord`:
-one `StepRecord` per optimizer step (the gradients the optimizer saw, the weights after it, the
-`ForwardRecord`s of the data the step consumed) and what the script does that the judge must know
-(BatchNorm, dropout, random draws). A rank saves it with torch.save for the launcher.
+A `RankRecord` holds one `StepRecord` per optimizer step (the gradients the optimizer saw, the weights
+after it, the `ForwardRecord`s of the data the step consumed) and what the script does that the judge
+must know (BatchNorm, dropout, random draws, collectives autograd does not see, the rank's timing).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Recording", "ForwardRecord", "StepRecord", "CollectiveCall", "RankTiming", "RankRecord"]
+__all__ = ["ForwardRecord", "StepRecord", "CollectiveCall", "RankTiming", "RankRecord"]
 
-
-# -- check: a strategy's run ---------------------------------------------------------------------------
-
-@dataclass
-class Recording:
-    states: list[list[dict]] = field(default_factory=list)   # [step 0..k][replica] -> {"weight a.b": t, "buffer c": t}
-    grads: list[dict] = field(default_factory=list)          # [replica] -> {param name: grad or None}, after step 1
-    optimizer_states: list = field(default_factory=list)     # [step 0..k] -> replica 0's optimizer.state_dict()
-    stats: list[list[float]] = field(default_factory=list)   # [step] -> [loss_sum, correct] over the global batch
-    ties: list[list[list[str]]] = field(default_factory=list)  # [replica] -> names still sharing one tensor (whole run)
-    shards: int = 1  # how many shards the global batch was cut into (a DataParallel pass-through: 1)
-
-
-# -- check-script: a rank of a script's run ------------------------------------------------------------
 
 @dataclass
 class ForwardRecord:
@@ -58,9 +40,9 @@ class StepRecord:
     backwards: int | None = None       # backward passes the rank had made by the step (None: not counted)
     process_group: int | None = None   # torch.distributed's world size at the step (0: no process group)
     settings: list = field(default_factory=list)  # per param group: its settings but "params", as the step used them
-    loaders: tuple = ()                # the DataLoaders iterated by then, each its sampler chain (scriptcheck/feeds.py)
+    loaders: tuple = ()                # the DataLoaders iterated by then, each its sampler chain (feeds.py)
     schedulers: list = field(default_factory=list)  # the optimizer's LR schedulers then: type, steps, length, stepped by
-    indices: list | None = None        # the dataset indices of the batches fed since the last step (scriptcheck/keyed.py)
+    indices: list | None = None        # the dataset indices of the batches fed since the last step (keyed.py)
 
 
 @dataclass(frozen=True)
@@ -101,10 +83,10 @@ class RankRecord:
     uninitialised: dict = field(default_factory=dict)     # name -> (non-finite count, largest |x|) at first call: suspect
     grad_collectives: list = field(default_factory=list)  # CollectiveCall: no autograd, on a tensor that requires grad
     setup_steps: int = 0                       # zero-gradient steps before any training data: not counted
-    precision: dict = field(default_factory=dict)   # what the training forwards ran at (scriptcheck/precision.py)
+    precision: dict = field(default_factory=dict)   # what the training forwards ran at (precision.py)
     lifted: dict = field(default_factory=dict)      # what the check lifted to float32 in this run, with counts
-    trace: object = None                       # a traced run's modules and output gradient (scriptcheck/tracer.py)
+    trace: object = None                       # a traced run's modules and output gradient (tracer.py)
     rank: int = 0
     world: int = 1
     timing: RankTiming | None = None
-    randomness: dict = field(default_factory=dict)  # the script's draws, seeds and keyed fetches (scriptcheck/augment.py)
+    randomness: dict = field(default_factory=dict)  # the script's draws, seeds and keyed fetches (check/script/augment.py)

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from mgpu.check.divergence import Divergence
 from mgpu.check.report import CheckReport, Verdict
-from mgpu.scriptcheck.compare import WorldComparison
-from mgpu.scriptcheck.diagnose import UNINITIALISED
+from mgpu.check.script.compare import WorldComparison
+from mgpu.check.script.diagnose import UNINITIALISED
 
 __all__ = ["ScriptReport", "timings_of"]
 

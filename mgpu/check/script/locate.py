@@ -7,7 +7,7 @@ world N against world 1.
 
 Only a comparison that failed at a gradient or a weight is located, so a passing check costs nothing:
 a second, targeted run of world 1 (A, and its perturbed rerun B: the spread) and of the failing
-world N, up to the step that diverged, with a tracer in every rank (tracer.py, RankJob.trace_step).
+world N, up to the step that diverged, with a tracer in every rank (tracer.py, ScriptRankJob.trace_step).
 
 **The examples** are matched across world sizes by their digests (data.py's rule: the data each
 traced forward consumed, padding stripped), so a rank's rows of a module's output are compared with
@@ -38,8 +38,8 @@ import time
 import torch
 
 from mgpu.check.tolerance import allowed_error, eps_of, error, largest
-from mgpu.scriptcheck.data import _batch_dims, _pads, example_digests  # the step's own rule for examples
-from mgpu.scriptcheck.tensors import FACTOR_AGREE, common_factor
+from mgpu.check.script.data import _batch_dims, _pads, example_digests  # the step's own rule for examples
+from mgpu.check.script.tensors import FACTOR_AGREE, common_factor
 
 __all__ = ["locate", "locate_failures", "traced_runs", "LOCATED"]
 
@@ -53,8 +53,8 @@ LOCATED = ("gradient", "update", "weight")
 def traced_runs(plan, run_n, step: int, cache: dict) -> tuple:
     """World 1's A and B and world N (as `run_n` ran: device, lifted) again up to `step`, traced; world
     1's runs shared through `cache` between world sizes that failed at the same step."""
-    from mgpu.scriptcheck.launch import run_world
-    from mgpu.scriptcheck.plan import PlannedRun
+    from mgpu.check.script.launch import run_world
+    from mgpu.check.script.plan import PlannedRun
 
     out = []
     with tempfile.TemporaryDirectory(prefix="mgpu-locate-") as folder:

@@ -22,12 +22,12 @@ from typing import Callable
 import torch
 
 from mgpu.config import CheckOptions
-from mgpu.parity.compare import Divergence, compare_bitwise, compare_to_reference, error, worst
-from mgpu.parity.plans import label, make_optimizer, run_device
-from mgpu.parity.probe import Traits
-from mgpu.parity.record import (Arithmetic, Plan, Recording, ReferenceSetup, reference_run, reference_step, snapshot,
+from mgpu.check.model.compare import Divergence, compare_bitwise, compare_to_reference, error, worst
+from mgpu.check.model.plans import label, make_optimizer, run_device
+from mgpu.check.model.probe import Traits
+from mgpu.check.model.record import (Arithmetic, RunPlan, Recording, ReferenceSetup, reference_run, reference_step, snapshot,
                                 state_digest)
-from mgpu.parity.report import NO_BUFFERS, CheckResult
+from mgpu.check.model.report import NO_BUFFERS, CheckResult
 from mgpu.spec import ModelSpec
 from mgpu.strategies import RANK_STRATEGIES
 
@@ -54,7 +54,7 @@ class References:
     cache: dict = field(default_factory=dict)
     comparisons: dict = field(default_factory=dict)  # (kind, plan, shards, recording's digest) -> compare_run's
 
-    def compared(self, kind: str, rec: Recording, plan: Plan, shards: int) -> list:
+    def compared(self, kind: str, rec: Recording, plan: RunPlan, shards: int) -> list:
         """compare_run(kind, rec, ...), computed once for bitwise equal recordings: on the CPU,
         nn.DataParallel on 2 and on 3 devices is the same pass-through run, and its reference steps
         (most of a check's time for a large model) need not be taken twice."""
@@ -70,7 +70,7 @@ class References:
     def initial(self) -> dict:
         return snapshot(self.model)
 
-    def step(self, state: dict, optimizer_state: dict, plan: Plan, step: int, n: int, dtype, device="cpu",
+    def step(self, state: dict, optimizer_state: dict, plan: RunPlan, step: int, n: int, dtype, device="cpu",
              amp: str = "off"):
         """The reference step from (state, optimizer_state). A run's first step starts from the model
         as built with a fresh optimizer, whatever the strategy: that step is computed once per
@@ -91,7 +91,7 @@ class References:
         arithmetic = Arithmetic(dtype, device, torch.bfloat16 if amp == "bf16" else None)
         return reference_step(self.setup, state, optimizer_state, plan, step, n, arithmetic)
 
-    def get(self, plan: Plan, n: int, dtype) -> Recording:
+    def get(self, plan: RunPlan, n: int, dtype) -> Recording:
         key = (plan, n, dtype)
         if key not in self.cache:
             self.cache[key] = reference_run(self.setup, plan, n, dtype)
@@ -106,12 +106,12 @@ class CheckContext:
     spec: ModelSpec
     model: torch.nn.Module
     options: CheckOptions
-    plans: dict[str, Plan]
+    plans: dict[str, RunPlan]
     traits: Traits
     refs: References
-    reproduce: Callable[[str, int, Plan], str]  # the command that reproduces a run (findings.reproducer)
+    reproduce: Callable[[str, int, RunPlan], str]  # the command that reproduces a run (findings.reproducer)
     say: Callable[[str], None]                  # a progress line
-    runs: tuple = ()                            # (strategy, devices) to run, in the options' order (CheckPlan.runs)
+    runs: tuple = ()                            # (strategy, devices) to run, in the options' order (ModelCheckPlan.runs)
     skip_exact: str | None = None               # why no run can be compared with the references, if none can
     results: list[CheckResult] = field(default_factory=list)
 
@@ -231,7 +231,7 @@ def named_optimizer_state(state_dict: dict, names: list[str]) -> dict:
     return out
 
 
-def compare_run(kind: str, rec: Recording, refs: References, plan: Plan,
+def compare_run(kind: str, rec: Recording, refs: References, plan: RunPlan,
                 n: int) -> list[tuple[str, Divergence | NothingToCompare | None, dict]]:
     """(check name, first divergence, None, or NOTHING_TO_COMPARE; worst errors) for one strategy run.
 
@@ -255,7 +255,7 @@ def compare_run(kind: str, rec: Recording, refs: References, plan: Plan,
                                        (errs2["max_abs"], errs2["max_rel"])]))]
 
 
-def _reference_steps(rec: Recording, refs: References, plan: Plan, n: int) -> list[tuple]:
+def _reference_steps(rec: Recording, refs: References, plan: RunPlan, n: int) -> list[tuple]:
     """[(float64 step, float32 step)] for each step s, each from the run's state entering step s."""
     # The float32 step that sizes the error runs where the checked run did (the first GPU when n
     # GPUs exist): a GPU's kernels round differently from a CPU's; sized by the CPU's float32,

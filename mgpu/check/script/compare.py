@@ -45,16 +45,16 @@ import math
 from dataclasses import dataclass, field, replace
 
 from mgpu.check.divergence import Divergence
-from mgpu.check.records import StepRecord
+from mgpu.check.script.inrank.records import StepRecord
 from mgpu.check.tolerance import largest
-from mgpu.scriptcheck.augment import NOT_KEYED
-from mgpu.scriptcheck.data import StepData, data_divergence, step_data
-from mgpu.scriptcheck.diagnose import (ScriptFacts, explained, gradient_diagnosis, other_start, uninitialised_cause,
+from mgpu.check.script.augment import NOT_KEYED
+from mgpu.check.script.data import StepData, data_divergence, step_data
+from mgpu.check.script.diagnose import (ScriptFacts, explained, gradient_diagnosis, other_start, uninitialised_cause,
                                        update_diagnosis)
-from mgpu.scriptcheck.optimizer import StepWeights, UpdateWatch, ranks_settings_apart, setting_divergence, steps_text, \
+from mgpu.check.script.optimizer import StepWeights, UpdateWatch, ranks_settings_apart, setting_divergence, steps_text, \
     updates_of
-from mgpu.scriptcheck.tally import Tally
-from mgpu.scriptcheck.tensors import (POOL_PRECISION, POOL_RERUN, allowance, allowances, common_factor, err,
+from mgpu.check.script.tally import Tally
+from mgpu.check.script.tensors import (POOL_PRECISION, POOL_RERUN, allowance, allowances, common_factor, err,
                                       module_scales, same)
 
 

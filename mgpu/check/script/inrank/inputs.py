@@ -10,7 +10,7 @@ import sys
 import torch
 from torch import nn
 
-from mgpu.check.records import ForwardRecord
+from mgpu.check.script.inrank.records import ForwardRecord
 
 __all__ = ["Digest", "tensor_digest", "call_kwargs", "data_record", "KEEP_INPUT_NUMEL"]
 

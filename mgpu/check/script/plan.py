@@ -4,7 +4,7 @@ target (a script or a module, with its ARGS), the `{world_size}` expressions in 
     options = ScriptCheckOptions(ranks=(1, 2), steps=4).validate()
     plan = plan_check(Target("train.py", None, ("--batch-size", "{64 // world_size}")), options)
     plan.first, plan.plain     # ((1, "A", "cpu"),), ((1, "B", "cpu"), (2, "", "cpu"))
-    plan.jobs[plan.first[0]]   # what every rank of that run is told (RankJob), ARGS evaluated
+    plan.jobs[plan.first[0]]   # what every rank of that run is told (ScriptRankJob), ARGS evaluated
 
 World 1 runs twice on each kind of device the comparison uses: run A, plain, and run B, whose
 gradients get a rounding-sized perturbation (the tolerance's spread, compare.py), which also shows
@@ -23,7 +23,7 @@ from typing import NamedTuple
 from mgpu.errors import MgpuError
 from mgpu.validators import number, positive_int, world_sizes
 
-__all__ = ["ScriptCheckError", "ScriptCheckOptions", "Target", "RankJob", "PlannedRun", "CheckPlan", "expand_args",
+__all__ = ["ScriptCheckError", "ScriptCheckOptions", "Target", "ScriptRankJob", "PlannedRun", "ScriptCheckPlan", "expand_args",
            "plan_runs", "plan_check", "batch_hint", "PERTURB", "PERTURB_SEED_VARIABLE",
            "DEFAULT_RANKS", "DEFAULT_STEPS", "DEFAULT_TIMEOUT"]
 
@@ -110,7 +110,7 @@ class Target:
 
 
 @dataclass(frozen=True)
-class RankJob:
+class ScriptRankJob:
     """What every rank of one run is told (launch.py makes it, rank.py and recorder.py read it)."""
 
     script: str | None             # the script's absolute path, or None for a module
@@ -179,7 +179,7 @@ def batch_hint(args, script: str | None = None, module: str | None = None) -> st
     kept), else the script's own batch options read from its source (scriptargs.py: argparse and
     click flags, HF's HfArgumentParser, a hydra config's keys), else a plain instruction to add one.
     It never names a flag the script does not have."""
-    from mgpu.scriptcheck.scriptargs import batch_options, script_source
+    from mgpu.check.script.scriptargs import batch_options, script_source
 
     if any("world_size" in a for a in args):
         return "an ARGS expression of world_size that keeps the global batch (check the one given)"
@@ -237,11 +237,11 @@ def plan_runs(worlds: tuple[int, ...], gpus: int, lift: bool = False) -> list[Pl
 
 
 @dataclass(frozen=True)
-class CheckPlan:
+class ScriptCheckPlan:
     """Everything the check decides before anything runs, handed to the run stage (launch.run_checked)
     and the judge. Run A goes first; what it computed at picks the rest: `plain` (B and each world N)
     when it ran at float32, `lifted` (plan_runs with lift) when it ran below. Every planned run's
-    RankJob is here, its ARGS evaluated; only its folder, the run stage's temporary one, is left empty."""
+    ScriptRankJob is here, its ARGS evaluated; only its folder, the run stage's temporary one, is left empty."""
 
     target: Target
     options: ScriptCheckOptions
@@ -249,14 +249,14 @@ class CheckPlan:
     first: tuple[PlannedRun, ...]
     plain: tuple[PlannedRun, ...]
     lifted: tuple[PlannedRun, ...]
-    jobs: dict = field(default_factory=dict)   # PlannedRun -> RankJob
+    jobs: dict = field(default_factory=dict)   # PlannedRun -> ScriptRankJob
     batch_hint: str = ""                       # how to keep the global batch, in the script's own terms
 
 
 def plan_check(target: Target, options: ScriptCheckOptions, gpus: int | None = None,
-               cores: int | None = None) -> CheckPlan:
+               cores: int | None = None) -> ScriptCheckPlan:
     """The check's plan for a target and validated options: the target validated at every world size
-    (ScriptCheckError), the runs (plan_runs, both ways), each run's RankJob and the batch hint.
+    (ScriptCheckError), the runs (plan_runs, both ways), each run's ScriptRankJob and the batch hint.
     `gpus` and `cores` default to this machine's (a rank of world N gets cores // N torch threads)."""
     if gpus is None:
         import torch
@@ -271,15 +271,15 @@ def plan_check(target: Target, options: ScriptCheckOptions, gpus: int | None = N
     first = tuple(p for p in plain if p.run == "A")
     seed = int(os.environ.get(PERTURB_SEED_VARIABLE, "0") or 0)
     jobs = {p: _job(target, options, p, gpus, cores, seed) for p in (*plain, *lifted)}
-    return CheckPlan(target, options, gpus, first, tuple(p for p in plain if p not in first),
+    return ScriptCheckPlan(target, options, gpus, first, tuple(p for p in plain if p not in first),
                      tuple(p for p in lifted if p not in first), jobs,
                      batch_hint(target.args, target.script, target.module))
 
 
 def _job(target: Target, options: ScriptCheckOptions, planned: PlannedRun, gpus: int, cores: int,
-         seed: int) -> RankJob:
+         seed: int) -> ScriptRankJob:
     world, run, device, lift = planned
-    return RankJob(os.path.abspath(target.script) if target.script else None, target.module, os.getcwd(),
+    return ScriptRankJob(os.path.abspath(target.script) if target.script else None, target.module, os.getcwd(),
                    tuple(expand_args(target.args, world)), options.steps, "",
                    f"w{world}{run or 'N'}-{device}{'-lifted' if lift else ''}",
                    perturb=PERTURB if run == "B" else 0.0, threads=max(1, cores // world) if world > 1 else None,

@@ -11,16 +11,16 @@ import time
 
 import torch
 
-from mgpu.check.records import RankTiming
-from mgpu.scriptcheck.plan import RankJob
-from mgpu.scriptcheck.precision import LiftPrecision
-from mgpu.scriptcheck.recorder import Recorder, StopScript
-from mgpu.scriptcheck.tracer import Tracer
+from mgpu.check.script.inrank.records import RankTiming
+from mgpu.check.script.plan import ScriptRankJob
+from mgpu.check.script.inrank.precision import LiftPrecision
+from mgpu.check.script.inrank.recorder import Recorder, StopScript
+from mgpu.check.script.inrank.tracer import Tracer
 
 __all__ = ["run_rank"]
 
 
-def _fresh_process_state(job: RankJob) -> None:
+def _fresh_process_state(job: ScriptRankJob) -> None:
     import multiprocessing
 
     # A rank forked from the fork server inherits its start method ("forkserver"): a fresh `python
@@ -63,7 +63,7 @@ def _leave_process_group() -> None:
             pass
 
 
-def run_rank(job: RankJob) -> dict:
+def run_rank(job: ScriptRankJob) -> dict:
     """Run the script in this rank, recording; save the record; return a summary."""
     rank = int(os.environ.get("RANK", "0"))
     started = time.time()

@@ -1,6 +1,5 @@
 """The optimizer's side of a step, world N against world 1: its settings and its update.
 
-    settings_of(optimizer)                       # each rank's pre-step hook: [{"lr": 1e-3, "betas": (0.9, 0.999), ...}]
     setting_divergence(step, got, ref, n, agreed)  # world N's settings against world 1's, exactly
     watch = UpdateWatch(n, facts, tally)
     watch.compare(StepWeights(...))              # the step's update against world 1's, within its tolerance
@@ -42,11 +41,11 @@ import torch
 
 from mgpu.check.divergence import Divergence
 from mgpu.check.tolerance import allowed_error, eps_of, largest
-from mgpu.scriptcheck.diagnose import ScriptFacts, schedule_cause, update_diagnosis
-from mgpu.scriptcheck.tally import Tally
-from mgpu.scriptcheck.tensors import POOL_RERUN, FACTOR_AGREE, allowances, common_factor, module_scales, name_factor
+from mgpu.check.script.diagnose import ScriptFacts, schedule_cause, update_diagnosis
+from mgpu.check.script.tally import Tally
+from mgpu.check.script.tensors import POOL_RERUN, FACTOR_AGREE, allowances, common_factor, module_scales, name_factor
 
-__all__ = ["settings_of", "same_setting", "setting_divergence", "ranks_settings_apart", "normalising",
+__all__ = ["same_setting", "setting_divergence", "ranks_settings_apart", "normalising",
            "updates_of", "StepWeights", "UpdateWatch", "steps_text", "SETTING_ULPS"]
 
 # Settings are equal at every world size up to this many float64 ulps (the same float64 arithmetic).
@@ -60,25 +59,6 @@ SCHEDULE_KEYS = ("max_lr", "min_lr", "base_lr", "max_momentum", "base_momentum")
 
 
 # -- settings ----------------------------------------------------------------------------------------------
-
-def settings_of(optimizer) -> list[dict]:
-    """Each param group's settings, every key but "params", as plain values (tensors as floats)."""
-    return [{k: _plain(v) for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-
-
-def _plain(v):
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    if isinstance(v, torch.Tensor):
-        v = v.detach()
-        return float(v) if v.numel() == 1 else tuple(float(x) for x in v.flatten().tolist())
-    if isinstance(v, (tuple, list)):
-        return tuple(_plain(x) for x in v)
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return f"<{type(v).__name__}>"  # an object: its type, not its address
-
 
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)

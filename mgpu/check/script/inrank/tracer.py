@@ -2,7 +2,7 @@
 feed one optimizer step, and the gradient that arrives at the model's output in their backward.
 
 Only the second, targeted run of a failed check installs one (locate.py: world 1 and the failing
-world N again, up to the step that diverged, `RankJob.trace_step`), so a passing check pays nothing.
+world N again, up to the step that diverged, `ScriptRankJob.trace_step`), so a passing check pays nothing.
 
     tracer = Tracer(step=3); tracer.install(); ...the script...; tracer.uninstall()
     tracer.trace      # Trace: the TracedForwards of step 3 of the first optimizer that stepped
@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from mgpu.check.records import ForwardRecord
-from mgpu.scriptcheck.inputs import call_kwargs, data_record
-from mgpu.scriptcheck.recorder import strip_wrappers
+from mgpu.check.script.inrank.records import ForwardRecord
+from mgpu.check.script.inrank.inputs import call_kwargs, data_record
+from mgpu.check.script.inrank.recorder import strip_wrappers
 
 __all__ = ["Event", "TracedForward", "Trace", "Tracer", "TRACE_NUMEL", "first_float"]
 

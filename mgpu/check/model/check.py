@@ -34,13 +34,13 @@ from mgpu.check.divergence import Finding
 from mgpu.config import CHECK_STRATEGIES, CheckOptions
 from mgpu.devices import exact_gpu_math, torch_threads
 from mgpu.errors import MgpuError, SpecError, one_line
-from mgpu.parity.findings import findings, notes, reproducer
-from mgpu.parity.judge import CheckContext, References, judge_run
-from mgpu.parity.plans import label, make_optimizer, plan_check, strategy_for
-from mgpu.parity.probe import probe_model
-from mgpu.parity.ranks import RankJob, RankRuns, rank_recording, spec_blob
-from mgpu.parity.record import Plan, Recording, record_strategy, snapshot, step_timeout
-from mgpu.parity.report import ZERO_GRADIENTS, CheckResult, Report
+from mgpu.check.model.findings import findings, notes, reproducer
+from mgpu.check.model.judge import CheckContext, References, judge_run
+from mgpu.check.model.plans import label, make_optimizer, plan_check, strategy_for
+from mgpu.check.model.probe import probe_model
+from mgpu.check.model.ranks import ModelRankJob, RankRuns, rank_recording, spec_blob
+from mgpu.check.model.record import RunPlan, Recording, record_strategy, snapshot, step_timeout
+from mgpu.check.model.report import ZERO_GRADIENTS, CheckResult, Report
 from mgpu.spec import ModelSpec, builtin_spec, load_spec, validate_spec
 from mgpu.strategies import RANK_STRATEGIES  # each run of these is a spawn of its ranks
 
@@ -134,7 +134,7 @@ def _start_rank_runs(ctx: CheckContext) -> tuple[RankRuns | None, str | None]:
     if rank_failure or not jobs:
         return None, rank_failure
     spec, traits = ctx.spec, ctx.traits
-    return RankRuns({n: RankJob(tuple(names), spec.source, dict(spec.options), blob, snapshot(ctx.model),
+    return RankRuns({n: ModelRankJob(tuple(names), spec.source, dict(spec.options), blob, snapshot(ctx.model),
                                 list(ctx.plans.values()), ctx.options, find_unused=bool(traits.unused),
                                 dropout_calls=bool(traits.dropout_calls))
                      for n, names in sorted(jobs.items(), reverse=True)},  # the most ranks first: the longest
@@ -179,7 +179,7 @@ def _recordings(ctx: CheckContext, name: str, n: int, per_plan: list | None) -> 
     return recs
 
 
-def run_in_process(spec, model, name: str, n: int, plan: Plan, options: CheckOptions) -> Recording:
+def run_in_process(spec, model, name: str, n: int, plan: RunPlan, options: CheckOptions) -> Recording:
     """Strategy `name` on n devices in this process (not a rank strategy), `plan` recorded from a copy of `model`."""
     strategy = strategy_for(name, n, options)
     strategy.use_objective(spec.objective)

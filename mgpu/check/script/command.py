@@ -9,7 +9,7 @@ import sys
 
 from mgpu.check.command import add_report_arguments, run_check_command
 from mgpu.errors import OneLineParser, one_line
-from mgpu.scriptcheck.plan import DEFAULT_RANKS, DEFAULT_STEPS, DEFAULT_TIMEOUT, ScriptCheckError, ScriptCheckOptions, Target
+from mgpu.check.script.plan import DEFAULT_RANKS, DEFAULT_STEPS, DEFAULT_TIMEOUT, ScriptCheckError, ScriptCheckOptions, Target
 
 __all__ = ["build_parser", "add_arguments", "main", "run_main"]
 
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None, prog: str = "mgpu check-script") -> int:
 
 def run_main(parser, args) -> int:
     """The command on parsed arguments (for a subcommand of `mgpu`): exit 0, 1, 2 or 3 (NOT VERIFIED)."""
-    from mgpu.scriptcheck import check_with
+    from mgpu.check.script import check_with
 
     try:
         options = ScriptCheckOptions.from_text(args.ranks, args.steps, args.timeout)

@@ -28,7 +28,7 @@ import sys
 
 import torch
 
-from mgpu.check.records import CollectiveCall
+from mgpu.check.script.inrank.records import CollectiveCall
 
 __all__ = ["CollectiveWatch", "WATCHED", "differentiable_fix"]
 

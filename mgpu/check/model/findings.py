@@ -17,10 +17,10 @@ import torch
 from mgpu import devices as devmod
 from mgpu.check.divergence import Finding
 from mgpu.config import CheckOptions
-from mgpu.parity.compare import error, worst
-from mgpu.parity.judge import CheckContext
-from mgpu.parity.probe import Traits
-from mgpu.parity.record import Plan
+from mgpu.check.model.compare import error, worst
+from mgpu.check.model.judge import CheckContext
+from mgpu.check.model.probe import Traits
+from mgpu.check.model.record import RunPlan
 from mgpu.spec import ModelSpec
 
 __all__ = ["findings", "notes", "reproducer"]
@@ -115,7 +115,7 @@ def notes(options: CheckOptions) -> list[str]:
 
 def reproducer(spec: ModelSpec, options: CheckOptions):
     """command(strategy, n, plan): the `python -m mgpu check` line that runs that one strategy and plan again."""
-    def command(strategy: str, n: int, plan: Plan) -> str:
+    def command(strategy: str, n: int, plan: RunPlan) -> str:
         parts = ["python", "-m", "mgpu", "check", spec.source or "MODULE:FUNCTION"]
         for key in ("input_shape", "classes"):
             if key in spec.options:

@@ -39,18 +39,18 @@ import torch
 from torch import nn
 
 from mgpu.check.dropout import DropoutOff, random_layer_modules, stochastic_depth_caller
-from mgpu.check.records import ForwardRecord, RankRecord, StepRecord
-from mgpu.scriptcheck.batchnorm import SyncedBatchNorm
-from mgpu.scriptcheck.collectives import CollectiveWatch
-from mgpu.scriptcheck.draws import RANDOM_FUNCTIONS, DrawWatch, module_generator
-from mgpu.scriptcheck.evidence import is_setup_step, process_group_size, suspect_values
-from mgpu.scriptcheck.feeds import FeedWatch
-from mgpu.scriptcheck.keyed import KeyedData, in_fetch, note
-from mgpu.scriptcheck.names import WRAPPER_SEGMENTS, parameter_names, strip_wrappers
-from mgpu.scriptcheck.precision import PrecisionSeen
-from mgpu.scriptcheck.plan import RankJob
-from mgpu.scriptcheck.inputs import Digest, call_kwargs, data_record, tensor_digest
-from mgpu.scriptcheck.optimizer import settings_of
+from mgpu.check.script.inrank.records import ForwardRecord, RankRecord, StepRecord
+from mgpu.check.script.inrank.batchnorm import SyncedBatchNorm
+from mgpu.check.script.inrank.collectives import CollectiveWatch
+from mgpu.check.script.inrank.draws import RANDOM_FUNCTIONS, DrawWatch, module_generator
+from mgpu.check.script.inrank.evidence import is_setup_step, process_group_size, suspect_values
+from mgpu.check.script.inrank.feeds import FeedWatch
+from mgpu.check.script.inrank.keyed import KeyedData, in_fetch, note
+from mgpu.check.script.inrank.names import WRAPPER_SEGMENTS, parameter_names, strip_wrappers
+from mgpu.check.script.inrank.precision import PrecisionSeen
+from mgpu.check.script.plan import ScriptRankJob
+from mgpu.check.script.inrank.inputs import Digest, call_kwargs, data_record, tensor_digest
+from mgpu.check.script.inrank.settings import settings_of
 
 __all__ = ["Recorder", "StopScript", "ScriptMode", "strip_wrappers", "Digest", "tensor_digest", "WRAPPER_SEGMENTS"]
 
@@ -112,7 +112,7 @@ class _Depth(threading.local):
 
 
 class Recorder:
-    def __init__(self, job: RankJob):
+    def __init__(self, job: ScriptRankJob):
         self.steps = job.steps
         self.perturb = job.perturb
         self.perturb_seed = job.perturb_seed

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import torch
 
 from mgpu.check.divergence import Divergence
-from mgpu.check.records import ForwardRecord, StepRecord
-from mgpu.scriptcheck.augment import indices_agree, unkeyed_cause
-from mgpu.scriptcheck.inputs import tensor_digest
+from mgpu.check.script.inrank.records import ForwardRecord, StepRecord
+from mgpu.check.script.augment import indices_agree, unkeyed_cause
+from mgpu.check.script.inrank.inputs import tensor_digest
 
 __all__ = ["StepData", "step_data", "data_divergence", "order_cause", "example_digests", "micro_batches"]
 

@@ -1,11 +1,11 @@
 """The rank runs of a check: ddp and fsdp, each rank a process of its own.
 
-    runs = RankRuns({2: RankJob(("ddp", "fsdp"), ...)}, options, say)   # the spawns start in a thread
+    runs = RankRuns({2: ModelRankJob(("ddp", "fsdp"), ...)}, options, say)   # the spawns start in a thread
     per_plan = runs.get("ddp", 2)       # [plan][rank] recordings, or why the run crashed (a string)
     rec = rank_recording(per_plan[0])   # one Recording whose replicas are the ranks
 
 One spawn per world size runs every rank strategy of the check on it (`rank_main` in each rank,
-`RankJob` says what). Each rank builds the model from a seed of its own, rank 0 loads the weights
+`ModelRankJob` says what). Each rank builds the model from a seed of its own, rank 0 loads the weights
 the check built, and the strategy must make them equal. After each plan, rank 0 gathers every
 rank's recording: a rank leaves out what its state digests show to be bitwise rank 0's
 (`_send_only_differences`), and rank 0 fills it back in (`_fill_from_rank_0`).
@@ -21,20 +21,20 @@ from dataclasses import dataclass, replace
 from mgpu.config import CheckOptions
 from mgpu.devices import set_exact_gpu_math
 from mgpu.errors import CheckTimeout, LaunchError, SpecError
-from mgpu.parity.plans import label, make_optimizer, strategy_for
-from mgpu.parity.probe import switch_off_dropout
-from mgpu.parity.record import (LocalShard, Recording, assemble_shards, has_shards, load_snapshot, record_strategy,
+from mgpu.check.model.plans import label, make_optimizer, strategy_for
+from mgpu.check.model.probe import switch_off_dropout
+from mgpu.check.model.record import (LocalShard, Recording, assemble_shards, has_shards, load_snapshot, record_strategy,
                                 state_digest)
 from mgpu.spec import ModelSpec, load_spec
 
-__all__ = ["RankJob", "RankRuns", "rank_main", "rank_recording", "spec_blob"]
+__all__ = ["ModelRankJob", "RankRuns", "rank_main", "rank_recording", "spec_blob"]
 
 # Errors a rank raises that the check raises again, as they are: bad input, and a model that hangs.
 _RAISED_AGAIN = {cls.__name__: cls for cls in (CheckTimeout, SpecError)}
 
 
 @dataclass
-class RankJob:
+class ModelRankJob:
     """What each rank of the ddp and fsdp checks on one world size runs (picklable: the ranks are
     fresh processes). The strategies run one after the other in one spawn, on one process group:
     starting processes and loading the model's libraries is a large share of a rank run."""
@@ -68,7 +68,7 @@ def spec_blob(spec: ModelSpec) -> tuple[bytes | None, str | None]:
 
 # -- in each rank ---------------------------------------------------------------------------------------
 
-def rank_main(job: RankJob):
+def rank_main(job: ModelRankJob):
     """In each rank: the plans under each strategy of the job; rank 0 returns every rank's
     recordings, {strategy: [plan][rank]} (pickled)."""
     set_exact_gpu_math()  # as run_check has it in the launching process
@@ -88,7 +88,7 @@ def rank_main(job: RankJob):
             strategy.teardown()
 
 
-def _rank_plans(job: RankJob, spec: ModelSpec, strategy) -> list | None:
+def _rank_plans(job: ModelRankJob, spec: ModelSpec, strategy) -> list | None:
     """Every plan under one strategy; on rank 0, [plan][rank] recordings."""
     import torch.distributed as dist
 
@@ -185,7 +185,7 @@ class RankRuns:
             finally:
                 self.done[n].set()
 
-    def _run(self, job: RankJob, n: int) -> dict:
+    def _run(self, job: ModelRankJob, n: int) -> dict:
         """{strategy: [plan][rank] recordings, or why its run crashed}. When the joint spawn fails, each
         strategy is spawned alone again, so that the crash is told to the strategy that made it."""
         self.say(f"check: {' and '.join(label(s, n) for s in job.strategies)}: starting {n} ranks")
@@ -210,7 +210,7 @@ class RankRuns:
         return result[name]
 
 
-def _spawn_ranks(job: RankJob, n: int, options: CheckOptions):
+def _spawn_ranks(job: ModelRankJob, n: int, options: CheckOptions):
     from mgpu.launch import spawn
 
     steps = sum(p.steps + 1 for p in job.plans) * len(job.strategies)

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from mgpu.scriptcheck.inputs import Digest, tensor_digest
+from mgpu.check.script.inrank.inputs import Digest, tensor_digest
 
 __all__ = ["suspect_values", "process_group_size", "is_setup_step", "UNINITIALISED_ABOVE"]
 

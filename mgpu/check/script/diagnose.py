@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mgpu.check.records import CollectiveCall
-from mgpu.scriptcheck.collectives import differentiable_fix
-from mgpu.scriptcheck.data import StepData
-from mgpu.scriptcheck.tensors import FACTOR_AGREE, common_factor, name_factor
+from mgpu.check.script.inrank.records import CollectiveCall
+from mgpu.check.script.inrank.collectives import differentiable_fix
+from mgpu.check.script.data import StepData
+from mgpu.check.script.tensors import FACTOR_AGREE, common_factor, name_factor
 
 __all__ = ["ScriptFacts", "other_start", "gradient_diagnosis", "update_diagnosis", "explained", "collective_text", "collective_fix",
            "merged_collectives", "uninitialised_cause", "no_process_group", "UNINITIALISED"]

@@ -39,8 +39,8 @@ import threading
 
 import torch
 
-from mgpu.scriptcheck.draws import held_generators
-from mgpu.scriptcheck.feeds import sampler_epoch
+from mgpu.check.script.inrank.draws import held_generators
+from mgpu.check.script.inrank.feeds import sampler_epoch
 
 __all__ = ["KeyedData", "KeyedBatch", "KeyedWorkerInit", "example_key", "in_fetch", "note", "PROBES"]
 

@@ -10,7 +10,7 @@ import math
 import torch
 
 from mgpu.check.tolerance import allowed_error, eps_of, error, largest
-from mgpu.scriptcheck.inputs import Digest, tensor_digest
+from mgpu.check.script.inrank.inputs import Digest, tensor_digest
 
 __all__ = ["err", "same", "module_scales", "allowance", "allowances", "POOL_RERUN", "POOL_PRECISION", "common_factor", "name_factor", "FACTOR_AGREE", "RESIDUAL"]
 

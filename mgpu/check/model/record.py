@@ -1,6 +1,6 @@
 """Runs to compare: a strategy's steps as they happen, and the single-device reference.
 
-    plan = Plan(batch_size=12, steps=3, seed=0)
+    plan = RunPlan(batch_size=12, steps=3, seed=0)
     strategy_run = record_strategy(strategy, spec, plan)           # every replica, every step
     reference = reference_run(ReferenceSetup(spec, model, make_optimizer), plan, devices=2, dtype=torch.float64)
 
@@ -33,24 +33,33 @@ import hashlib
 import signal
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 from torch import nn
 
-from mgpu.check.records import Recording
 from mgpu.comm import shard_bounds
 from mgpu.errors import CheckTimeout
 from mgpu.spec import ModelSpec, slice_inputs
 
-__all__ = ["Plan", "Recording", "ReferenceSetup", "Arithmetic", "ReferenceStep", "LocalShard", "assemble_shards", "has_shards", "snapshot",
+__all__ = ["RunPlan", "Recording", "ReferenceSetup", "Arithmetic", "ReferenceStep", "LocalShard", "assemble_shards", "has_shards", "snapshot",
            "state_digest", "load_snapshot", "record_strategy", "reference_step", "reference_run", "step_timeout",
            "check_ties", "device_pieces"]
 
 
+@dataclass
+class Recording:
+    states: list[list[dict]] = field(default_factory=list)   # [step 0..k][replica] -> {"weight a.b": t, "buffer c": t}
+    grads: list[dict] = field(default_factory=list)          # [replica] -> {param name: grad or None}, after step 1
+    optimizer_states: list = field(default_factory=list)     # [step 0..k] -> replica 0's optimizer.state_dict()
+    stats: list[list[float]] = field(default_factory=list)   # [step] -> [loss_sum, correct] over the global batch
+    ties: list[list[list[str]]] = field(default_factory=list)  # [replica] -> names still sharing one tensor (whole run)
+    shards: int = 1  # how many shards the global batch was cut into (a DataParallel pass-through: 1)
+
+
 @dataclass(frozen=True)
-class Plan:
+class RunPlan:
     """What a run does: `steps` optimizer steps on global batches of `batch_size` drawn with
     `seed`, each in `micro_steps` pieces per device."""
 
@@ -195,7 +204,7 @@ def step_timeout(seconds: float | None, what: str):
         signal.signal(signal.SIGALRM, old)
 
 
-def record_strategy(strategy, spec: ModelSpec, plan: Plan, label: str, timeout_s: float | None = None,
+def record_strategy(strategy, spec: ModelSpec, plan: RunPlan, label: str, timeout_s: float | None = None,
                     keep_shards: bool = False) -> Recording:
     """Run `plan` on a set-up strategy (setup done, objective set) and record every replica.
 
@@ -297,7 +306,7 @@ class Arithmetic:
     autocast: torch.dtype | None = None
 
 
-def reference_step(setup: ReferenceSetup, state: dict, optimizer_state: dict, plan: Plan, step: int, devices: int,
+def reference_step(setup: ReferenceSetup, state: dict, optimizer_state: dict, plan: RunPlan, step: int, devices: int,
                    arithmetic: Arithmetic) -> ReferenceStep:
     """One step of single-device plain PyTorch, computing what `devices` devices compute (see the
     module docstring), from `state` (a snapshot) and `optimizer_state` (an optimizer's state_dict)."""
@@ -345,7 +354,7 @@ def reference_step(setup: ReferenceSetup, state: dict, optimizer_state: dict, pl
                          [loss_sum, correct], unused)
 
 
-def reference_run(setup: ReferenceSetup, plan: Plan, devices: int, dtype: torch.dtype) -> Recording:
+def reference_run(setup: ReferenceSetup, plan: RunPlan, devices: int, dtype: torch.dtype) -> Recording:
     """`plan.steps` reference steps on the CPU, each from the last one's result (a free-running run)."""
     model = setup.template
     state = snapshot(model)
