@@ -33,7 +33,8 @@ from mgpu.config import TrainConfig
 from mgpu.data import BatchLoader, ImageDataset
 from mgpu.launch import free_port, spawn
 from mgpu.models import build_model, lenet, resnet18
-from mgpu.check.model.compare import assert_tensors_close, max_abs_diff  # noqa: F401  (one copy: the check's)
+from mgpu.check.model.compare import assert_tensors_close  # noqa: F401  (one copy: the check's)
+from mgpu.check.tolerance import error as core_error
 from mgpu.strategies import RANK_STRATEGIES, DistributedDataParallel, Manual, get_strategy
 
 # A DDP run of the suite gets this long before spawn() stops every rank and names the stragglers.
@@ -49,6 +50,11 @@ COMPARISON_KIND = devmod.comparison_kind(MOST_DEVICES, devmod.gpu_count())
 
 
 # -- models and data ---------------------------------------------------------------------------
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest absolute difference, in float64 (the check core's error function, NaN equal to NaN)."""
+    return core_error(a.double(), b.double())[0]
+
+
 def make_model(name: str, seed: int) -> nn.Module:
     """LeNet, or a width-4 ResNet-18 with PyTorch's default initialisation (gradients of a useful
     size, unlike the chapter's N(0, 0.01^2), which makes them so small that any tolerance passes)

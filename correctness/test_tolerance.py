@@ -100,3 +100,25 @@ def test_a_gradient_off_by_50_spreads_fails_the_check(monkeypatch):
     assert (d.tensor, d.step) == (f"gradient {name}", 1), f"{what}: {d.describe()}"
     assert 0.8 * SPREADS <= d.max_abs / spread <= 1.2 * SPREADS and d.allowed < d.max_abs / 3, (
         f"{what}: error {d.max_abs:.2e} ({d.max_abs / spread:.1f} spreads), allowed {d.allowed:.2e}")
+
+
+def test_bitwise_equality_is_bits_with_nan_equal_to_nan_and_nothing_else():
+    """The core's one bitwise equality (mgpu.check.tolerance.bitwise_equal), which replicas of a run and a
+    run and its rerun must hold: a NaN equals a NaN, never a number; inf is no finite maximum; another
+    dtype or shape is another tensor."""
+    from mgpu.check.tolerance import bitwise_equal
+
+    nan, inf, big = float("nan"), float("inf"), torch.finfo(torch.float32).max
+    cases = [  # (a, b, equal, why)
+        ([nan, 1.0], [nan, 1.0], True, "NaN where both hold one"),
+        ([nan, 1.0], [0.0, 1.0], False, "NaN against 0"),
+        ([0.0, 1.0], [nan, 1.0], False, "0 against NaN"),
+        ([inf], [big], False, "inf against float32's largest"),
+        ([-0.0], [0.0], True, "signed zeros compare equal, as torch.equal has them"),
+        ([1.0, 2.0], [1.0, 2.0 + 2 ** -22], False, "one ulp"),
+    ]
+    for a, b, equal, why in cases:
+        assert bitwise_equal(torch.tensor(a), torch.tensor(b)) is equal, f"{why}: {a} vs {b}"
+    assert not bitwise_equal(torch.ones(2), torch.ones(2, dtype=torch.float64)), "another dtype"
+    assert not bitwise_equal(torch.ones(2), torch.ones(1, 2)), "another shape"
+    assert bitwise_equal(torch.arange(3), torch.arange(3)) and not bitwise_equal(torch.arange(3), torch.arange(1, 4))

@@ -26,7 +26,7 @@ import weakref
 
 import torch
 
-__all__ = ["FACTOR", "FLOOR_ULPS", "error", "allowed_error", "largest", "eps_of"]
+__all__ = ["FACTOR", "FLOOR_ULPS", "error", "allowed_error", "largest", "eps_of", "bitwise_equal"]
 
 # A data-parallel run may be this many times further from the reference than the spread.
 FACTOR = 16.0
@@ -99,3 +99,17 @@ def allowed_error(spread: float, scale: float, eps: float) -> float:
     that is not finite (the spread's own run went wrong) counts as none."""
     spread = spread if math.isfinite(spread) else 0.0
     return FACTOR * max(spread, FLOOR_ULPS * eps * scale)
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same shape, dtype and bits, NaN equal to NaN: what two computations with the same arithmetic
+    (the replicas of a run, a run and its rerun) must hold, with no rounding to allow for."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if torch.equal(a, b):  # one pass, no copy: the common case
+        return True
+    if not a.is_floating_point():
+        return False
+    # torch.equal is False wherever both hold NaN (rare: copies then); NaN against a number stays unequal.
+    nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+    return torch.equal(nan_a, nan_b) and torch.equal(a.masked_fill(nan_a, 0), b.masked_fill(nan_b, 0))

@@ -15,21 +15,33 @@ defaults or bitwise, with a message naming where and what.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from mgpu.check.divergence import Divergence
-from mgpu.check.tolerance import allowed_error, error, largest
+from mgpu.check.tolerance import allowed_error, bitwise_equal, error, largest
 
-__all__ = ["Divergence", "EPS32", "error", "worst", "reference_allowance", "compare_to_reference", "compare_bitwise",
-           "assert_tensors_close", "max_abs_diff"]
+__all__ = ["ModelDivergence", "EPS32", "error", "worst", "reference_allowance", "compare_to_reference", "compare_bitwise",
+           "assert_tensors_close"]
 
 # The floor's epsilon: the checked runs are float32 (their bf16 parts round to float32 values too).
 EPS32 = torch.finfo(torch.float32).eps
 
 
-def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+@dataclass(frozen=True)
+class ModelDivergence(Divergence):
+    """A divergence `check` found: a run's tensor against the reference, or a replica against replica 0."""
+
+    def describe(self, unit: str = "replica") -> str:
+        """'weight fc.bias differs after step 2 on replica 1 from replica 0: largest absolute error ...'."""
+        where = [] if self.step is None else ["at the start" if self.step == 0 else f"after step {self.step}"]
+        if self.rank is not None:
+            where.append(f"on {unit} {self.rank}")
+        allowed = "" if self.allowed is None else (
+            " (bitwise equality required)" if self.allowed == 0 else f" (allowed {self.allowed:.2e})")
+        return (f"{self.tensor} differs {' '.join(where)} from {self.against}: largest absolute error "
+                f"{self.max_abs:.3e}, relative {self.max_rel:.3e}{allowed}")
 
 
 def worst(pairs) -> dict:
@@ -48,7 +60,7 @@ def reference_allowance(single_error: float, reference: torch.Tensor) -> float:
 
 
 def compare_to_reference(actual: dict, reference: dict, single: dict, step: int | None, replica: int | None,
-                         prefix: str = "", against: str = "the single-device float64 run") -> Divergence | None:
+                         prefix: str = "", against: str = "the single-device float64 run") -> ModelDivergence | None:
     """The first entry of `actual` (name -> tensor or None) farther from `reference` (float64)
     than `single` (the single-device float32 run) allows; None when every entry passes.
 
@@ -58,18 +70,18 @@ def compare_to_reference(actual: dict, reference: dict, single: dict, step: int 
         label = f"{prefix}{name}"
         got = actual.get(name, "missing")
         if isinstance(got, str):
-            return Divergence(step, tensor=label, rank=replica, max_abs=math.inf, max_rel=math.inf,
+            return ModelDivergence(step, tensor=label, rank=replica, max_abs=math.inf, max_rel=math.inf,
                               against=f"{against} (missing from this run)")
         if ref is None or got is None:
             if (ref is None) != (got is None):
                 present = "no gradient" if got is None else "a gradient"
-                return Divergence(step, tensor=label, rank=replica, max_abs=math.inf, max_rel=math.inf,
+                return ModelDivergence(step, tensor=label, rank=replica, max_abs=math.inf, max_rel=math.inf,
                                   against=f"{against}, which has {'one' if got is None else 'none'} (this run has {present})")
             continue
         if not ref.is_floating_point():
             if not torch.equal(got.to(ref.dtype), ref):
                 abs_err, rel_err = error(got.double(), ref.double())
-                return Divergence(step, tensor=label, rank=replica, max_abs=abs_err, max_rel=rel_err, allowed=0.0,
+                return ModelDivergence(step, tensor=label, rank=replica, max_abs=abs_err, max_rel=rel_err, allowed=0.0,
                                   against=against)
             continue
         abs_err, rel_err = error(got, ref)
@@ -77,31 +89,29 @@ def compare_to_reference(actual: dict, reference: dict, single: dict, step: int 
         single_err = error(single_ref, ref)[0] if isinstance(single_ref, torch.Tensor) else 0.0
         allowed = reference_allowance(single_err, ref)
         if not abs_err <= allowed:
-            return Divergence(step, tensor=label, rank=replica, max_abs=abs_err, max_rel=rel_err, allowed=allowed,
+            return ModelDivergence(step, tensor=label, rank=replica, max_abs=abs_err, max_rel=rel_err, allowed=allowed,
                               against=against)
     return None
 
 
 def compare_bitwise(actual: dict, expected: dict, step: int | None, replica: int | None, prefix: str = "",
-                    against: str = "replica 0") -> Divergence | None:
+                    against: str = "replica 0") -> ModelDivergence | None:
     """The first entry of `actual` not bitwise equal to `expected`'s (NaN equal to NaN)."""
     for name, exp in expected.items():
         got = actual.get(name)
         label = f"{prefix}{name}"
         if exp is None or got is None:
             if (exp is None) != (got is None):
-                return Divergence(step, tensor=label, rank=replica, max_abs=math.inf, max_rel=math.inf, allowed=0.0,
+                return ModelDivergence(step, tensor=label, rank=replica, max_abs=math.inf, max_rel=math.inf, allowed=0.0,
                                   against=f"{against} (one has no value)")
             continue
-        if got.shape != exp.shape or got.dtype != exp.dtype or not torch.equal(
-                torch.nan_to_num(got, nan=0.0) if got.is_floating_point() else got,
-                torch.nan_to_num(exp, nan=0.0) if exp.is_floating_point() else exp):
+        if not bitwise_equal(got, exp):
             abs_err, rel_err = error(got.double(), exp.double()) if got.shape == exp.shape else (math.inf, math.inf)
-            return Divergence(step, tensor=label, rank=replica, max_abs=abs_err, max_rel=rel_err, allowed=0.0,
+            return ModelDivergence(step, tensor=label, rank=replica, max_abs=abs_err, max_rel=rel_err, allowed=0.0,
                               against=against)
     extra = sorted(set(actual) - set(expected))
     if extra:
-        return Divergence(step, tensor=f"{prefix}{extra[0]}", rank=replica, max_abs=math.inf, max_rel=math.inf,
+        return ModelDivergence(step, tensor=f"{prefix}{extra[0]}", rank=replica, max_abs=math.inf, max_rel=math.inf,
                           allowed=0.0, against=f"{against} (which has no such entry)")
     return None
 

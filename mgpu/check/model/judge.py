@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from mgpu.config import CheckOptions
-from mgpu.check.model.compare import Divergence, compare_bitwise, compare_to_reference, error, worst
+from mgpu.check.model.compare import ModelDivergence, compare_bitwise, compare_to_reference, error, worst
 from mgpu.check.model.plans import label, make_optimizer, run_device
 from mgpu.check.model.probe import Traits
 from mgpu.check.model.record import (Arithmetic, RunPlan, Recording, ReferenceSetup, reference_run, reference_step, snapshot,
@@ -162,14 +162,14 @@ def _judge_replicas(ctx: CheckContext, name: str, n: int, rec: Recording, reprod
     ties = ctx.traits.ties
     if ties:
         untied = next(((r, t) for r, t in enumerate(rec.ties) if t != ties), None)
-        div = None if untied is None else Divergence(
+        div = None if untied is None else ModelDivergence(
             None, tensor="tied weights " + " = ".join(ties[0]), rank=untied[0], max_abs=float("inf"),
             max_rel=float("inf"), allowed=0.0,
             against=f"the model as built, where they are one tensor (now: {untied[1] or 'none tied'})")
         ctx.add(_result("ties", name, n, div, {}, reproduce, cause="tied weights came apart"))
 
 
-def _cause(traits: Traits, div: Divergence | None) -> str | None:
+def _cause(traits: Traits, div: ModelDivergence | None) -> str | None:
     """What the model's traits say about a divergence from the reference: a mean loss, or a buffer
     computed from the batch."""
     cause = traits.mean_loss if div is not None and traits.mean_loss else None
@@ -189,7 +189,7 @@ def _result(check, name, n, div, errs, reproduce, cause=None) -> CheckResult:
                        reproduce=reproduce)
 
 
-def _replicas_agree(rec: Recording) -> Divergence | None:
+def _replicas_agree(rec: Recording) -> ModelDivergence | None:
     """Every replica/rank bitwise equal to replica 0 at every step (start included)."""
     for s, states in enumerate(rec.states):
         for r in range(1, len(states)):
@@ -232,7 +232,7 @@ def named_optimizer_state(state_dict: dict, names: list[str]) -> dict:
 
 
 def compare_run(kind: str, rec: Recording, refs: References, plan: RunPlan,
-                n: int) -> list[tuple[str, Divergence | NothingToCompare | None, dict]]:
+                n: int) -> list[tuple[str, ModelDivergence | NothingToCompare | None, dict]]:
     """(check name, first divergence, None, or NOTHING_TO_COMPARE; worst errors) for one strategy run.
 
     Step by step: step s of the run is compared with one reference step (float64; float32 for the
@@ -272,7 +272,7 @@ def _reference_steps(rec: Recording, refs: References, plan: RunPlan, n: int) ->
     return steps
 
 
-def _compare_gradients(rec: Recording, steps: list) -> tuple[Divergence | None, dict]:
+def _compare_gradients(rec: Recording, steps: list) -> tuple[ModelDivergence | None, dict]:
     first64, first32 = steps[0]
     div, pairs = None, []
     for r in range(len(rec.states[0])):
@@ -286,7 +286,7 @@ def _only(state: dict, kind: str) -> dict:
     return {k: v for k, v in state.items() if k.startswith(kind)}
 
 
-def _compare_states(rec: Recording, steps: list, kind_prefix: str) -> tuple[Divergence | None, dict]:
+def _compare_states(rec: Recording, steps: list, kind_prefix: str) -> tuple[ModelDivergence | None, dict]:
     div, pairs = None, []
     for s, (r64, r32) in enumerate(steps, start=1):
         got = _only(rec.states[s][0], kind_prefix)
@@ -296,7 +296,7 @@ def _compare_states(rec: Recording, steps: list, kind_prefix: str) -> tuple[Dive
     return div, worst(pairs)
 
 
-def _compare_optimizer(rec: Recording, steps: list, names: list[str]) -> tuple[Divergence | None, dict]:
+def _compare_optimizer(rec: Recording, steps: list, names: list[str]) -> tuple[ModelDivergence | None, dict]:
     div, pairs = None, []
     for s, (r64, r32) in enumerate(steps, start=1):
         got = named_optimizer_state(rec.optimizer_states[s], names)
@@ -307,7 +307,7 @@ def _compare_optimizer(rec: Recording, steps: list, names: list[str]) -> tuple[D
     return div, worst(pairs)
 
 
-def _compare_statistics(rec: Recording, steps: list) -> tuple[Divergence | None, dict]:
+def _compare_statistics(rec: Recording, steps: list) -> tuple[ModelDivergence | None, dict]:
     for s, (r64, r32) in enumerate(steps, start=1):
         div = _compare_stats(s, rec.stats[s - 1], r64.stats, r32.stats)
         if div:
@@ -315,14 +315,14 @@ def _compare_statistics(rec: Recording, steps: list) -> tuple[Divergence | None,
     return None, {}
 
 
-def _compare_stats(step: int, got: list, r64: list, r32: list) -> Divergence | None:
+def _compare_stats(step: int, got: list, r64: list, r32: list) -> ModelDivergence | None:
     """The step's reported loss within tolerance, its count of correct examples the reference's."""
     as_t = lambda v: {"loss_sum": torch.tensor(v, dtype=torch.float64)}  # noqa: E731
     loss = compare_to_reference(as_t(got[0]), as_t(r64[0]), as_t(r32[0]), step, None, prefix="reported ")
     if loss:
         return loss
     if abs(got[1] - r64[1]) > 1e-6 and abs(got[1] - r32[1]) > 1e-6:
-        return Divergence(step, tensor="reported correct count", max_abs=abs(got[1] - r32[1]),
+        return ModelDivergence(step, tensor="reported correct count", max_abs=abs(got[1] - r32[1]),
                           max_rel=abs(got[1] - r32[1]) / max(abs(r32[1]), 1e-12), allowed=0.0,
                           against=f"the count of correct examples of the single-device run ({r32[1]:g})")
     return None

@@ -44,7 +44,7 @@ import collections
 import math
 from dataclasses import dataclass, field, replace
 
-from mgpu.check.divergence import Divergence
+from mgpu.check.script.divergence import ScriptDivergence
 from mgpu.check.script.inrank.records import StepRecord
 from mgpu.check.tolerance import largest
 from mgpu.check.script.augment import NOT_KEYED
@@ -65,13 +65,13 @@ class WorldComparison:
     world: int
     status: str                # "pass", "fail", "finding", "not-compared"
     steps: int                 # steps compared
-    first: Divergence | None = None
+    first: ScriptDivergence | None = None
     tally: Tally = field(default_factory=Tally)  # per kind: the worst tensor, the sensitivity, how much was compared
     notes: list = field(default_factory=list)
     reason: str = ""
     precision: str = ""        # the arithmetic compared: '' (float32 as run), 'float32, autocast(cpu, bfloat16) lifted', ...
     entered: dict | None = None  # where a gradient or weight divergence enters the model (locate.py), else None
-    later: list = field(default_factory=list)         # failures after the first, of the other checks (Divergence)
+    later: list = field(default_factory=list)         # failures after the first, of the other checks (ScriptDivergence)
     compared: list = field(default_factory=list)      # "gradients against world 1 (steps 1-4)", ...
     not_compared: list = field(default_factory=list)  # what was not compared, and why
 
@@ -94,21 +94,21 @@ def _records(run) -> list[list[StepRecord]]:
     return [r.steps for r in run.ranks]
 
 
-def reproducibility(a, b) -> Divergence | None:
+def reproducibility(a, b) -> ScriptDivergence | None:
     """Where world 1's rerun B first differs from run A where no perturbation reached: the weights
     each model held when first called (digests taken before B's perturbation), the data of any step.
     Weights that held non-finite or huge values then are uninitialised memory, not a missing seed."""
     ia, ib = a.ranks[0].init_digests, b.ranks[0].init_digests
     for name, d in ia.items():
         if ib.get(name) != d:
-            return Divergence(0, kind="start", tensor=name, allowed=0.0,
+            return ScriptDivergence(0, kind="start", tensor=name, allowed=0.0,
                               diagnosis=uninitialised_cause([a.ranks[0], b.ranks[0]]) or "two world-1 runs start "
                               "from other weights: the model's initialisation is not seeded")
     ra, rb = a.ranks[0].steps, b.ranks[0].steps
     for i, (x, y) in enumerate(zip(ra, rb)):
         sd = step_data(x, [y], 1)
         if collections.Counter(sd.world_1) != collections.Counter(sd.ranks[0]):
-            return Divergence(i + 1, kind="data",
+            return ScriptDivergence(i + 1, kind="data",
                               diagnosis="two world-1 runs took other examples: the data order (or an augmentation) is not "
                               "seeded", detail=f"inputs of {_root_name(x)}")
     return None
@@ -119,7 +119,7 @@ def _root_name(rec: StepRecord) -> str:
     return ", ".join(sorted(n for n in names if n)) or "the model"
 
 
-def _ranks_apart(rn: list[StepRecord], n: int, key: str, step: int) -> Divergence | None:
+def _ranks_apart(rn: list[StepRecord], n: int, key: str, step: int) -> ScriptDivergence | None:
     """Every rank's gradients ("grads") or weights after the step ("after") against rank 0's, bitwise:
     the ranks of one world apply the same update."""
     what = "gradient" if key == "grads" else "weight"
@@ -131,43 +131,43 @@ def _ranks_apart(rn: list[StepRecord], n: int, key: str, step: int) -> Divergenc
                        "synchronised (no DDP, or an all_reduce missing for this parameter)" if key == "grads" else
                        f"rank {r}'s weights part from rank 0's in this step although their gradients agree: the "
                        "optimizer differs between ranks (a setting by rank, a step skipped on one rank?)")
-                return Divergence(step, kind="ranks", tensor=f"{what} {name}", rank=r,
+                return ScriptDivergence(step, kind="ranks", tensor=f"{what} {name}", rank=r,
                                   max_abs=e[0] if math.isfinite(e[0]) else None, allowed=0.0, diagnosis=why)
     return None
 
 
-def _replicas_apart(rn: list[StepRecord], n: int) -> Divergence | None:
+def _replicas_apart(rn: list[StepRecord], n: int) -> ScriptDivergence | None:
     """Before step 1: the replicas against rank 0, bitwise."""
     for r in range(1, n):
         for name, t in (rn[0].before or {}).items():
             if not same((rn[r].before or {}).get(name), t):
                 e = err((rn[r].before or {}).get(name), t)
-                return Divergence(0, kind="ranks", tensor=name, rank=r, max_abs=e[0] if math.isfinite(e[0]) else None,
+                return ScriptDivergence(0, kind="ranks", tensor=name, rank=r, max_abs=e[0] if math.isfinite(e[0]) else None,
                                   allowed=0.0, diagnosis="replicas start apart: broadcast rank 0's weights before training (DDP does at "
                                   "construction; a hand-made loop must dist.broadcast every parameter), or "
                                   "build the model from the same seed on every rank")
     return None
 
 
-def _start_apart(rn: list[StepRecord], r1: StepRecord, n: int) -> Divergence | None:
+def _start_apart(rn: list[StepRecord], r1: StepRecord, n: int) -> ScriptDivergence | None:
     """Before step 1: world N's rank 0 against world 1."""
     scales = module_scales(r1.before or {})
     for name, t in (r1.before or {}).items():
         got = (rn[0].before or {}).get(name, "missing")
         if isinstance(got, str):
-            return Divergence(0, kind="start", tensor=name, rank=0,
+            return ScriptDivergence(0, kind="start", tensor=name, rank=0,
                               diagnosis=f"world {n} has no parameter {name} in its optimizer")
         e = err(got, t)
         allowed = allowance(t, None, scales[name])
         if not e[0] <= allowed:
-            return Divergence(0, kind="start", tensor=name, rank=0, max_abs=e[0], allowed=allowed, max_rel=e[1],
+            return ScriptDivergence(0, kind="start", tensor=name, rank=0, max_abs=e[0], allowed=allowed, max_rel=e[1],
                               diagnosis=other_start(got, n))
     return None
 
 
 
 def _gradients_apart(step: int, rn: list[StepRecord], refs: tuple, n: int, sd: StepData, facts: ScriptFacts,
-                     tally: Tally, allowed_of: dict) -> Divergence | None:
+                     tally: Tally, allowed_of: dict) -> ScriptDivergence | None:
     """World N's rank 0 gradients against world 1's (refs: run A's step, run B's or None, and the
     spread's pool), within the tolerance (run B's spread, tensors.allowances, filled into allowed_of)."""
     r1, rb, pool = refs
@@ -175,10 +175,10 @@ def _gradients_apart(step: int, rn: list[StepRecord], refs: tuple, n: int, sd: S
     for name, g1 in r1.grads.items():
         gn = rn[0].grads.get(name, "missing")
         if isinstance(gn, str):
-            return Divergence(step, kind="gradient", tensor=name, rank=0,
+            return ScriptDivergence(step, kind="gradient", tensor=name, rank=0,
                               diagnosis=f"world {n}'s optimizer has no parameter {name}")
         if (g1 is None) != (gn is None):
-            return Divergence(step, kind="gradient", tensor=name, rank=0,
+            return ScriptDivergence(step, kind="gradient", tensor=name, rank=0,
                               diagnosis=f"world {'1' if g1 is None else str(n)} has no gradient for it: a parameter "
                                         "unused at one world size")
         if g1 is None:
@@ -187,12 +187,12 @@ def _gradients_apart(step: int, rn: list[StepRecord], refs: tuple, n: int, sd: S
         allowed = allowed_of[name]
         tally.add("gradient", name, step, e[0], allowed, largest(g1))
         if not e[0] <= allowed:
-            return Divergence(step, kind="gradient", tensor=name, rank=0, max_abs=e[0], allowed=allowed, max_rel=e[1],
+            return ScriptDivergence(step, kind="gradient", tensor=name, rank=0, max_abs=e[0], allowed=allowed, max_rel=e[1],
                               diagnosis=gradient_diagnosis(rn[0].grads, r1.grads, n, sd, facts))
     return None
 
 
-def _weights_apart(i: int, recs_n: list, refs: tuple, watch: UpdateWatch) -> Divergence | None:
+def _weights_apart(i: int, recs_n: list, refs: tuple, watch: UpdateWatch) -> ScriptDivergence | None:
     """World N's rank 0 weights after step i + 1 against world 1's (refs: run A's steps, run B's
     step i or None, the spread's pool), within the tolerance (tensors.allowances); elements whose
     update was a normalising optimizer's sign of rounding are left out (watch.masked)."""
@@ -208,7 +208,7 @@ def _weights_apart(i: int, recs_n: list, refs: tuple, watch: UpdateWatch) -> Div
             before_1 = r1.before if i == 0 else ref[i - 1].after
             why = update_diagnosis(updates_of(before_n or {}, rn0.after), updates_of(before_1 or {}, r1.after),
                                    watch.n, watch.facts)
-            return Divergence(step, kind="weight", tensor=name, rank=0, max_abs=e[0], allowed=allowed, max_rel=e[1],
+            return ScriptDivergence(step, kind="weight", tensor=name, rank=0, max_abs=e[0], allowed=allowed, max_rel=e[1],
                               diagnosis=why)
     return None
 
@@ -240,7 +240,7 @@ def _step(w: "_Walk", i: int, recs_n: list, world_1: tuple) -> None:
     r1, rb = ref[i], per[i] if i < len(per) else None
     rn = [recs[i] for recs in recs_n]
     if "data" not in w.stopped and (rn[0].optimizer, rn[0].step) != (r1.optimizer, r1.step):
-        w.fail("data", Divergence(step, kind="data", diagnosis="the optimizers step in another order at this world "
+        w.fail("data", ScriptDivergence(step, kind="data", diagnosis="the optimizers step in another order at this world "
                                   "size", detail=f"world {n} stepped optimizer {rn[0].optimizer}, world 1 optimizer "
                                   f"{r1.optimizer}"))
         why = f"from step {step}: the optimizers step in another order than world 1's"
@@ -297,7 +297,7 @@ class _Walk:
     data_apart: list = field(default_factory=list)  # the steps whose data differ from world 1's
     previous_1: int | None = None                   # world 1's examples in the step before
     lr_agreed: bool = False                         # the learning rates agreed, not zero, at a step
-    schedule: Divergence | None = None              # the first step where a schedule's base differed
+    schedule: ScriptDivergence | None = None              # the first step where a schedule's base differed
 
     def check(self, group: str, label: str, step: int, compare) -> None:
         if group in self.stopped:
@@ -308,7 +308,7 @@ class _Walk:
         if d is not None:
             self.fail(group, d)
 
-    def settings(self, step: int, rn0: StepRecord, r1: StepRecord) -> Divergence | None:
+    def settings(self, step: int, rn0: StepRecord, r1: StepRecord) -> ScriptDivergence | None:
         """The step's own settings decide; a schedule's base that differs first (initial_lr, under a
         warmup from zero) is named with them, or fails by itself at the end if they never differ."""
         d = setting_divergence(step, rn0.settings, r1.settings, self.out.world, self.lr_agreed,
@@ -324,7 +324,7 @@ class _Walk:
     def stop(self, group: str, why: str) -> None:
         self.stopped.setdefault(group, why)
 
-    def fail(self, group: str, d: Divergence) -> None:
+    def fail(self, group: str, d: ScriptDivergence) -> None:
         """A failure: the first is the divergence, the others `later`; the group stops (the data go on,
         counted), and a failure of the ranks, the data or the settings stops the trajectory's."""
         n, where = self.out.world, ("the start" if d.step == 0 else f"step {d.step}")
@@ -373,7 +373,7 @@ class _Walk:
         out.first = _traced(out.first, self.watch.drifts)
 
 
-def _traced(d: Divergence, drifts: list) -> Divergence:
+def _traced(d: ScriptDivergence, drifts: list) -> ScriptDivergence:
     """A divergence of the trajectory, named at the first step before it where something drifted: a
     drift that is no rounding (a common factor) is where it starts; the signs of rounding (Adam's) moved
     some weights since, which may be what parts here, or not: said beside this step's own cause."""

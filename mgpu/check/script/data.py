@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mgpu.check.divergence import Divergence
+from mgpu.check.script.divergence import ScriptDivergence
 from mgpu.check.script.inrank.records import ForwardRecord, StepRecord
 from mgpu.check.script.augment import indices_agree, unkeyed_cause
 from mgpu.check.script.inrank.inputs import tensor_digest
@@ -149,7 +149,7 @@ def step_data(rec_1: StepRecord, recs_n: list[StepRecord], n: int) -> StepData:
 
 
 def data_divergence(step: int, sd: StepData, n: int, root: str, arg_hint: str,
-                     previous_1: int | None = None, randomness: dict | None = None) -> Divergence | None:
+                     previous_1: int | None = None, randomness: dict | None = None) -> ScriptDivergence | None:
     """The data of one step at world N against world 1's; `previous_1`: world 1's examples in the step
     before (a smaller step after it is an epoch's partial last batch); `randomness`: the script's random
     draws (augment.randomness_facts), which tell other examples from the same ones drawn otherwise."""
@@ -168,12 +168,12 @@ def data_divergence(step: int, sd: StepData, n: int, root: str, arg_hint: str,
     same_everywhere = n > 1 and all(collections.Counter(r) == collections.Counter(sd.ranks[0]) for r in sd.ranks[1:]) \
         and sd.ranks[0]
     if same_everywhere:
-        return Divergence(step, kind="data",
+        return ScriptDivergence(step, kind="data",
                           diagnosis="every rank saw the same examples: the data are not sharded over the ranks; give the "
                           "DataLoader a DistributedSampler (or shard the dataset by rank), and keep the global "
                           "batch the same at every world size", detail=f"{tensor}: {sizes}")
     if total_n != total_1 and previous_1 is not None and total_1 < previous_1:
-        return Divergence(step, kind="data",
+        return ScriptDivergence(step, kind="data",
                           diagnosis=f"the last, partial batch of an epoch: world 1 took {total_1} of the {previous_1} a step "
                           f"holds, world {n} {total_n}: its sampler pads the epoch's end to whole per-rank batches by "
                           "repeating examples (DistributedSampler's padding, accelerate's even_batches); "
@@ -185,13 +185,13 @@ def data_divergence(step: int, sd: StepData, n: int, root: str, arg_hint: str,
         arg_hint = arg_hint.replace("{64 // world_size}", f"{{{total_1} // world_size}}").replace(
             "global batch of 64", f"global batch of {total_1}").replace("64 being the global batch",
                                                                          f"{total_1} being world 1's global batch")
-        return Divergence(step, kind="data",
+        return ScriptDivergence(step, kind="data",
                           diagnosis=f"the global batch changed size: {hint}per-device batch size? Keep the global batch "
                           f"fixed: {arg_hint}", detail=f"{tensor}: {sizes}")
     why = _other_examples(sd, n, step, randomness or {})
     what = ("the global batch's examples differ from world 1's" if indices_agree(sd) else
             "the global batch holds other examples than world 1's")
-    return Divergence(step, kind="data", diagnosis=f"{what} ({shared} of {total_1} shared): {why}",
+    return ScriptDivergence(step, kind="data", diagnosis=f"{what} ({shared} of {total_1} shared): {why}",
                       detail=f"{tensor}: {sizes}")
 
 

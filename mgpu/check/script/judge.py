@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from mgpu.check.divergence import Divergence, Finding
+from mgpu.check.divergence import Finding
+from mgpu.check.script.divergence import ScriptDivergence
 from mgpu.check.script.augment import keyed_note, not_keyed, randomness_facts, same_numbers, where_drawn
 from mgpu.check.script.compare import ScriptFacts, WorldComparison, compare_world, reproducibility
 from mgpu.check.script.diagnose import (collective_fix, collective_text, merged_collectives, no_process_group,
@@ -31,7 +32,7 @@ class Judgement:
     failures: list[RankFailure] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    unreproducible: Divergence | None = None
+    unreproducible: ScriptDivergence | None = None
     comparisons: list[WorldComparison] = field(default_factory=list)
 
 
@@ -73,7 +74,7 @@ def judge(plan: ScriptCheckPlan, runs: list[WorldRun]) -> Judgement:
         elif out.unreproducible is not None:
             result = WorldComparison(r.world, "not-compared", 0, reason="two world-1 runs differ (see above)")
         elif not r.ranks[0].steps:
-            result = WorldComparison(r.world, "fail", 0, reason="no optimizer step", first=Divergence(
+            result = WorldComparison(r.world, "fail", 0, reason="no optimizer step", first=ScriptDivergence(
                 1, kind="data", detail="no step recorded",
                 diagnosis=f"world {r.world} made no optimizer step where world 1 did: does the script take another "
                           "path when distributed?"))

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mgpu.check.divergence import Divergence
+from mgpu.check.script.divergence import ScriptDivergence
 from mgpu.check.tolerance import allowed_error, eps_of, largest
 from mgpu.check.script.diagnose import ScriptFacts, schedule_cause, update_diagnosis
 from mgpu.check.script.tally import Tally
@@ -107,7 +107,7 @@ def _ratio(a, b) -> float | None:
 
 
 def setting_divergence(step: int, got: list, ref: list, n: int, agreed: bool,
-                       schedule: bool = False, schedulers: tuple = ((), ())) -> Divergence | None:
+                       schedule: bool = False, schedulers: tuple = ((), ())) -> ScriptDivergence | None:
     """World N's rank-0 settings at a step against world 1's: the first that differs, diagnosed.
     `agreed`: the learning rates agreed, and were not zero, at an earlier step. schedule=True: the
     schedule's keys only (schedule_key: a base learning rate that differs while the step's own
@@ -118,11 +118,11 @@ def setting_divergence(step: int, got: list, ref: list, n: int, agreed: bool,
         return None
     group, key, a, b = apart
     if key == "param_groups":
-        return Divergence(step, kind="setting", tensor="param_groups", rank=0,
+        return ScriptDivergence(step, kind="setting", tensor="param_groups", rank=0,
                           detail=f"world {n} has {a} param group(s), world 1 {b}",
                           diagnosis="the parameters are grouped otherwise at this world size")
     sa, sb = _shown(a, b)
-    return Divergence(step, kind="setting", tensor=f"{key} of param group {group}", rank=0,
+    return ScriptDivergence(step, kind="setting", tensor=f"{key} of param group {group}", rank=0,
                       detail=f"world {n} {sa}, world 1 {sb}",
                       diagnosis=setting_diagnosis(key, (got[group], ref[group]), n, agreed, schedulers))
 
@@ -185,14 +185,14 @@ def _beyond_base(c: float | None, base: float, n: int, schedulers: tuple) -> str
              _PACE.replace(" (its base learning rate agrees)", "")))
 
 
-def ranks_settings_apart(step: int, settings: list[list]) -> Divergence | None:
+def ranks_settings_apart(step: int, settings: list[list]) -> ScriptDivergence | None:
     """Every rank's settings against rank 0's, exactly: the ranks of one world step alike."""
     for r in range(1, len(settings)):
         apart = _first_apart(settings[r], settings[0])
         if apart is not None:
             group, key, a, b = apart
             sa, sb = _shown(a, b)
-            return Divergence(step, kind="ranks", tensor=f"optimizer setting {key} of param group {group}", rank=r,
+            return ScriptDivergence(step, kind="ranks", tensor=f"optimizer setting {key} of param group {group}", rank=r,
                               allowed=0.0, diagnosis=f"rank {r} uses {sa}, rank 0 {sb}: the optimizer is set by rank "
                               "(a setting or schedule computed from the rank, a scheduler stepped on some ranks only?)")
     return None
@@ -241,7 +241,7 @@ class UpdateWatch:
     compared_steps: list = field(default_factory=list)  # steps where some update was above rounding
     optimizer_type: str = ""
 
-    def compare(self, sw: StepWeights) -> Divergence | None:
+    def compare(self, sw: StepWeights) -> ScriptDivergence | None:
         """World N's updates at a step against world 1's; the first beyond its tolerance, diagnosed."""
         self.optimizer_type = sw.optimizer_type
         got, ref, spread = (updates_of(b, a) if a is not None and b is not None else {}
@@ -273,7 +273,7 @@ class UpdateWatch:
             self.drifts.append((sw.step, f"every update is {c:.3f} x world 1's, inside the tolerance", False))
         return None
 
-    def _tensor(self, sw: StepWeights, name: str, allowed: float, compared: tuple) -> Divergence | None:
+    def _tensor(self, sw: StepWeights, name: str, allowed: float, compared: tuple) -> ScriptDivergence | None:
         got, ref = compared[0][name], compared[1][name]
         diff = (got - ref).abs().nan_to_num(nan=math.inf)
         error, top = (float(diff.max()) if diff.numel() else 0.0), largest(ref)
@@ -290,7 +290,7 @@ class UpdateWatch:
         if rounding is not None and bool((bad & rounding).any()):
             why = (f"{int((bad & rounding).sum())} of the {int(bad.sum())} element(s) that differ have a gradient at "
                    f"rounding level ({sw.optimizer_type} turns those into lr*sign(g): rounding, not a bug)")
-        return Divergence(sw.step, kind="update", tensor=name, rank=0, max_abs=error, allowed=allowed,
+        return ScriptDivergence(sw.step, kind="update", tensor=name, rank=0, max_abs=error, allowed=allowed,
                           max_rel=error / top if top > 0 else math.inf,
                           diagnosis=update_diagnosis(compared[0], compared[1], self.n, self.facts, why))
 

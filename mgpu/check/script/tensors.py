@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import math
 
-import torch
-
-from mgpu.check.tolerance import allowed_error, eps_of, error, largest
+from mgpu.check.tolerance import allowed_error, bitwise_equal, eps_of, error, largest
 from mgpu.check.script.inrank.inputs import Digest, tensor_digest
 
 __all__ = ["err", "same", "module_scales", "allowance", "allowances", "POOL_RERUN", "POOL_PRECISION", "common_factor", "name_factor", "FACTOR_AGREE", "RESIDUAL"]
@@ -38,12 +36,7 @@ def same(a, b) -> bool:
         da = a.hex if isinstance(a, Digest) else tensor_digest(a)
         db = b.hex if isinstance(b, Digest) else tensor_digest(b)
         return da == db
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if torch.equal(a, b):  # one pass, no copy: the common case
-        return True
-    # torch.equal is False wherever both hold NaN: equal NaNs are equal here (rare: copies then)
-    return a.is_floating_point() and torch.equal(torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0))
+    return bitwise_equal(a, b)
 
 
 def module_scales(tensors: dict, big: dict | None = None) -> dict:
