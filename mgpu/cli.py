@@ -34,8 +34,7 @@ import sys
 from mgpu.config import (AMP_MODES, DATA_NAMES, DEVICE_KINDS, EXACT_GPU_MATH_ENV, MODEL_NAMES,
                          NONFINITE_POLICIES, RESHARD_MODES, SHARD_MODES, STRATEGY_NAMES, TrainConfig)
 from mgpu.validators import choices_metavar, float_or_text, int_or_text
-from mgpu.errors import (EXIT_FAILED, EXIT_USAGE, ConfigError, LaunchError, MgpuError, NonFiniteLossError,
-                         OneLineParser, one_line)
+from mgpu.errors import ConfigError, LaunchError, NonFiniteLossError, OneLineParser, end_command, one_line
 
 # Commands other packages add (mgpu_perf adds `bench` and `gate`): modules named by the entry-point
 # group COMMANDS_GROUP, or, for a checkout used without installing it (`PYTHONPATH=.`), in the
@@ -192,20 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_or_exit(parser, **{k: v for k, v in vars(args).items() if k not in ("command", "command_mains")})
     from mgpu.run import train  # after checking: `--help`, typos and bad values answer without importing torch
 
-    try:
+    def run() -> int:
         train(cfg)
-    except LaunchError as e:
-        # A rank failed: "rank R failed: ...", then its traceback if it was a bug (not an mgpu error).
-        print(f"mgpu: error: {e}", file=sys.stderr)
-        return EXIT_FAILED
-    except NonFiniteLossError as e:
-        print(f"mgpu: error: {one_line(e)}", file=sys.stderr)
-        return EXIT_FAILED
-    except MgpuError as e:
-        print(f"mgpu: error: {one_line(e)}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM to the launcher (mgpu.launch.Terminated)
-        signum = getattr(e, "signum", 2)
-        print(f"mgpu: {'interrupted' if signum == 2 else 'terminated'}: every rank stopped", file=sys.stderr)
-        return 128 + signum
-    return 0
+        return 0
+
+    return end_command(run, failures=(LaunchError, NonFiniteLossError))

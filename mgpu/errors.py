@@ -113,3 +113,25 @@ class NotVerifiedError(ParityError):
     verdict is NOT VERIFIED: comparisons skipped, world 1 not reproducing itself, gradients that are
     all zero). A ParityError, so that a test fails on it as on a divergence; a class of its own, so
     that a caller can tell the two apart (and `accept_not_verified=True` lets it pass)."""
+
+
+def end_command(run, failures: tuple = ()) -> int:
+    """Every mgpu command's ending (train, check, check-script): `run()`'s exit code; one of `failures`
+    (a run that failed while training: a rank's error, a NaN loss) printed and exit 1; any other
+    MgpuError (bad input) one line and exit 2; Ctrl-C or SIGTERM (a KeyboardInterrupt carrying
+    `signum`: mgpu.launch stops every rank first) said and 128 + the signal."""
+    import sys
+
+    try:
+        return run()
+    except failures as e:
+        # A rank's failure keeps its lines ("rank R failed: ...", then its traceback if it was a bug).
+        print(f"mgpu: error: {e if isinstance(e, LaunchError) else one_line(e)}", file=sys.stderr)
+        return EXIT_FAILED
+    except MgpuError as e:
+        print(f"mgpu: error: {one_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", 2)
+        print(f"mgpu: {'interrupted' if signum == 2 else 'terminated'}: every rank stopped", file=sys.stderr)
+        return 128 + signum

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Callable
 
 from mgpu.check.report import CheckReport
-from mgpu.errors import EXIT_NOT_VERIFIED, EXIT_USAGE, MgpuError, one_line
+from mgpu.errors import EXIT_NOT_VERIFIED, end_command
 
 __all__ = ["add_report_arguments", "check_json_path", "run_check_command"]
 
@@ -41,16 +40,12 @@ def run_check_command(parser: argparse.ArgumentParser, args, run: Callable[[], C
     1, or 3 for NOT VERIFIED unless --accept-not-verified; --strict fails findings), 2 for bad input
     (one line), 128 + the signal for Ctrl-C or SIGTERM (every rank stopped)."""
     check_json_path(parser, args.json)
-    try:
+
+    def report_and_exit() -> int:
         report = run()
-    except MgpuError as e:
-        print(f"mgpu: error: {one_line(e)}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt as e:
-        signum = getattr(e, "signum", 2)
-        print(f"mgpu: {'interrupted' if signum == 2 else 'terminated'}: every rank stopped", file=sys.stderr)
-        return 128 + signum
-    print(report.text())
-    if args.json is not None:
-        report.write_json(args.json)
-    return report.exit_code(strict=args.strict, accept_not_verified=args.accept_not_verified)
+        print(report.text())
+        if args.json is not None:
+            report.write_json(args.json)
+        return report.exit_code(strict=args.strict, accept_not_verified=args.accept_not_verified)
+
+    return end_command(report_and_exit)

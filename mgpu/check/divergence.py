@@ -1,5 +1,5 @@
-"""What a check finds: where two runs first part (`Divergence`) and what it notices about the model
-or the script that is not a divergence (`Finding`). One class each, for `check` and `check-script`.
+"""Where two runs first part: a `Divergence`, one class for `check` and `check-script` (what a check
+notices that is not a divergence is a Finding: mgpu/check/findings.py).
 
     ScriptDivergence(step=1, kind="gradient", tensor="fc1.weight", rank=0, max_abs=3e-4, max_rel=2e-3,
                allowed=1e-6, diagnosis="every gradient is 0.500 x world 1's = 1/N: ...")
@@ -13,11 +13,11 @@ check says it in its own words: `check` builds a ModelDivergence (mgpu/check/mod
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass
 
 from mgpu.jsonsafe import finite_or_none
 
-__all__ = ["Divergence", "Finding"]
+__all__ = ["Divergence"]
 
 
 @dataclass(frozen=True)
@@ -50,23 +50,3 @@ class Divergence:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
         out["replica"] = self.rank
         return finite_or_none(out)
-
-
-@dataclass(frozen=True)
-class Finding:
-    """Something the check noticed about the model or the script that fails nothing by itself
-    (`--strict` fails it): its name (`random-layers`, `batch-mixing`, `zero-gradients`, ...), what it
-    means and what to do, and the figures behind it where there are some."""
-
-    name: str
-    text: str
-    errors: dict = field(default_factory=dict)
-
-    def __getitem__(self, key: str):
-        # check-script's findings were {"name", "text"} dicts: finding["name"] keeps working.
-        if key not in ("name", "text"):
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def to_json(self) -> dict:
-        return finite_or_none({"name": self.name, "text": self.text, **({"errors": self.errors} if self.errors else {})})

@@ -68,6 +68,13 @@ class CheckReport(abc.ABC):
     def to_json(self) -> dict:
         """The report's JSON record (write_json makes it strict)."""
 
+    @property
+    def verified(self) -> bool:
+        """The one meaning of "verified" for both checks (JSON "verified"): the verdict is PASSED, so the
+        check compared enough and nothing differed. (`check`'s JSON "verified" meant "enough compared"
+        until 2026-11-28: that is now its "enough_compared".)"""
+        return self.verdict == Verdict.PASSED
+
     def exit_code(self, strict: bool = False, accept_not_verified: bool = False) -> int:
         return exit_code(self.verdict, bool(self.findings), strict, accept_not_verified)
 

@@ -19,10 +19,19 @@ rule, the report); the other is mgpu/check/script/, a user's own training script
     check     check     run_check and check_data_parallel: the stages above in order, and the API
 """
 
-from mgpu.check.divergence import Divergence
-from mgpu.check.model.check import CheckOptions, CheckResult, Report, check_data_parallel, run_check
-from mgpu.check.model.compare import assert_tensors_close
+from importlib import import_module
 
-__all__ = ["CheckOptions", "CheckResult", "Report", "check_data_parallel", "run_check", "Divergence",
-           "assert_tensors_close"]
+# Where each public name lives; imported on first use (PEP 562), so that `mgpu check --help` and a bad
+# option answer without importing torch (the command line imports check/model/command.py through here).
+_PUBLIC = {"Divergence": "mgpu.check.divergence", "ModelDivergence": "mgpu.check.model.compare",
+           "assert_tensors_close": "mgpu.check.model.compare", "CheckOptions": "mgpu.check.model.check",
+           "CheckResult": "mgpu.check.model.check", "Report": "mgpu.check.model.check",
+           "check_data_parallel": "mgpu.check.model.check", "run_check": "mgpu.check.model.check"}
 
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'mgpu.check.model' has no attribute {name!r}")

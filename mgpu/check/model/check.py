@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from mgpu.check.divergence import Finding
+from mgpu.check.findings import ZeroGradientWords, zero_gradients_finding
 from mgpu.config import CHECK_STRATEGIES, CheckOptions
 from mgpu.devices import exact_gpu_math, torch_threads
 from mgpu.errors import MgpuError, SpecError, one_line
@@ -40,12 +40,16 @@ from mgpu.check.model.plans import label, make_optimizer, plan_check, strategy_f
 from mgpu.check.model.probe import probe_model
 from mgpu.check.model.ranks import ModelRankJob, RankRuns, rank_recording, spec_blob
 from mgpu.check.model.record import RunPlan, Recording, record_strategy, snapshot, step_timeout
-from mgpu.check.model.report import ZERO_GRADIENTS, CheckResult, Report
+from mgpu.check.model.report import CheckResult, Report
 from mgpu.spec import ModelSpec, builtin_spec, load_spec, validate_spec
 from mgpu.strategies import RANK_STRATEGIES  # each run of these is a spawn of its ranks
 
 __all__ = ["CheckOptions", "CheckResult", "Report", "run_check", "check_data_parallel", "run_in_process", "References",
            "CHECK_STRATEGIES"]
+
+
+ZERO_GRADIENT_WORDS = ZeroGradientWords("of the single-device steps", "reference step(s) from the initial weights",
+                                        "agrees under any strategy, so the comparisons proved nothing")
 
 
 def run_check(spec: ModelSpec, options: CheckOptions | None = None,
@@ -103,24 +107,10 @@ def _probed(spec: ModelSpec, options: CheckOptions, say: Callable[[str], None]) 
                 steps.append(refs.step(initial, fresh_optimizer, plan.plans[kind], step, n, torch.float32))
                 traits.unused.extend(sorted(set(steps[-1].unused) - set(traits.unused)))
     ctx = CheckContext(spec, model, options, plan.plans, traits, refs, reproducer(spec, options), say, runs=plan.runs)
-    zero = zero_gradients_finding(steps)
+    zero = zero_gradients_finding([ref.grads for ref in steps], ZERO_GRADIENT_WORDS)
     if zero is not None:
         ctx.add(CheckResult.of_finding(zero))
     return ctx
-
-
-def zero_gradients_finding(steps: list) -> Finding | None:
-    """The zero-gradients finding when every gradient of these reference steps is zero (or None): a
-    loss that cannot move the weights agrees under any strategy, so every comparison passes and proves
-    nothing (the report is then NOT VERIFIED: report.Report.verified)."""
-    grads = [g for ref in steps for g in ref.grads.values() if g is not None]
-    if any(bool(g.ne(0).any()) for g in grads):
-        return None
-    return Finding(ZERO_GRADIENTS, (
-        f"every gradient of the single-device steps is zero ({len(steps)} reference step(s) from the initial weights, "
-        f"{len(steps[0].grads) if steps else 0} parameter(s)): a loss that cannot move the weights agrees under any "
-        "strategy, so the comparisons proved nothing (cross-entropy over a single class, a loss from detached "
-        "tensors?); give the check a loss that depends on the weights"))
 
 
 def _start_rank_runs(ctx: CheckContext) -> tuple[RankRuns | None, str | None]:

@@ -15,7 +15,7 @@ import shlex
 import torch
 
 from mgpu import devices as devmod
-from mgpu.check.divergence import Finding
+from mgpu.check.findings import Finding
 from mgpu.config import CheckOptions
 from mgpu.check.model.compare import error, worst
 from mgpu.check.model.judge import CheckContext

@@ -3,8 +3,9 @@
 
 check.py, judge.py and findings.py make the results; this module holds, prints and writes them.
 
-A report is *verified* when at most SKIPPED_SHARE_LIMIT of its comparisons with single-device
-training were skipped and some gradient was not zero. A model that draws random numbers in forward
+A report compared *enough* when at most SKIPPED_SHARE_LIMIT of its comparisons with single-device
+training were skipped and some gradient was not zero; it is *verified* when it PASSED (the core's one
+meaning: mgpu/check/report.py). A model that draws random numbers in forward
 (beyond dropout, which the check switches off) cannot be compared at all: every such check is
 skipped; a loss that cannot move the weights agrees under any strategy. A check that compared
 nothing must not look like one that passed: its verdict is NOT VERIFIED, exit code 3 unless
@@ -19,13 +20,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from mgpu.check.divergence import Divergence, Finding
+from mgpu.check.divergence import Divergence
+from mgpu.check.findings import ZERO_GRADIENTS, Finding
 from mgpu.check.report import CheckReport, Verdict, write_json
 from mgpu.config import CheckOptions
 from mgpu.errors import EXIT_NOT_VERIFIED
 from mgpu.strategies import RANK_STRATEGIES
 
-__all__ = ["CheckResult", "Report", "COMPARISONS", "NO_BUFFERS", "SKIPPED_SHARE_LIMIT", "ZERO_GRADIENTS", "table",
+__all__ = ["CheckResult", "Report", "COMPARISONS", "NO_BUFFERS", "SKIPPED_SHARE_LIMIT", "table",
            "failure_message", "write_json"]
 
 # The checks that compare a run with single-device training (or its replicas with each other), as
@@ -37,8 +39,6 @@ NO_BUFFERS = "the model has no buffers"
 # More than this share of the comparisons skipped, and the check is not verified: the summary says so
 # first, it exits 3 (EXIT_NOT_VERIFIED) unless --accept-not-verified, and the JSON's "verified" is false.
 SKIPPED_SHARE_LIMIT = 0.10
-# The finding that leaves a check not verified whatever it compared: every gradient is zero (check.py).
-ZERO_GRADIENTS = "zero-gradients"
 
 
 @dataclass
@@ -97,16 +97,17 @@ class Report(CheckReport):
         return next((r for r in self.findings if r.name == ZERO_GRADIENTS), None)
 
     @property
-    def verified(self) -> bool:
+    def enough_compared(self) -> bool:
         """At most SKIPPED_SHARE_LIMIT of the comparisons skipped (and at least one made), and some
-        gradient not zero (a loss that cannot move the weights passes every comparison)."""
+        gradient not zero (a loss that cannot move the weights passes every comparison). JSON
+        "enough_compared" (until 2026-11-28 this was the JSON's "verified": see CheckReport.verified)."""
         made = self.comparisons
         return (bool(made) and len(self.skipped_comparisons) <= SKIPPED_SHARE_LIMIT * len(made)
                 and self.zero_gradients is None)
 
     def unverified_summary(self) -> str | None:
         """The line that heads a report that is not verified, saying why; None when verified."""
-        if self.verified:
+        if self.enough_compared:
             return None
         ending = (f": passing means only that nothing compared differed (exit {EXIT_NOT_VERIFIED}; "
                   "--accept-not-verified accepts it)")
@@ -123,7 +124,7 @@ class Report(CheckReport):
         """FAILED when a check failed; NOT_VERIFIED when too many comparisons were skipped; else PASSED."""
         if self.failures:
             return Verdict.FAILED
-        return Verdict.PASSED if self.verified else Verdict.NOT_VERIFIED
+        return Verdict.PASSED if self.enough_compared else Verdict.NOT_VERIFIED
 
     def failing(self, strict: bool = False) -> list[CheckResult]:
         """The results that fail the report: its failures; else, under strict, its findings."""
@@ -136,7 +137,7 @@ class Report(CheckReport):
         failing = self.failing(strict)
         if failing:
             return failure_message(self, failing[0])
-        if not self.verified:
+        if not self.enough_compared:
             return f"{self.model}: {self.unverified_summary()}"
         return table(self).rsplit("\n", 1)[-1]
 
@@ -147,7 +148,7 @@ class Report(CheckReport):
         made, skipped = self.comparisons, self.skipped_comparisons
         return {"model": self.model, "options": asdict(self.options), "seconds": round(self.seconds, 3),
                 "notes": self.notes, "exit_code": self.exit_code(), "verdict": self.verdict.value,
-                "verified": self.verified,
+                "verified": self.verified, "enough_compared": self.enough_compared,
                 "comparisons": {"made": len(made) - len(skipped), "skipped": len(skipped),
                                 "skipped_share": round(len(skipped) / len(made), 4) if made else None,
                                 "limit": SKIPPED_SHARE_LIMIT},

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from mgpu.check.divergence import Finding
+from mgpu.check.findings import Finding, ZeroGradientWords, zero_gradients_finding
 from mgpu.check.script.divergence import ScriptDivergence
 from mgpu.check.script.augment import keyed_note, not_keyed, randomness_facts, same_numbers, where_drawn
 from mgpu.check.script.compare import ScriptFacts, WorldComparison, compare_world, reproducibility
@@ -23,6 +23,9 @@ from mgpu.check.script.launch import RankFailure, WorldRun
 from mgpu.check.script.plan import ScriptCheckPlan, ScriptCheckError, Target
 
 __all__ = ["Judgement", "judge", "findings_of"]
+
+ZERO_GRADIENT_WORDS = ZeroGradientWords("world 1 recorded", "step(s)", "passes any comparison of gradients, so this "
+                                        "one checked little")
 
 
 @dataclass
@@ -181,11 +184,8 @@ def findings_of(runs: list[WorldRun]) -> tuple[list[Finding], ScriptFacts]:
             "rest of the loop is checked; for training that does not depend on the world size convert with "
             "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) (CUDA), or use GroupNorm/LayerNorm")))
     zero = _zero_gradients(runs)
-    if zero:
-        out.append(Finding("zero-gradients", (
-            f"every gradient world 1 recorded is zero ({zero}): a loss that cannot move the weights passes any "
-            "comparison of gradients, so this one checked little (cross-entropy over a single class, a loss from "
-            "detached tensors?); give the check a loss that depends on the weights")))
+    if zero is not None:
+        out.append(zero)
     uninitialised = uninitialised_cause(records)
     if uninitialised:
         out.append(Finding("uninitialised-memory", uninitialised))
@@ -198,14 +198,10 @@ def findings_of(runs: list[WorldRun]) -> tuple[list[Finding], ScriptFacts]:
     return out, ScriptFacts(tuple(bn), draws, collectives, randomness)
 
 
-def _zero_gradients(runs: list[WorldRun]) -> str:
-    """"K step(s), P parameter(s)" when world 1's first run recorded gradients and every one is zero."""
+def _zero_gradients(runs: list[WorldRun]) -> Finding | None:
+    """The zero-gradients finding, from world 1's first run (when it recorded steps)."""
     a = next((r for r in runs if r.world == 1 and r.run == "A" and r.failure is None and r.ranks), None)
-    records = a.ranks[0].steps if a is not None else []
-    grads = [g for rec in records for g in rec.grads.values() if g is not None]
-    if not grads or any(bool(g.ne(0).any()) for g in grads):
-        return ""
-    return f"{len(records)} step(s), {len(records[0].grads)} parameter(s)"
+    return zero_gradients_finding([rec.grads for rec in a.ranks[0].steps] if a is not None else [], ZERO_GRADIENT_WORDS)
 
 
 def _listed(items: list, most: int = 6) -> str:

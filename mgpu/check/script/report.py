@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mgpu.check.divergence import Divergence
+from mgpu.check.findings import ZERO_GRADIENTS
 from mgpu.check.report import CheckReport, Verdict
 from mgpu.check.script.compare import WorldComparison
 from mgpu.check.script.diagnose import UNINITIALISED
@@ -50,11 +51,7 @@ class ScriptReport(CheckReport):
         return Verdict.PASSED
 
     def _zero_gradients(self):
-        return next((f for f in self.findings if f.name == "zero-gradients"), None)
-
-    @property
-    def verified(self) -> bool:
-        return self.verdict == Verdict.PASSED
+        return next((f for f in self.findings if f.name == ZERO_GRADIENTS), None)
 
     def first_failure(self, strict: bool = False) -> str:
         """The message of an AssertionError: what failed first (under strict a finding counts), or why
