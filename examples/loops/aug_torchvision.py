@@ -13,6 +13,7 @@ built, the DataLoader's generator that seeds its workers), after seeding alike w
 same examples), `rank` (a DistributedSampler seeded with the rank: each rank shuffles otherwise).
 --mixup mixes each batch with a Beta draw in collate_fn (not keyable: NOT VERIFIED).
 --start-method spawn: workers that do not inherit the rank's patches (check-script's worker_init_fn wrapper keys them).
+--amp bf16 | fp16: the forward and loss under autocast, as mixed precision is run; fp16 with a GradScaler.
 """
 
 import argparse
@@ -76,6 +77,7 @@ def main():
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--start-method", choices=["fork", "spawn", "forkserver"], default=None,
                         help="how DataLoader workers start (default: the platform's)")
+    parser.add_argument("--amp", choices=["off", "bf16", "fp16"], default="off")
     args = parser.parse_args()
 
     device, backend = pick_device(args.device)
@@ -86,6 +88,8 @@ def main():
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 2))
     model = DDP(model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
     if not args.seed_alike:
         torch.manual_seed(1000 + rank)  # what must differ between ranks (dropout, noise): after the model
 
@@ -110,9 +114,11 @@ def main():
         for step, (x, y) in enumerate(loader):
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            optimizer.step()
+            with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                loss = F.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
             if rank == 0 and step % 10 == 0:
                 print(f"epoch {epoch} step {step} loss {loss.item():.4f}")
     dist.destroy_process_group()
