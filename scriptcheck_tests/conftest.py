@@ -1,4 +1,4 @@
-"""The tests of `mgpu check-script` itself (mgpu/scriptcheck/): a user's own training script run at world 1
+"""The tests of `mgpu check-script` itself (mgpu/check/script/): a user's own training script run at world 1
 and at N ranks and compared step by step. Not the correctness suite's properties of mgpu's training
 (correctness/), so they live apart, as mgpu_perf's tests live apart from the benchmarks.
 
