@@ -252,3 +252,45 @@ def test_mgpu_perf_runs_bench_and_gate_without_the_install(monkeypatch, capsys):
     with pytest.raises(SystemExit) as raised:
         main(["gate", "model.py:spec"])
     assert raised.value.code == 2 and "gate needs --baseline" in capsys.readouterr().err
+
+
+SCRIPT = ROOT / "mgpu/check/script"
+CAUSES = "mgpu.check.script.causes"
+
+
+def _composed(node: ast.expr) -> bool:
+    """Text made on the spot: a string literal, an f-string, a concatenation, or an `or`/`if` that holds one."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    if isinstance(node, (ast.JoinedStr, ast.BinOp)):
+        return True
+    if isinstance(node, ast.BoolOp):
+        return any(_composed(v) for v in node.values)
+    if isinstance(node, ast.IfExp):
+        return _composed(node.body) or _composed(node.orelse)
+    return False
+
+
+def test_check_scripts_causes_are_worded_only_in_its_causes_package():
+    """A cause's words live in mgpu/check/script/causes/ (one home: the evidence it needs, the words it
+    says); the comparing and judging modules hand a `diagnosis=` what a cause there returns, never text
+    they compose themselves."""
+    composed = []
+    for path in sorted(SCRIPT.rglob("*.py")):
+        if (SCRIPT / "causes") in path.parents:
+            continue
+        for node in ast.walk(_parsed(path)):
+            if isinstance(node, ast.Call):
+                composed += [f"{path.relative_to(ROOT)}:{k.value.lineno}" for k in node.keywords
+                             if k.arg == "diagnosis" and _composed(k.value)]
+    assert not composed, f"diagnosis= given text composed outside mgpu/check/script/causes/: {composed}"
+    assert (SCRIPT / "causes/__init__.py").exists(), "check-script's causes have no home (mgpu/check/script/causes/)"
+
+
+def test_the_causes_are_loaded_by_the_judging_side_only():
+    """causes/ is the judge's: no module that runs in the user's process (inrank/) imports it; a cause
+    that needs new evidence has it recorded there, and worded in causes/."""
+    assert (SCRIPT / "causes/__init__.py").exists(), "check-script's causes have no home (mgpu/check/script/causes/)"
+    offenders = {m: sorted(t for t in ts if _within(t, CAUSES)) for m, ts in _imports().items() if _within(m, INRANK)}
+    offenders = {m: ts for m, ts in offenders.items() if ts}
+    assert not offenders, f"in-rank modules import the causes: {offenders}"

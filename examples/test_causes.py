@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from mgpu.check.script.data import StepData, data_divergence, order_cause
-from mgpu.check.script.diagnose import schedule_cause
+from mgpu.check.script.causes.data import order_cause
+from mgpu.check.script.causes.optimizer import schedule_cause
+from mgpu.check.script.data import StepData, data_divergence
 from mgpu.check.script.inrank.feeds import FeedWatch
 from mgpu.check.script.inrank.settings import settings_of
 from mgpu.check.script.optimizer import setting_divergence

@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from mgpu.check.script.augment import indices_agree, not_keyed, unkeyed_cause
+from mgpu.check.script.augment import indices_agree, not_keyed
+from mgpu.check.script.causes.randomness import unkeyed_cause
 from mgpu.check.script.data import StepData
 from mgpu.check.script.inrank.keyed import KeyedBatch, KeyedData, example_key
 

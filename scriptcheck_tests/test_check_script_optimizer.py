@@ -20,7 +20,7 @@ import torch
 from mgpu.check.script.inrank.records import RankRecord, StepRecord
 from mgpu.scriptcheck import run_check_script
 from mgpu.check.script.compare import compare_world
-from mgpu.check.script.diagnose import ScriptFacts
+from mgpu.check.script.causes.facts import ScriptFacts
 from mgpu.check.script.inrank.settings import settings_of
 from mgpu.check.script.optimizer import ranks_settings_apart, same_setting, setting_divergence, steps_text
 

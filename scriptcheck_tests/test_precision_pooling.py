@@ -18,7 +18,7 @@ import torch
 
 from mgpu.check.script.inrank.records import RankRecord, StepRecord
 from mgpu.check.script.compare import compare_world
-from mgpu.check.script.diagnose import ScriptFacts
+from mgpu.check.script.causes.facts import ScriptFacts
 from mgpu.check.script.launch import WorldRun, liftable
 from mgpu.check.script.tensors import POOL_PRECISION, POOL_RERUN, allowances
 

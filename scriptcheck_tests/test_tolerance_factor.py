@@ -18,7 +18,7 @@ import torch
 
 from mgpu.check.script.inrank.records import RankRecord, StepRecord
 from mgpu.check.script.compare import compare_world
-from mgpu.check.script.diagnose import ScriptFacts
+from mgpu.check.script.causes.facts import ScriptFacts
 
 LR = 0.1
 SPREAD = 1e-5   # run B's distance from run A, relative to each gradient's largest element (float32's eps: 1.2e-7)

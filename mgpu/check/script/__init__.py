@@ -22,10 +22,15 @@ runs inside the user's process (inrank/) and what plans, runs, compares and judg
                         tracer: a traced rerun's modules; records: the RankRecord each rank writes
     judge     judge     crashes, findings, world 1 against itself, each world N against world 1
               compare   step by step: the start, the data, the gradients, the updates, the weights
-              data, tensors, optimizer, tally, diagnose: the examples compared; the error and tolerance
-                        of a tensor; settings and updates; what was compared, and its sensitivity; why they part
-              augment   the indices and draws: a sampler bug, randomness not keyable, ranks drawing alike
+              data, tensors, optimizer, tally: the examples compared; the error and tolerance of a tensor,
+                        the equality of two settings; settings and updates; what was compared, and its sensitivity
+              augment   the indices and draws merged: which sampler indices agree, what randomness is not
+                        keyable, ranks drawing alike
     locate    locate    where a failed step's divergence enters the model: world 1 and N again, traced
+    causes    causes/   why they part: each cause with the evidence it needs and the words it says, one module
+                        per family (start, data, gradients, optimizer, collectives, randomness, entry; facts);
+                        every `diagnosis=` above is a call into it (causes/__init__.py: to add a cause)
+              diagnose  UNINITIALISED only, for report.py, until report.py imports it from causes/start.py
     report    report    the verdict, as text and JSON
     command   command   `mgpu check-script`: its options from the command line, the core's command ending
 """

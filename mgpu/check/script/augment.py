@@ -9,22 +9,18 @@ keyed.py and draws.py; docs/guide/check-script.md, "Random augmentation").
 
 A map-style dataset's draws are keyed to the example (keyed.py), so a correct script with random
 augmentation gives world N world 1's examples bitwise. Where the examples still differ, the indices each
-sampler yielded tell why: other indices are a sampler bug (FAILED, the data named); the same indices
-with other contents are randomness the check could not key (NOT VERIFIED, named with where it is drawn);
-no indices (no DataLoader) with draws in the training step are examples drawn at random per rank
-(nanoGPT's get_batch: a choice, NOT VERIFIED).
+sampler yielded tell why (causes/randomness.py words it): other indices are a sampler bug (FAILED, the
+data named); the same indices with other contents are randomness the check could not key (NOT VERIFIED,
+named with where it is drawn); no indices (no DataLoader) with draws in the training step are examples
+drawn at random per rank (nanoGPT's get_batch: a choice, NOT VERIFIED).
 """
 
 from __future__ import annotations
 
 import collections
 
-__all__ = ["randomness_facts", "indices_agree", "not_keyed", "unkeyed_cause", "same_numbers", "where_drawn",
-           "NOT_KEYED", "keyed_note"]
+__all__ = ["randomness_facts", "indices_agree", "not_keyed", "same_numbers", "where_drawn", "keyed_note"]
 
-# Every data divergence that randomness the check cannot key explains holds these words (compare.py
-# reports it as NOT VERIFIED, not a failure).
-NOT_KEYED = "random numbers the check cannot key to the example"
 _GENERATORS = {"torch": "torch's global generator", "numpy": "numpy's global generator (np.random)",
                "random": "Python's random"}
 
@@ -58,12 +54,6 @@ def indices_agree(sd) -> bool | None:
     return union == collections.Counter(i for batch in one for i in batch)
 
 
-def _indices_shared(sd) -> str:
-    one = collections.Counter(i for batch in sd.indices_1 for i in batch)
-    union = collections.Counter(i for r in sd.indices_n for batch in r for i in batch)
-    return f"{sum((one & union).values())} of {sum(one.values())}"
-
-
 def not_keyed(facts: dict, suspects: bool = True) -> list[str]:
     """The randomness that reaches the data and cannot be keyed to the example, each with where it is drawn;
     suspects=False: only draws seen made, not a generator the dataset holds or an IterableDataset (which
@@ -81,43 +71,6 @@ def not_keyed(facts: dict, suspects: bool = True) -> list[str]:
         module = f" in {entry['module']} (a module without parameters, outside the model)" if entry.get("module") else ""
         out.append(f"{name} in the training step at {entry['site']}{module}, {entry['calls']} call(s)")
     return out
-
-
-_WHAT_TO_DO = ("to compare, draw them from the example (keyed by its index, as the check does for a Dataset's "
-               "global generators), move them into the Dataset's __getitem__, or switch them off for the check "
-               "(a flag of the script)")
-
-
-def unkeyed_cause(sd, n: int, facts: dict, shared: str) -> tuple[str, bool]:
-    """(why the examples differ, whether randomness the check cannot key explains it: NOT VERIFIED) for a
-    step whose global batch holds other examples than world 1's, as many; ('', False) where the evidence
-    says nothing (data.py then gives its own causes)."""
-    agree = indices_agree(sd)
-    unkeyed = not_keyed(facts)
-    if agree is False:
-        return (f"world {n}'s samplers yielded other dataset indices than world 1's ({_indices_shared(sd)} shared): "
-                "other examples, not the same ones augmented otherwise", False)
-    if agree:
-        if unkeyed:
-            return (f"the same examples as world 1's (every rank's sampler indices together are world 1's), "
-                    f"with other contents: {NOT_KEYED}: {'; '.join(unkeyed)}: each process draws them for its own "
-                    f"examples, in its own order, so world {n} cannot match world 1's data; {_WHAT_TO_DO}", True)
-        return (f"the same examples as world 1's (every rank's sampler indices together are world 1's), with "
-                f"other contents, and no random draw the check could not key: the dataset computes them otherwise at "
-                f"this world size (statistics over a rank's shard, a file or cache per rank?)", False)
-    iterable = [u for u in unkeyed if u.startswith("an IterableDataset")]
-    if iterable:
-        return (f"{NOT_KEYED}: {'; '.join(iterable)}: each rank draws for its own examples, so world {n} cannot match "
-                "world 1's data; to compare, draw them from the example (a key of its own: a file name, a position in "
-                "the stream), or a map-style Dataset (whose __getitem__ the check keys), or switch them off for the "
-                "check", True)
-    steps = [u for u in unkeyed if " in the training step at " in u]
-    if steps:
-        return (f"the examples are drawn at random in the training step ({'; '.join(steps)}): {NOT_KEYED}; each "
-                f"rank draws its own (seeded by rank, or not at all), so world {n} cannot take world 1's examples: "
-                "a choice, not a bug; to compare, draw the global batch from a generator seeded alike at every world "
-                "size and take this rank's share of it (rows rank::world_size)", True)
-    return "", False
 
 
 def where_drawn(facts: dict, forward: str = "") -> list[str]:

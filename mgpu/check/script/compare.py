@@ -47,10 +47,14 @@ from dataclasses import dataclass, field, replace
 from mgpu.check.script.divergence import ScriptDivergence
 from mgpu.check.script.inrank.records import StepRecord
 from mgpu.check.tolerance import largest
-from mgpu.check.script.augment import NOT_KEYED
+from mgpu.check.script.causes.data import another_order, unseeded_data
+from mgpu.check.script.causes.facts import ScriptFacts
+from mgpu.check.script.causes.gradients import (gradient_diagnosis, missing_in_optimizer, ranks_apart, traced,
+                                                unused_parameter)
+from mgpu.check.script.causes.optimizer import schedule_drift, schedule_unreached, update_diagnosis
+from mgpu.check.script.causes.randomness import NOT_KEYED, explained
+from mgpu.check.script.causes.start import missing_at_start, other_start, replicas_apart, unseeded_start
 from mgpu.check.script.data import StepData, data_divergence, step_data
-from mgpu.check.script.diagnose import (ScriptFacts, explained, gradient_diagnosis, other_start, uninitialised_cause,
-                                       update_diagnosis)
 from mgpu.check.script.optimizer import StepWeights, UpdateWatch, ranks_settings_apart, setting_divergence, steps_text, \
     updates_of
 from mgpu.check.script.tally import Tally
@@ -102,15 +106,13 @@ def reproducibility(a, b) -> ScriptDivergence | None:
     for name, d in ia.items():
         if ib.get(name) != d:
             return ScriptDivergence(0, kind="start", tensor=name, allowed=0.0,
-                              diagnosis=uninitialised_cause([a.ranks[0], b.ranks[0]]) or "two world-1 runs start "
-                              "from other weights: the model's initialisation is not seeded")
+                              diagnosis=unseeded_start([a.ranks[0], b.ranks[0]]))
     ra, rb = a.ranks[0].steps, b.ranks[0].steps
     for i, (x, y) in enumerate(zip(ra, rb)):
         sd = step_data(x, [y], 1)
         if collections.Counter(sd.world_1) != collections.Counter(sd.ranks[0]):
             return ScriptDivergence(i + 1, kind="data",
-                              diagnosis="two world-1 runs took other examples: the data order (or an augmentation) is not "
-                              "seeded", detail=f"inputs of {_root_name(x)}")
+                              diagnosis=unseeded_data(), detail=f"inputs of {_root_name(x)}")
     return None
 
 
@@ -127,12 +129,9 @@ def _ranks_apart(rn: list[StepRecord], n: int, key: str, step: int) -> ScriptDiv
         for name, t in getattr(rn[0], key).items():
             if not same(getattr(rn[r], key).get(name), t):
                 e = err(getattr(rn[r], key).get(name), t)
-                why = (f"rank {r}'s gradient differs from rank 0's as the optimizer steps: the gradients are not "
-                       "synchronised (no DDP, or an all_reduce missing for this parameter)" if key == "grads" else
-                       f"rank {r}'s weights part from rank 0's in this step although their gradients agree: the "
-                       "optimizer differs between ranks (a setting by rank, a step skipped on one rank?)")
                 return ScriptDivergence(step, kind="ranks", tensor=f"{what} {name}", rank=r,
-                                  max_abs=e[0] if math.isfinite(e[0]) else None, allowed=0.0, diagnosis=why)
+                                  max_abs=e[0] if math.isfinite(e[0]) else None, allowed=0.0,
+                                  diagnosis=ranks_apart(key, r))
     return None
 
 
@@ -143,9 +142,7 @@ def _replicas_apart(rn: list[StepRecord], n: int) -> ScriptDivergence | None:
             if not same((rn[r].before or {}).get(name), t):
                 e = err((rn[r].before or {}).get(name), t)
                 return ScriptDivergence(0, kind="ranks", tensor=name, rank=r, max_abs=e[0] if math.isfinite(e[0]) else None,
-                                  allowed=0.0, diagnosis="replicas start apart: broadcast rank 0's weights before training (DDP does at "
-                                  "construction; a hand-made loop must dist.broadcast every parameter), or "
-                                  "build the model from the same seed on every rank")
+                                  allowed=0.0, diagnosis=replicas_apart())
     return None
 
 
@@ -156,7 +153,7 @@ def _start_apart(rn: list[StepRecord], r1: StepRecord, n: int) -> ScriptDivergen
         got = (rn[0].before or {}).get(name, "missing")
         if isinstance(got, str):
             return ScriptDivergence(0, kind="start", tensor=name, rank=0,
-                              diagnosis=f"world {n} has no parameter {name} in its optimizer")
+                              diagnosis=missing_at_start(n, name))
         e = err(got, t)
         allowed = allowance(t, None, scales[name])
         if not e[0] <= allowed:
@@ -176,11 +173,10 @@ def _gradients_apart(step: int, rn: list[StepRecord], refs: tuple, n: int, sd: S
         gn = rn[0].grads.get(name, "missing")
         if isinstance(gn, str):
             return ScriptDivergence(step, kind="gradient", tensor=name, rank=0,
-                              diagnosis=f"world {n}'s optimizer has no parameter {name}")
+                              diagnosis=missing_in_optimizer(n, name))
         if (g1 is None) != (gn is None):
             return ScriptDivergence(step, kind="gradient", tensor=name, rank=0,
-                              diagnosis=f"world {'1' if g1 is None else str(n)} has no gradient for it: a parameter "
-                                        "unused at one world size")
+                              diagnosis=unused_parameter('1' if g1 is None else str(n)))
         if g1 is None:
             continue
         e = err(gn, g1)
@@ -240,9 +236,9 @@ def _step(w: "_Walk", i: int, recs_n: list, world_1: tuple) -> None:
     r1, rb = ref[i], per[i] if i < len(per) else None
     rn = [recs[i] for recs in recs_n]
     if "data" not in w.stopped and (rn[0].optimizer, rn[0].step) != (r1.optimizer, r1.step):
-        w.fail("data", ScriptDivergence(step, kind="data", diagnosis="the optimizers step in another order at this world "
-                                  "size", detail=f"world {n} stepped optimizer {rn[0].optimizer}, world 1 optimizer "
-                                  f"{r1.optimizer}"))
+        w.fail("data", ScriptDivergence(step, kind="data", diagnosis=another_order(),
+                                        detail=f"world {n} stepped optimizer {rn[0].optimizer}, world 1 optimizer "
+                                        f"{r1.optimizer}"))
         why = f"from step {step}: the optimizers step in another order than world 1's"
         w.stop("data", f"the data against world 1 {why}")
         w.stop("settings", f"optimizer settings against world 1 {why}")
@@ -317,8 +313,8 @@ class _Walk:
         if self.schedule is None:
             self.schedule = setting_divergence(step, rn0.settings, r1.settings, self.out.world, False, schedule=True)
         if d is not None and self.schedule is not None and self.schedule.step < step:
-            d = replace(d, diagnosis=f"{d.diagnosis}; first drift at step {self.schedule.step}: the schedule's "
-                                     f"{self.schedule.tensor}: {self.schedule.detail}")
+            d = replace(d, diagnosis=schedule_drift(d.diagnosis, self.schedule.step, self.schedule.tensor,
+                                                    self.schedule.detail))
         return d
 
     def stop(self, group: str, why: str) -> None:
@@ -351,8 +347,7 @@ class _Walk:
         """What was compared and what not; the notes; the status; the divergence traced back to a drift."""
         out, facts = self.out, self.watch.facts
         if self.schedule is not None and "settings" not in self.stopped:  # the step's own settings never differed
-            d = replace(self.schedule, diagnosis=self.schedule.diagnosis + " (it never reached the step's own "
-                        "learning rate in the steps compared)")
+            d = replace(self.schedule, diagnosis=schedule_unreached(self.schedule.diagnosis))
             out.first, later = (d, [out.first]) if out.first is None or out.first.step > d.step else (out.first, [d])
             out.later[:0] = [x for x in later if x is not None]
         out.compared = [f"{label} ({steps_text(steps)})" for label, steps in self.seen.items()]
@@ -364,7 +359,7 @@ class _Walk:
             return
         known = explained(facts)
         finding = (bool(known) and out.first.kind in ("gradient", "update", "weight") and out.first.diagnosis == known) \
-            or (out.first.kind == "data" and NOT_KEYED in out.first.diagnosis)  # randomness not keyable (augment.py)
+            or (out.first.kind == "data" and NOT_KEYED in out.first.diagnosis)  # randomness not keyable (causes/randomness.py)
         if finding and out.later:  # a known reason came first, a failure of another check after it
             out.notes.append(f"{out.first.where()}, world {out.world} differs for a known reason: "
                              f"{known or out.first.diagnosis}")
@@ -376,13 +371,9 @@ class _Walk:
 def _traced(d: ScriptDivergence, drifts: list) -> ScriptDivergence:
     """A divergence of the trajectory, named at the first step before it where something drifted: a
     drift that is no rounding (a common factor) is where it starts; the signs of rounding (Adam's) moved
-    some weights since, which may be what parts here, or not: said beside this step's own cause."""
+    some weights since, which may be what parts here, or not: said beside this step's own cause
+    (causes/gradients.traced)."""
     first = next((x for x in drifts if x[0] < d.step), None)
     if first is None or d.kind not in ("gradient", "update", "weight"):
         return d
-    step, what, rounding = first
-    if rounding:
-        return replace(d, diagnosis=f"{d.diagnosis}; earlier, at step {step}, {what}: the weights it moved (about "
-                                    "2 lr apart) may be what parts here if this cause does not fit")
-    return replace(d, diagnosis=f"first drift at step {step}: {what}; it shows as this {d.kind} divergence at step "
-                                f"{d.step} (which, read alone, says: {d.diagnosis})")
+    return replace(d, diagnosis=traced(d.diagnosis, d.kind, d.step, first))

@@ -1,7 +1,7 @@
 """The data of a step at world N against world 1's: which examples every root-model forward consumed,
 over all ranks, as per-example digests (padding stripped, the batch dimension found from the
-shapes), and what a difference means (no sampler, a per-device batch size, a partial last batch,
-another order).
+shapes), and the divergence where they differ (what a difference means, no sampler, a per-device
+batch size, a partial last batch, another order, is causes/data.py's).
 
     sd = step_data(world_1_record, world_n_records, n)
     divergence = data_divergence(step, sd, n, "Net", arg_hint)    # None: the same examples
@@ -17,10 +17,10 @@ import torch
 
 from mgpu.check.script.divergence import ScriptDivergence
 from mgpu.check.script.inrank.records import ForwardRecord, StepRecord
-from mgpu.check.script.augment import indices_agree, unkeyed_cause
+from mgpu.check.script.causes.data import batch_changed, not_sharded, other_examples, partial_last_batch
 from mgpu.check.script.inrank.inputs import tensor_digest
 
-__all__ = ["StepData", "step_data", "data_divergence", "order_cause", "example_digests", "micro_batches"]
+__all__ = ["StepData", "step_data", "data_divergence", "example_digests", "micro_batches"]
 
 
 def _batch_dims(forwards_1: list, forwards_n: list, n: int) -> dict:
@@ -168,83 +168,12 @@ def data_divergence(step: int, sd: StepData, n: int, root: str, arg_hint: str,
     same_everywhere = n > 1 and all(collections.Counter(r) == collections.Counter(sd.ranks[0]) for r in sd.ranks[1:]) \
         and sd.ranks[0]
     if same_everywhere:
-        return ScriptDivergence(step, kind="data",
-                          diagnosis="every rank saw the same examples: the data are not sharded over the ranks; give the "
-                          "DataLoader a DistributedSampler (or shard the dataset by rank), and keep the global "
-                          "batch the same at every world size", detail=f"{tensor}: {sizes}")
+        return ScriptDivergence(step, kind="data", diagnosis=not_sharded(), detail=f"{tensor}: {sizes}")
     if total_n != total_1 and previous_1 is not None and total_1 < previous_1:
-        return ScriptDivergence(step, kind="data",
-                          diagnosis=f"the last, partial batch of an epoch: world 1 took {total_1} of the {previous_1} a step "
-                          f"holds, world {n} {total_n}: its sampler pads the epoch's end to whole per-rank batches by "
-                          "repeating examples (DistributedSampler's padding, accelerate's even_batches); "
-                          "drop_last=True keeps every step's global batch the same, or check fewer --steps",
-                          detail=f"{tensor}: {sizes}")
+        return ScriptDivergence(step, kind="data", diagnosis=partial_last_batch(n, (total_1, total_n), previous_1),
+                                detail=f"{tensor}: {sizes}")
     if total_n != total_1:
-        hint = ("each rank took a whole world-1 batch: " if total_n == n * total_1 else "")
-        # the hint's stand-in global batch (plan.batch_hint's 64) is world 1's, counted here
-        arg_hint = arg_hint.replace("{64 // world_size}", f"{{{total_1} // world_size}}").replace(
-            "global batch of 64", f"global batch of {total_1}").replace("64 being the global batch",
-                                                                         f"{total_1} being world 1's global batch")
-        return ScriptDivergence(step, kind="data",
-                          diagnosis=f"the global batch changed size: {hint}per-device batch size? Keep the global batch "
-                          f"fixed: {arg_hint}", detail=f"{tensor}: {sizes}")
-    why = _other_examples(sd, n, step, randomness or {})
-    what = ("the global batch's examples differ from world 1's" if indices_agree(sd) else
-            "the global batch holds other examples than world 1's")
-    return ScriptDivergence(step, kind="data", diagnosis=f"{what} ({shared} of {total_1} shared): {why}",
-                      detail=f"{tensor}: {sizes}")
-
-
-def _other_examples(sd: StepData, n: int, step: int, randomness: dict) -> str:
-    """Why a global batch of as many examples holds others than world 1's: the sampler indices and the
-    random draws tell first (augment.py), then the samplers (order_cause), then the possible causes."""
-    evidence, explained = unkeyed_cause(sd, n, randomness, "")
-    if explained or (evidence and indices_agree(sd)):
-        return evidence
-    order = order_cause(sd, n, step)
-    if evidence and "the order agrees" in order:
-        order = ""  # the indices say otherwise
-    guess = ("the order of the data depends on the world size or the rank (a sampler or shuffle seeded by rank, a "
-             "DistributedSampler at one world size only" + (")" if evidence else ", random augmentation drawn per rank?)"))
-    return "; ".join(x for x in (evidence, order or guess) if x)
-
-
-TORCH_RANDOM = "torch.utils.data.sampler.RandomSampler"  # DataLoader(shuffle=True)'s sampler
-SEEDABLE = "accelerate.data_loader.SeedableRandomSampler"  # use_seedable_sampler=True's: one order, every world size
-_SAME_ORDER = ("give every world size one order: a DistributedSampler(dataset, shuffle=True, seed=S) at every world "
-               "size, world 1 included (num_replicas and rank given), with sampler.set_epoch(epoch) each epoch")
-
-
-def order_cause(sd: StepData, n: int, step: int) -> str:
-    """Why the examples differ (as many at both world sizes) from the first step, read from the samplers
-    that ordered them (StepData.loaders_*, sampler chains outermost first): accelerate's prepared loader
-    shuffling with torch's RandomSampler (no SeedableRandomSampler): use_seedable_sampler; its seedable
-    sampler at both world sizes: the order agrees, the examples' content differs; else a shuffle
-    (a RandomSampler) at either world size, or another sampler at each: one seeded sampler at every world
-    size. '' where the samplers do not tell (no DataLoader seen, a difference that starts later, no
-    shuffle and the same sampler at both)."""
-    if step != 1 or not sd.loaders_n:
-        return ""
-    name = lambda c: c.rsplit(".", 1)[-1]  # noqa: E731
-    shown = lambda chain: " over ".join(map(name, chain))  # noqa: E731
-    for chain in sd.loaders_n:
-        if chain and any(c.startswith("accelerate.") for c in chain) and chain[-1] == TORCH_RANDOM:
-            return ("another order from the first step, not another sharding: accelerate's prepared DataLoader "
-                    f"shuffles with torch's RandomSampler (world {n}: {shown(chain)}), whose order is another draw of "
-                    f"torch's random state at each world size (its generator seeded at accelerator.prepare() at {n} "
-                    "processes, when the epoch starts at one): use Accelerator(dataloader_config="
-                    "DataLoaderConfiguration(use_seedable_sampler=True)) (accelerate.utils), which draws one order "
-                    "from the seed at every world size")
-    first_1, first_n = (sd.loaders_1[0] if sd.loaders_1 else ()), sd.loaders_n[0]
-    if first_n and first_n[-1] == SEEDABLE and (not first_1 or first_1[-1] == SEEDABLE):
-        return (f"the order agrees (world {n}: {shown(first_n)}, which draws one order from the seed at every world "
-                "size), so the examples themselves differ: a random augmentation drawn per rank (a random crop or "
-                "flip in each rank's DataLoader workers, whose random streams start alike on every rank), or a "
-                "dataset built otherwise at this world size")
-    shuffled = any(c and name(c[-1]) == "RandomSampler" for c in (first_1, first_n))  # not a seeded one
-    if not shuffled and (not first_1 or first_1[-1] == first_n[-1]):
-        return ""
-    return (f"another order from the first step: world 1 orders its data with {shown(first_1) or 'no sampler seen'}, "
-            f"world {n} with {shown(first_n)}: " + ("another sampler at each world size" if first_1 and first_1[-1] !=
-                                                    first_n[-1] else "a shuffle drawn from another random state") +
-            f"; {_SAME_ORDER}")
+        return ScriptDivergence(step, kind="data", diagnosis=batch_changed(n, (total_1, total_n), arg_hint),
+                                detail=f"{tensor}: {sizes}")
+    why = other_examples(sd, n, step, randomness or {}, (shared, total_1))
+    return ScriptDivergence(step, kind="data", diagnosis=why, detail=f"{tensor}: {sizes}")

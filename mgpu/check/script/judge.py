@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from mgpu.check.findings import Finding, ZeroGradientWords, zero_gradients_finding
 from mgpu.check.script.divergence import ScriptDivergence
 from mgpu.check.script.augment import keyed_note, not_keyed, randomness_facts, same_numbers, where_drawn
+from mgpu.check.script.causes.collectives import collective_finding, merged_collectives
+from mgpu.check.script.causes.randomness import unreproducible_unkeyed
+from mgpu.check.script.causes.start import no_process_group, no_step, uninitialised_cause
 from mgpu.check.script.compare import ScriptFacts, WorldComparison, compare_world, reproducibility
-from mgpu.check.script.diagnose import (collective_fix, collective_text, merged_collectives, no_process_group,
-                                      uninitialised_cause)
 from mgpu.check.script.launch import RankFailure, WorldRun
 from mgpu.check.script.plan import ScriptCheckPlan, ScriptCheckError, Target
 
@@ -41,7 +42,7 @@ class Judgement:
 
 def judge(plan: ScriptCheckPlan, runs: list[WorldRun]) -> Judgement:
     """The judgement of the runs; ScriptCheckError when world 1 made no optimizer step (nothing to judge).
-    In one pass a stage: what world 1 shows, then the findings (diagnose.py: what the records explain),
+    In one pass a stage: what world 1 shows, then the findings (what the records explain; causes/ words the causes),
     then world 1 against itself and each world N against world 1 (compare.py)."""
     target, options = plan.target, plan.options
     out = Judgement(failures=[r.failure for r in runs if r.failure is not None])
@@ -67,9 +68,8 @@ def judge(plan: ScriptCheckPlan, runs: list[WorldRun]) -> Judgement:
             out.unreproducible = reproducibility(pair["A"], pair["B"])
     unkeyed = not_keyed(facts.randomness)
     if out.unreproducible is not None and out.unreproducible.kind == "data" and unkeyed:
-        out.unreproducible = dataclasses.replace(out.unreproducible, diagnosis=(
-            f"{out.unreproducible.diagnosis}; the data's random numbers the check cannot key to the example: "
-            f"{'; '.join(unkeyed)} (seeding them makes world 1 reproducible, not world N comparable)"))
+        out.unreproducible = dataclasses.replace(out.unreproducible, diagnosis=unreproducible_unkeyed(
+            out.unreproducible.diagnosis, unkeyed))
     for r, label, cause in zip(compared, labels, no_group):
         world_1 = by_kind.get((r.device, r.lifted), {})
         if "A" not in world_1 or "B" not in world_1:
@@ -78,9 +78,7 @@ def judge(plan: ScriptCheckPlan, runs: list[WorldRun]) -> Judgement:
             result = WorldComparison(r.world, "not-compared", 0, reason="two world-1 runs differ (see above)")
         elif not r.ranks[0].steps:
             result = WorldComparison(r.world, "fail", 0, reason="no optimizer step", first=ScriptDivergence(
-                1, kind="data", detail="no step recorded",
-                diagnosis=f"world {r.world} made no optimizer step where world 1 did: does the script take another "
-                          "path when distributed?"))
+                1, kind="data", detail="no step recorded", diagnosis=no_step(r.world)))
         else:
             result = compare_world(r, world_1["A"], world_1["B"], facts, plan.batch_hint)
             if cause and result.first is not None:
@@ -191,10 +189,7 @@ def findings_of(runs: list[WorldRun]) -> tuple[list[Finding], ScriptFacts]:
         out.append(Finding("uninitialised-memory", uninitialised))
     collectives = merged_collectives(records)
     if collectives:
-        out.append(Finding("collective-without-autograd", (
-            f"{collective_text(collectives)}: torch.distributed's collectives are not differentiable, what they "
-            "return (or write in place) is a constant to autograd, so the gradient of the loss for the other ranks' "
-            f"examples never comes back to this rank's parameters; {collective_fix(collectives)}")))
+        out.append(Finding("collective-without-autograd", collective_finding(collectives)))
     return out, ScriptFacts(tuple(bn), draws, collectives, randomness)
 
 

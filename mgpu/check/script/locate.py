@@ -26,7 +26,7 @@ agrees is the code of the module that called it. Where every module agrees, the 
 output says the rest: a common factor c per example (1: it agrees), with the optimizer's factor f,
 tells the loss's reduction (f = c/N: averaged over the ranks, as DDP does, or f = c: summed) from
 what happens after the backward (clipping, scaling, a reduction by another factor); a factor per
-rank is a loss normalised per rank.
+rank is a loss normalised per rank (causes/entry.py words what each shows).
 """
 
 from __future__ import annotations
@@ -38,8 +38,11 @@ import time
 import torch
 
 from mgpu.check.tolerance import allowed_error, eps_of, error, largest
+from mgpu.check.script.causes.entry import (forward_factors, module_input, module_output, no_output_factor,
+                                            output_gradient_agrees, output_gradient_factor, output_gradient_missing,
+                                            rank_factors)
 from mgpu.check.script.data import _batch_dims, _pads, example_digests  # the step's own rule for examples
-from mgpu.check.script.tensors import FACTOR_AGREE, common_factor
+from mgpu.check.script.tensors import common_factor
 
 __all__ = ["locate", "locate_failures", "traced_runs", "LOCATED"]
 
@@ -222,67 +225,26 @@ def _factor(pairs: list) -> float | None:
     return common_factor({"g": got}, {"g": ref})
 
 
-def _close(x: float | None, y: float) -> bool:
-    return x is not None and abs(x - y) <= FACTOR_AGREE * abs(y)
-
-
-def _after_backward(c: float, f: float | None, n: int, kind: str) -> tuple[str, str]:
-    """(where, words) from the output gradient's factor c and the optimizer's f."""
-    if kind != "gradient":
-        return "optimizer", ("; the optimizer's gradients agree with world 1's: it enters in the optimizer's step "
-                             "(its settings, state or schedule)")
-    if f is None:
-        return "after-backward", (f"; the optimizer's gradients differ from world 1's by no common factor: it enters "
-                                  "after the backward reached the output (a gradient clipped, scaled or reduced per "
-                                  "parameter)")
-    if _close(f, c / n):
-        return "loss", (f"; averaged over the {n} ranks (as DDP does), that makes the optimizer's gradients {f:.3f} x "
-                        f"world 1's: the loss's reduction (each rank's loss must weigh its examples {n} x as world 1's "
-                        "does, as a mean over its own shard does)")
-    if _close(f, c):
-        return "loss", (f"; summed over the ranks, that makes the optimizer's gradients {f:.3f} x world 1's: the loss's "
-                        "reduction (where the ranks' gradients are summed, each rank's loss must weigh its examples as "
-                        "world 1's does)")
-    return "after-backward", (f"; the optimizer's gradients are {f:.3f} x world 1's, which no average or sum over the "
-                              "ranks makes of it: it enters after the backward (the gradients' reduction over the "
-                              "ranks, clipping, scaling)")
-
-
 def _output_gradient(g: dict | None, f: float | None, n: int, kind: str,
                      truncated: bool = False) -> tuple[str, str, dict]:
-    """(where, words, record) for the gradient at the model's output, where every module agrees."""
-    if g is None and truncated:
-        return "unknown", ("; the gradient at the output was not kept: the trace had reached its TRACE_NUMEL "
-                           "elements a rank before the backward (a model whose outputs are that large)"), {}
+    """(where, words, record) for the gradient at the model's output, where every module agrees: its
+    factors per example, per rank, per forward, worded by causes/entry.py."""
     if g is None:
-        return "unknown", "; the gradient at the output was not recorded (no floating output that needs one)", {}
+        return (*output_gradient_missing(truncated), {})
     if g["error"] <= g["allowed"]:
-        where, words = _after_backward(1.0, f, n, kind)
-        head = (f"; the gradient at the output is world 1's per example (error {g['error']:.1e} of {g['allowed']:.1e} "
-                "allowed)")
-        return where, head + words, {"output_gradient_factor": 1.0}
+        return (*output_gradient_agrees(g["error"], g["allowed"], f, n, kind), {"output_gradient_factor": 1.0})
     c = _factor(g["pairs"])
     if c is not None:
-        where, words = _after_backward(c, f, n, kind)
-        return where, f"; the gradient at the output is {c:.3f} x world 1's per example" + words, \
-            {"output_gradient_factor": c}
+        return (*output_gradient_factor(c, f, n, kind), {"output_gradient_factor": c})
     ranks = sorted({which for _, _, (which, _) in g["pairs"]})
     per_rank = [_factor([p for p in g["pairs"] if p[2][0] == r]) for r in ranks]
     if per_rank and None not in per_rank:
-        each = ", ".join(f"{c:.3f} x on rank {r}" for r, c in zip(ranks, per_rank))
-        return "loss", (f"; the gradient at the output is {each} (of world 1's, per example): the loss is "
-                        "normalised per rank (each rank's own count of tokens or examples): the loss's reduction"), \
-            {"rank_factors": per_rank}
+        return (*rank_factors(ranks, per_rank), {"rank_factors": per_rank})
     parts = sorted({which for _, _, which in g["pairs"]})
     per_part = [_factor([p for p in g["pairs"] if p[2] == part]) for part in parts]
     if len(parts) > len(ranks) and None not in per_part:
-        each = ", ".join(f"{c:.3f} x" for c in per_part)
-        return "loss", (f"; the gradient at the output has a factor of its own per forward (micro-batch) and rank: "
-                        f"{each} (of world 1's, per example; rank by rank, forward by forward): the loss is weighted per "
-                        "micro-batch (each its own mean): the loss's reduction"), {"forward_factors": per_part}
-    return "output-gradient", (f"; the gradient at the output differs from world 1's by no factor, even per rank "
-                               f"(error {g['error']:.2e}, allowed {g['allowed']:.2e}): the loss weighs examples "
-                               "differently at this world size"), {}
+        return (*forward_factors(per_part), {"forward_factors": per_part})
+    return (*no_output_factor(g["error"], g["allowed"]), {})
 
 
 def locate(run_a, run_b, run_n, kind: str = "gradient") -> dict:
@@ -326,17 +288,11 @@ def _module_entry(first: dict, a_fw: list, types: dict, record: dict) -> dict:
     parents = {k: v for f in a_fw for k, v in f.parents.items()}
     figures = f"error {first['error']:.2e}, allowed {first['allowed']:.2e}, on rank {first['rank']}"
     if event == "output":
-        has_children = any(p == label for p in parents.values())
-        inside = "its input and its submodules' outputs agreeing" if has_children else "its input agreeing"
-        sentence = f"the first module whose output differs: {_label(key, types)}, {inside} ({figures}): it enters " \
-                   f"in its own forward"
-        where = "module-output"
+        where, sentence = module_output(_label(key, types), any(p == label for p in parents.values()), figures)
     else:
         parent = parents.get(label)
         caller = _label((root, parent, "output"), types) if parent is not None else "the code that calls the model"
-        sentence = f"the first module whose input differs: {_label(key, types)}, every module before it agreeing " \
-                   f"({figures}): it enters in the forward of {caller}, in its own code before that call"
-        where = "module-input"
+        where, sentence = module_input(_label(key, types), caller, figures)
     record.update(where=where, module=label, module_type=types.get(key[:2], root), error=first["error"],
                   allowed=first["allowed"], sentence=sentence)
     return _jsonable(record)

@@ -8,9 +8,9 @@
 betas, momentum, eps, a scheduler's initial_lr...), tensors as floats, recorded as the optimizer will
 use them (the pre-step hook runs after a scheduler has set the learning rate). They depend neither on
 the data nor on rounding, and the same arithmetic computes them at every world size: world N's must
-equal world 1's, floats within SETTING_ULPS float64 ulps. So a learning rate scaled by the world size is
-named at the first step where the learning rates differ, however small the update it makes (a
-warmup's first updates are below the weights' tolerance).
+equal world 1's, floats within SETTING_ULPS float64 ulps (tensors.same_setting). So a learning rate
+scaled by the world size is named at the first step where the learning rates differ, however small the
+update it makes (a warmup's first updates are below the weights' tolerance); causes/optimizer.py says why.
 
 **Updates**: u = after - before, per tensor, in float64 (exact: both are stored values). World N's
 against world 1's with the core's rule (mgpu/check/tolerance.py): the spread is run B's update's
@@ -41,46 +41,22 @@ import torch
 
 from mgpu.check.script.divergence import ScriptDivergence
 from mgpu.check.tolerance import allowed_error, eps_of, largest
-from mgpu.check.script.diagnose import ScriptFacts, schedule_cause, update_diagnosis
+from mgpu.check.script.causes.facts import ScriptFacts
+from mgpu.check.script.causes.optimizer import (regrouped, rounding_signs, set_by_rank, setting_diagnosis, sign_drift,
+                                                update_diagnosis, update_drift)
 from mgpu.check.script.tally import Tally
-from mgpu.check.script.tensors import POOL_RERUN, FACTOR_AGREE, allowances, common_factor, module_scales, name_factor
+from mgpu.check.script.tensors import (ABSENT, POOL_RERUN, FACTOR_AGREE, allowances, common_factor, module_scales,
+                                       number, same_setting, schedule_key)
 
 __all__ = ["same_setting", "setting_divergence", "ranks_settings_apart", "normalising",
-           "updates_of", "StepWeights", "UpdateWatch", "steps_text", "SETTING_ULPS"]
+           "updates_of", "StepWeights", "UpdateWatch", "steps_text"]
 
-# Settings are equal at every world size up to this many float64 ulps (the same float64 arithmetic).
-SETTING_ULPS = 4
 # Optimizers whose update divides by a running norm of the gradient: a rounding-level gradient gets
 # an update of about lr * sign(g). Matched against the optimizer's class name, in lower case.
 NORMALISING = ("adam", "rmsprop", "adagrad", "adadelta", "adafactor", "lion", "lamb", "sophia", "adabelief")
-ABSENT = "(absent)"
-# A scheduler's keys in param_groups besides initial_*: OneCycleLR's and CyclicLR's (schedule_key).
-SCHEDULE_KEYS = ("max_lr", "min_lr", "base_lr", "max_momentum", "base_momentum")
 
 
 # -- settings ----------------------------------------------------------------------------------------------
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def same_setting(a, b) -> bool:
-    """Equal, floats within SETTING_ULPS float64 ulps (NaN equals NaN), tuples element by element."""
-    if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) == len(b) and all(same_setting(x, y) for x, y in zip(a, b))
-    if _number(a) and _number(b):
-        a, b = float(a), float(b)
-        if a == b or (math.isnan(a) and math.isnan(b)):
-            return True
-        return math.isfinite(a) and math.isfinite(b) and abs(a - b) <= SETTING_ULPS * math.ulp(max(abs(a), abs(b)))
-    return a == b
-
-
-def schedule_key(key: str) -> bool:
-    """A scheduler's bookkeeping in a param group (initial_lr, OneCycleLR's max_lr...), not a setting
-    the optimizer's step reads: the schedule's base, from which it sets the step's own (lr)."""
-    return key.startswith("initial_") or key in SCHEDULE_KEYS
-
 
 def _first_apart(got: list, ref: list, schedule: bool = False) -> tuple | None:
     """(group, key, got's value, ref's value) of the first setting that differs, lr first, among the
@@ -98,12 +74,8 @@ def _first_apart(got: list, ref: list, schedule: bool = False) -> tuple | None:
 
 def _shown(a, b) -> tuple[str, str]:
     """Two values as text, with as many digits as it takes to tell them apart."""
-    sa, sb = (f"{a:.6g}" if _number(a) else str(a)), (f"{b:.6g}" if _number(b) else str(b))
+    sa, sb = (f"{a:.6g}" if number(a) else str(a)), (f"{b:.6g}" if number(b) else str(b))
     return (repr(a), repr(b)) if sa == sb else (sa, sb)
-
-
-def _ratio(a, b) -> float | None:
-    return float(a) / float(b) if _number(a) and _number(b) and b != 0 and math.isfinite(float(a) / float(b)) else None
 
 
 def setting_divergence(step: int, got: list, ref: list, n: int, agreed: bool,
@@ -120,69 +92,11 @@ def setting_divergence(step: int, got: list, ref: list, n: int, agreed: bool,
     if key == "param_groups":
         return ScriptDivergence(step, kind="setting", tensor="param_groups", rank=0,
                           detail=f"world {n} has {a} param group(s), world 1 {b}",
-                          diagnosis="the parameters are grouped otherwise at this world size")
+                          diagnosis=regrouped())
     sa, sb = _shown(a, b)
     return ScriptDivergence(step, kind="setting", tensor=f"{key} of param group {group}", rank=0,
                       detail=f"world {n} {sa}, world 1 {sb}",
                       diagnosis=setting_diagnosis(key, (got[group], ref[group]), n, agreed, schedulers))
-
-
-_SCALED = {"N": "a learning rate scaled by the world size (linear scaling rule)",
-           "sqrt(N)": "a learning rate scaled by the square root of the world size (square-root scaling rule)",
-           "1/N": "a learning rate divided by the world size", "1/sqrt(N)": "a learning rate divided by the square "
-           "root of the world size"}
-_KEEP = ("; the global batch is the same at every world size, so the learning rate must be too: scale it with the "
-         "global batch, never with the number of ranks")
-_PACE = ("the learning-rate schedule runs at another pace at this world size (its base learning rate agrees): a "
-         "scheduler stepped once per process or per micro-batch (accelerate steps a prepared scheduler "
-         "num_processes times per optimizer step unless step_scheduler_with_optimizer=False), or a schedule whose "
-         "length is counted per rank")
-
-
-def setting_diagnosis(key: str, groups: tuple[dict, dict], n: int, agreed: bool,
-                      schedulers: tuple = ((), ())) -> str:
-    """Why a setting differs: a learning rate scaled by a power of N (its base, a scheduler's initial_lr,
-    too), a schedule at another pace or another schedule (its base agrees, or it agreed before: the
-    schedulers recorded at the step tell which, diagnose.schedule_cause), another setting by N."""
-    got, ref = groups
-    a, b = got.get(key, ABSENT), ref.get(key, ABSENT)
-    if ABSENT in (a, b):
-        return (f"the optimizer is built with other options at this world size: {key} is set at world "
-                f"{n if b == ABSENT else 1} only")
-    c = _ratio(a, b)
-    name = name_factor(c, n) if c is not None else None
-    factor = "" if c is None else f"{c:.4g} x world 1's" + (f" = {name}" if name else "") + ": "
-    if key in ("initial_lr", "max_lr", "min_lr", "base_lr"):
-        return factor + f"the schedule's base learning rate ({key}): " + (
-            _SCALED[name] + _KEEP if name else "set from the world size or the rank") + (
-            "; the learning rate the step uses agrees until the schedule leaves zero (a warmup)")
-    if key != "lr":
-        what = "the schedule's" if schedule_key(key) else "optimizer setting"
-        return factor + f"{what} {key} " + ("is set from the world size" if name else
-                                            "depends on the world size (or the rank)")
-    base = _ratio(got.get("initial_lr"), ref.get("initial_lr"))
-    if base is not None and same_setting(got["initial_lr"], ref["initial_lr"]):
-        return factor + (schedule_cause(*schedulers, n) or _PACE)
-    if base is not None:
-        base_name = name_factor(base, n)
-        return factor + (_SCALED[base_name] if base_name else "a learning rate set from the world size or the "
-                         "rank") + f" (its schedule's base, initial_lr, is {base:.4g} x world 1's)" + _KEEP + \
-            _beyond_base(c, base, n, schedulers)
-    if agreed:
-        return factor + (schedule_cause(*schedulers, n) or _PACE)
-    return factor + (_SCALED[name] + _KEEP if name else "the learning rate depends on the world size (or the rank)")
-
-
-def _beyond_base(c: float | None, base: float, n: int, schedulers: tuple) -> str:
-    """What of the learning rate's ratio to world 1's its base's ratio does not explain (lr 4 x world 1's
-    over an initial_lr 2 x: a learning rate scaled by N and, besides, a warmup that accelerate's prepared
-    scheduler steps N times an optimizer step): the schedule's own part, from the schedulers recorded at
-    the step; '' where the base explains it all (the same float64 arithmetic: equal up to rounding)."""
-    if c is None or math.isclose(c, base, rel_tol=1e-9):
-        return ""
-    return (f"; and beyond its base, the learning rate is {c / base:.4g} x more: " +
-            (schedule_cause(*schedulers, n, base_agrees=False) or
-             _PACE.replace(" (its base learning rate agrees)", "")))
 
 
 def ranks_settings_apart(step: int, settings: list[list]) -> ScriptDivergence | None:
@@ -191,10 +105,8 @@ def ranks_settings_apart(step: int, settings: list[list]) -> ScriptDivergence | 
         apart = _first_apart(settings[r], settings[0])
         if apart is not None:
             group, key, a, b = apart
-            sa, sb = _shown(a, b)
             return ScriptDivergence(step, kind="ranks", tensor=f"optimizer setting {key} of param group {group}", rank=r,
-                              allowed=0.0, diagnosis=f"rank {r} uses {sa}, rank 0 {sb}: the optimizer is set by rank "
-                              "(a setting or schedule computed from the rank, a scheduler stepped on some ranks only?)")
+                              allowed=0.0, diagnosis=set_by_rank(r, _shown(a, b)))
     return None
 
 
@@ -270,7 +182,7 @@ class UpdateWatch:
                 return d
         c = common_factor(*compared) if allowed else None
         if c is not None and abs(c - 1) > FACTOR_AGREE:
-            self.drifts.append((sw.step, f"every update is {c:.3f} x world 1's, inside the tolerance", False))
+            self.drifts.append((sw.step, update_drift(c), False))
         return None
 
     def _tensor(self, sw: StepWeights, name: str, allowed: float, compared: tuple) -> ScriptDivergence | None:
@@ -288,8 +200,7 @@ class UpdateWatch:
             return None
         why = ""
         if rounding is not None and bool((bad & rounding).any()):
-            why = (f"{int((bad & rounding).sum())} of the {int(bad.sum())} element(s) that differ have a gradient at "
-                   f"rounding level ({sw.optimizer_type} turns those into lr*sign(g): rounding, not a bug)")
+            why = rounding_signs(int((bad & rounding).sum()), int(bad.sum()), sw.optimizer_type)
         return ScriptDivergence(sw.step, kind="update", tensor=name, rank=0, max_abs=error, allowed=allowed,
                           max_rel=error / top if top > 0 else math.inf,
                           diagnosis=update_diagnosis(compared[0], compared[1], self.n, self.facts, why))
@@ -308,8 +219,7 @@ class UpdateWatch:
         self.excused[name] = bad if mask is None else (mask | bad)
         count = int(bad.sum())
         self.flips.setdefault(name, {})[step] = count
-        self.drifts.append((step, f"{self.optimizer_type}'s update of {name} took the other sign in {count} element(s) "
-                                  "whose gradient is at rounding level (lr*sign(g) of rounding, not a bug)", True))
+        self.drifts.append((step, sign_drift(self.optimizer_type, name, count), True))
 
     def masked(self, name: str, got, ref):
         """World N's weight with the elements excused so far (Adam's signs of rounding) set to world 1's."""

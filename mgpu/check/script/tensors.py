@@ -1,6 +1,7 @@
 """The arithmetic of check-script's comparison: the error and bitwise equality of two recorded
 values (a tensor, a Digest, or None), the tolerance of one tensor (the check core's rule,
-mgpu/check/tolerance.py, with run B's spread), and the common factor between two sets of tensors.
+mgpu/check/tolerance.py, with run B's spread), the common factor between two sets of tensors, and the
+equality and ratio of two optimizer settings (optimizer.py compares them, causes/optimizer.py words them).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import math
 from mgpu.check.tolerance import allowed_error, bitwise_equal, eps_of, error, largest
 from mgpu.check.script.inrank.inputs import Digest, tensor_digest
 
-__all__ = ["err", "same", "module_scales", "allowance", "allowances", "POOL_RERUN", "POOL_PRECISION", "common_factor", "name_factor", "FACTOR_AGREE", "RESIDUAL"]
+__all__ = ["err", "same", "module_scales", "allowance", "allowances", "POOL_RERUN", "POOL_PRECISION", "common_factor", "name_factor", "FACTOR_AGREE", "RESIDUAL",
+           "same_setting", "setting_ratio", "schedule_key", "SETTING_ULPS", "SCHEDULE_KEYS", "ABSENT"]
 
 # A common factor is named when every tensor's least-squares ratio is within this of it, and each
 # tensor is that multiple of world 1's to within RESIDUAL (relative).
@@ -127,3 +129,41 @@ def name_factor(c: float, n: int) -> str | None:
         if abs(c - value) <= FACTOR_AGREE * value:
             return name
     return None
+
+
+# -- optimizer settings ------------------------------------------------------------------------------------
+
+# Settings are equal at every world size up to this many float64 ulps (the same float64 arithmetic).
+SETTING_ULPS = 4
+# A setting one param group holds and the other does not, as shown.
+ABSENT = "(absent)"
+# A scheduler's keys in param_groups besides initial_*: OneCycleLR's and CyclicLR's (schedule_key).
+SCHEDULE_KEYS = ("max_lr", "min_lr", "base_lr", "max_momentum", "base_momentum")
+
+
+def number(v) -> bool:
+    """A setting that is a number (int or float), not a bool."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def same_setting(a, b) -> bool:
+    """Equal, floats within SETTING_ULPS float64 ulps (NaN equals NaN), tuples element by element."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(same_setting(x, y) for x, y in zip(a, b))
+    if number(a) and number(b):
+        a, b = float(a), float(b)
+        if a == b or (math.isnan(a) and math.isnan(b)):
+            return True
+        return math.isfinite(a) and math.isfinite(b) and abs(a - b) <= SETTING_ULPS * math.ulp(max(abs(a), abs(b)))
+    return a == b
+
+
+def schedule_key(key: str) -> bool:
+    """A scheduler's bookkeeping in a param group (initial_lr, OneCycleLR's max_lr...), not a setting
+    the optimizer's step reads: the schedule's base, from which it sets the step's own (lr)."""
+    return key.startswith("initial_") or key in SCHEDULE_KEYS
+
+
+def setting_ratio(a, b) -> float | None:
+    """a / b for two numbers whose ratio is finite; None otherwise."""
+    return float(a) / float(b) if number(a) and number(b) and b != 0 and math.isfinite(float(a) / float(b)) else None

@@ -1,5 +1,5 @@
 """Inside a rank: the evidence that a cause needs, beyond the tensors compared (the rules are
-docs/guide/check-script.md's "Causes and the evidence they need"; diagnose.py states them).
+docs/guide/check-script.md's "Causes and the evidence they need"; the judge's causes/ states them).
 
 * `suspect_values(t)`: a weight holding uninitialised memory when its model is first called
   (`torch.empty`, `to_empty()` never reset): non-finite values, or magnitudes no initialisation gives.
