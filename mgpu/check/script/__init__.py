@@ -30,7 +30,6 @@ runs inside the user's process (inrank/) and what plans, runs, compares and judg
     causes    causes/   why they part: each cause with the evidence it needs and the words it says, one module
                         per family (start, data, gradients, optimizer, collectives, randomness, entry; facts);
                         every `diagnosis=` above is a call into it (causes/__init__.py: to add a cause)
-              diagnose  UNINITIALISED only, for report.py, until report.py imports it from causes/start.py
     report    report    the verdict, as text and JSON
     command   command   `mgpu check-script`: its options from the command line, the core's command ending
 """

@@ -12,7 +12,7 @@ from mgpu.check.divergence import Divergence
 from mgpu.check.findings import ZERO_GRADIENTS
 from mgpu.check.report import CheckReport, Verdict
 from mgpu.check.script.compare import WorldComparison
-from mgpu.check.script.diagnose import UNINITIALISED
+from mgpu.check.script.causes.start import UNINITIALISED
 
 __all__ = ["ScriptReport", "timings_of"]
 
