@@ -25,17 +25,18 @@ KERNEL_PATHS ?= default:SSE41 avx2:AVX2 $(if $(shell grep -m1 -o avx512f /proc/c
 # the A/B gate's own tests (mgpu_perf_tests/), the examples, and the
 # comparisons that rounding could break (marker `rounding`) again under the generic kernels, so that
 # a test tuned to this CPU's rounding goes red here before it reaches another machine.
-# In two phases: first the folders that time nothing, side by side (the correctness suite and then its
-# rounding pass; check-script's and the examples' tests), each of which keeps about one core busy;
-# then the perf smoke run and the harness's and gate's tests alone, since some of those time things
-# (the figures: docs/notes/suite-times.md, 2026-11-28). Each part's output comes when it ends.
+# In two phases: first the folders that time nothing, side by side (the correctness suite with the perf
+# smoke run, whose benchmarks run once untimed under --benchmark-disable, and then the rounding pass;
+# check-script's and the examples' tests), each of which keeps about one core busy; then the harness's
+# and gate's tests alone, since some of those time things (the figures: docs/notes/suite-times.md,
+# 2026-11-28). Each part's output comes when it ends.
 TEST_ARGS := --benchmark-disable -q -m "not slow" -p no:cacheprovider
 test: $(VENV)/.installed
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-part-correctness test-part-tools
-	$(PY) -m pytest perf mgpu_perf_tests $(TEST_ARGS)
+	$(PY) -m pytest mgpu_perf_tests $(TEST_ARGS)
 
 test-part-correctness: $(VENV)/.installed
-	$(PY) -m pytest correctness $(TEST_ARGS)
+	$(PY) -m pytest correctness perf $(TEST_ARGS)
 	$(ROUNDING_PATH) $(PY) -m pytest correctness -m "rounding and not slow" -q -p no:cacheprovider
 
 test-part-tools: $(VENV)/.installed

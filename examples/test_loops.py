@@ -16,6 +16,7 @@ import os
 import pytest
 
 from mgpu.scriptcheck import check_script, run_check_script
+from scriptcheck_tests.shared import shared_report, with_shared_runs
 
 LOOPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "loops")
 
@@ -106,7 +107,9 @@ def test_batchnorm_is_a_finding_and_the_rest_of_the_loop_is_checked():
 @pytest.mark.parametrize("script, args, worlds, expected", DEFECTS)
 def test_planted_defects_fail_at_their_step_with_their_diagnosis(script, args, worlds, expected):
     kind, step, words = expected
-    report = run_check_script(os.path.join(LOOPS, script), args, ranks=(1, *worlds), steps=4)
+    # world_size_factor's run is shared (scriptcheck_tests/shared.py): test_check_script_raises_the_first_divergence
+    # and test_locate read it too; the others are made here
+    report = shared_report(os.path.join(LOOPS, script), args, ranks=(1, *worlds), steps=4)
     assert report.verdict == "failed" and report.exit_code() == 1, report.text()
     for c in report.comparisons:
         d = c.first
@@ -125,5 +128,9 @@ def test_my_training_script():
 
 
 def test_check_script_raises_the_first_divergence():
-    with pytest.raises(AssertionError, match=r"world 2 against world 1: at step 1, gradient .*= 1/N"):
-        check_script(os.path.join(LOOPS, "world_size_factor.py"), args=per_device(24), ranks=(1, 2), steps=2)
+    """check_script's own code turns the failed report into the AssertionError; the run it reads is the
+    planted defect's `world_size_factor` above (the same script, ARGS, ranks and steps: shared, made once)."""
+    shared_report(os.path.join(LOOPS, "world_size_factor.py"), per_device(24), ranks=(1, 2), steps=4)
+    with with_shared_runs(check_script), \
+            pytest.raises(AssertionError, match=r"world 2 against world 1: at step 1, gradient .*= 1/N"):
+        check_script(os.path.join(LOOPS, "world_size_factor.py"), args=per_device(24), ranks=(1, 2), steps=4)

@@ -181,17 +181,27 @@ CHANGES = {
 }
 
 
+# The workers of each pair of trees (the unchanged tree, the tree with CHANGES[change]), started once a session:
+# starting a worker imports torch (seconds); the gate itself sends one pair of workers benchmark after benchmark.
+# test_the_gate_counts_a_step_in_both_arms[host-read] and test_ab_counts_off_counts_nothing_and_says_so compare
+# the same two trees.
+_WORKERS: dict = {}
+
+
 def _gate_counts(tmp_path, change: str, strategy: str = "single", devices: int = 1, counts: str = "gate"):
     from mgpu_perf.gate.arm import start_workers
     from mgpu_perf.gate.compare import compare
     from mgpu_perf.gate.settings import Settings
 
-    trees = {}
-    for label, plant in (("baseline", "none"), ("candidate", change)):
-        trees[label] = tmp_path / label
-        trees[label].mkdir()
-        (trees[label] / "tiny.py").write_text(TINY.replace("{change}", CHANGES[plant]))
-    pools = start_workers({label: (tree, sys.executable) for label, tree in trees.items()}, 1, tmp_path / "work")
+    if change not in _WORKERS:
+        trees = {}
+        for label, plant in (("baseline", "none"), ("candidate", change)):
+            trees[label] = tmp_path / label
+            trees[label].mkdir()
+            (trees[label] / "tiny.py").write_text(TINY.replace("{change}", CHANGES[plant]))
+        _WORKERS[change] = start_workers({label: (tree, sys.executable) for label, tree in trees.items()}, 1,
+                                         tmp_path / "work")
+    pools = _WORKERS[change]
     spec = {"kind": "model-step", "model": "tiny.py:spec", "strategy": strategy, "devices": devices, "batch": 4}
     return compare(f"tiny[{change}]", spec, pools, Settings(smoke=True, max_rounds=3, workers=1, counts=counts))
 

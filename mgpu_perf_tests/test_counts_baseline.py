@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -114,16 +115,27 @@ def _run(pytester, *args):
     return pytester.runpytest_inprocess(*args, "-p", "no:cacheprovider", "-rs")
 
 
+_SAVED: dict = {}  # the first saved_repo of the session, copied by the others
+
+
 @pytest.fixture
-def saved_repo(pytester) -> Path:
-    """A user's repository whose counted baseline was saved and committed beside its benchmark."""
+def saved_repo(pytester, tmp_path_factory) -> Path:
+    """A user's repository whose counted baseline was saved and committed beside its benchmark. The
+    first test that asks makes it (a --counts-save run, 2 s); the others get a copy of that repository,
+    .git included, each in its own pytester folder, and change only their copy."""
     repo = Path(pytester.path)
+    if "repo" in _SAVED:
+        shutil.copytree(_SAVED["repo"], repo, dirs_exist_ok=True)
+        return repo
     _git(repo, "init", "-q")
     _commit(repo, {"model.py": MODEL, "test_speed.py": TESTS}, "a model and its gated benchmark")
     saved = _run(pytester, "--counts-save", FILE)
     assert saved.ret == 0, f"--counts-save failed: {saved.outlines[-15:]}"
     _git(repo, "add", FILE)
     _git(repo, "commit", "-q", "-m", "its counted baseline")
+    kept = tmp_path_factory.mktemp("saved_repo")
+    shutil.copytree(repo, kept, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+    _SAVED["repo"] = kept
     return repo
 
 

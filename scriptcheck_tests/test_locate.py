@@ -20,6 +20,7 @@ from torch import nn
 
 from mgpu.scriptcheck import run_check_script
 from mgpu.check.script.inrank.tracer import Tracer
+from scriptcheck_tests.shared import WORLD_SIZE_FACTOR, shared_report
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 
@@ -135,8 +136,8 @@ def test_the_tracer_keeps_each_module_of_the_traced_step_in_order_and_the_gradie
 # -- where it enters, at 2 ranks ---------------------------------------------------------------------------
 
 def test_a_loss_divided_by_the_world_size_once_more_enters_in_the_loss_every_module_agreeing():
-    report = run_check_script(os.path.join(LOOPS, "world_size_factor.py"), ["--batch-size", "{24 // world_size}"],
-                              ranks=(1, 2), steps=2)
+    # examples/test_loops.py's planted defect `world_size_factor` makes the same check (4 steps): one run, shared
+    report = shared_report(*WORLD_SIZE_FACTOR)
     entered = failed_at_step_1(report)
     sentence = entered["sentence"]
     assert entered["where"] == "loss" and entered["modules_compared"] == 4, entered
