@@ -39,6 +39,9 @@ CORRECT = [
     # spawned workers inherit nothing: check-script's worker_init_fn wrapper keys them (about 60 s: each imports torch)
     pytest.param("aug_torchvision.py", ["--workers", "2", "--start-method", "spawn"], id="torchvision-spawn_workers",
                  marks=[SLOW, pytest.mark.timeout(600)]),
+    # mixed precision as it is run beside augmentation: fp16 autocast with a GradScaler (the check compares as run)
+    pytest.param("aug_torchvision.py", ["--workers", "2", "--amp", "fp16"], id="torchvision-workers-fp16_gradscaler",
+                 marks=SLOW),
     pytest.param("aug_numpy.py", ["--subset"], id="numpy_random-subset"),
     pytest.param("aug_numpy.py", ["--subset", "--workers", "2"], id="numpy_random-subset-workers", marks=SLOW),
     pytest.param("aug_numpy.py", [], id="numpy_random", marks=SLOW),

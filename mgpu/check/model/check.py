@@ -191,7 +191,7 @@ def check_data_parallel(spec: ModelSpec | str, strict: bool = False, input_shape
     """For a user's own tests: run the check and raise ParityError (an AssertionError) naming the
     first divergence of the first failing check (with strict, a finding fails too); NotVerifiedError
     (a ParityError) when the check is NOT VERIFIED (its comparisons mostly skipped, or every gradient
-    zero: Report.verified), unless accept_not_verified; else return the report: the command's exit
+    zero: Report.enough_compared), unless accept_not_verified; else return the report: the command's exit
     codes, as exceptions. `spec` may be a ModelSpec, a `MODULE:FUNCTION` string, or `resnet18` / `lenet`."""
     if isinstance(spec, str):
         spec = builtin_spec(spec) if ":" not in spec else load_spec(spec, input_shape=input_shape, classes=classes)

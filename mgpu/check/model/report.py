@@ -209,7 +209,7 @@ def table(report: Report) -> str:
         lines += ["", f"note: {note}"]
     passed = sum(r.status == "pass" for r in report.results)
     lines += ["", f"{passed} passed, {len(failures)} failed, {len(findings)} finding(s), {len(skipped)} skipped "
-                  f"in {report.seconds:.1f} s" + ("" if report.verified else " (NOT VERIFIED: see the top)")]
+                  f"in {report.seconds:.1f} s" + ("" if report.enough_compared else " (NOT VERIFIED: see the top)")]
     return "\n".join(lines)
 
 
