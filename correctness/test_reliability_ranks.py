@@ -86,6 +86,9 @@ NICE_SHIM = ("import os\nos.nice({0})\ntry:\n    with open('/proc/self/autogroup
 SIGINT_SHIM = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_{}); "
                "os.execv(sys.executable, [sys.executable] + sys.argv[1:])")
 
+# The time a finished run's processes are given to exit, on a quiet machine (leftovers() stretches it by the load).
+SETTLE_S = 2.0
+
 
 class Run:
     """`python -m mgpu train ARGS...` (or `python -c CODE ARGS...`) in its own session, its output collected line
@@ -195,8 +198,12 @@ class Run:
             t.join(5)
         return code
 
-    def leftovers(self, settle_s: float = 2.0) -> list[str]:
-        """Processes of this run still alive (after up to settle_s for them to finish exiting)."""
+    def leftovers(self, settle_s: float | None = None) -> list[str]:
+        """Processes of this run still alive after up to settle_s for them to finish exiting: by default
+        SETTLE_S stretched by the load (a forkserver wakes to its parent's exit only when scheduled: beside
+        a load of 7 per core, one was still alive 2 s after its run had exited)."""
+        if settle_s is None:
+            settle_s = SETTLE_S * min(10.0, max(1.0, os.getloadavg()[0] / len(devmod.usable_cores())))
         end = time.monotonic() + settle_s
         while True:
             found = []
