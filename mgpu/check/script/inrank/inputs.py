@@ -43,7 +43,7 @@ class Digest:
 def tensor_digest(t: torch.Tensor) -> str:
     t = t.detach().cpu().contiguous()
     h = hashlib.sha1(f"{t.dtype}{tuple(t.shape)}".encode())
-    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")  # a 0-d tensor too
     return h.hexdigest()
 
 

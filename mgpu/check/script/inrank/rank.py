@@ -5,6 +5,7 @@ step K, and saves the record for the launcher (launch.py)."""
 from __future__ import annotations
 
 import os
+import random
 import runpy
 import sys
 import time
@@ -19,6 +20,9 @@ from mgpu.check.script.inrank.tracer import Tracer
 
 __all__ = ["run_rank"]
 
+# torch's default seed in the releases that seed every fresh process alike (c10's default_rng_seed_val).
+FIXED_DEFAULT_SEED = 67280421310721
+
 
 def _fresh_process_state(job: ScriptRankJob) -> None:
     import multiprocessing
@@ -27,7 +31,14 @@ def _fresh_process_state(job: ScriptRankJob) -> None:
     # SCRIPT` has the platform's default (fork on Linux before Python 3.14), so that a DataLoader's
     # workers are forked from the rank, as under torchrun, not started from the server.
     multiprocessing.set_start_method(None, force=True)
-    torch.manual_seed(torch.initial_seed())
+    # A fresh process starts torch's generator from torch's default seed: a fixed one in some releases,
+    # drawn from the operating system in others (2.14), and Python's and numpy's from the operating
+    # system. A forked rank holds the fork server's states: it gets what a fresh process would have.
+    if torch.initial_seed() == FIXED_DEFAULT_SEED:
+        torch.manual_seed(FIXED_DEFAULT_SEED)
+    else:
+        torch.seed()
+    random.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
     if job.threads:

@@ -34,7 +34,7 @@ from torch import nn
 
 from mgpu.check.script.inrank.records import ForwardRecord
 from mgpu.check.script.inrank.inputs import call_kwargs, data_record
-from mgpu.check.script.inrank.recorder import strip_wrappers
+from mgpu.check.script.inrank.names import strip_wrappers, wrapper_paths
 
 __all__ = ["Event", "TracedForward", "Trace", "Tracer", "TRACE_NUMEL", "first_float"]
 
@@ -181,7 +181,8 @@ class Tracer:
             return
         self.roots[id(module)] = params
         self.root = module
-        self.names = {id(m): strip_wrappers(n) for n, m in module.named_modules()}
+        wrapped = wrapper_paths(module)
+        self.names = {id(m): strip_wrappers(n, wrapped) for n, m in module.named_modules()}
         self.counts = {}
         self.current = TracedForward(type(module).__name__, record, root_id=id(module))
         self.trace.forwards.append(self.current)
