@@ -32,65 +32,21 @@ runs inside the user's process (inrank/) and what plans, runs, compares and judg
                         every `diagnosis=` above is a call into it (causes/__init__.py: to add a cause)
     report    report    the verdict, as text and JSON
     command   command   `mgpu check-script`: its options from the command line, the core's command ending
+    check     check     run_check_script, check_with and check_script: the stages above in order, and the API
 """
 
-from __future__ import annotations
+from importlib import import_module
 
-import time
+# Where each public name lives; imported on first use (PEP 562): the ranks import this package (inrank/)
+# and need none of it, and `mgpu check-script --help` answers without importing torch.
+_PUBLIC = {"check_script": "mgpu.check.script.check", "run_check_script": "mgpu.check.script.check",
+           "check_with": "mgpu.check.script.check", "main": "mgpu.check.script.command",
+           "ScriptCheckError": "mgpu.check.script.plan", "ScriptCheckOptions": "mgpu.check.script.plan"}
 
-from mgpu.check.script.plan import (DEFAULT_RANKS, DEFAULT_STEPS, DEFAULT_TIMEOUT, ScriptCheckError, ScriptCheckOptions,
-                                   Target)
-
-__all__ = ["check_script", "run_check_script", "main", "ScriptCheckError", "ScriptCheckOptions"]
-
-
-def run_check_script(script: str | None = None, args=(), ranks=DEFAULT_RANKS, steps: int = DEFAULT_STEPS,
-                     module: str | None = None, timeout: float | None = DEFAULT_TIMEOUT, progress=None):
-    """Run the check and return its ScriptReport (mgpu.check.script.report). Bad input (a missing
-    script, a bad `{world_size}` expression, a script that never steps a torch optimizer) raises
-    ScriptCheckError; a divergence or a crash is in the report, not raised."""
-    options = ScriptCheckOptions(tuple(ranks), steps, timeout).validate()
-    return check_with(Target(script, module, tuple(str(a) for a in args)), options, progress)
+__all__ = sorted(_PUBLIC)
 
 
-def check_with(target: Target, options: ScriptCheckOptions, progress=None):
-    """plan -> run -> judge -> report, for a target and validated options (the command's way in)."""
-    from mgpu.check.script.judge import judge
-    from mgpu.check.script.launch import run_checked
-    from mgpu.check.script.locate import locate_failures
-    from mgpu.check.script.plan import plan_check
-    from mgpu.check.script.report import ScriptReport, timings_of
-
-    started = time.time()
-    plan = plan_check(target, options)
-    setup = time.time() - started
-    runs = run_checked(plan, progress=progress)
-    judged_at = time.time()
-    judgement = judge(plan, runs)
-    compare_s = time.time() - judged_at
-    # Only a comparison that failed at a gradient or a weight: a second, traced run says where it enters.
-    locate_s = locate_failures(plan, runs, judgement.comparisons)
-    report = ScriptReport.of(plan.target, options, runs, judgement)
-    report.seconds = time.time() - started
-    report.timings = timings_of(runs, report.seconds, compare_s, setup)
-    if locate_s:
-        report.timings["locate"] = round(locate_s, 3)
-    return report
-
-
-def check_script(script: str | None = None, args=(), ranks=DEFAULT_RANKS, steps: int = DEFAULT_STEPS,
-                 module: str | None = None, timeout: float | None = DEFAULT_TIMEOUT, strict: bool = False,
-                 accept_not_verified: bool = False):
-    """run_check_script, for a test: returns the report when it passed; raises ParityError (an
-    AssertionError) with the first divergence, or the crash, when it failed (with strict=True also for
-    a finding), and NotVerifiedError (a ParityError) when it is NOT VERIFIED, unless accept_not_verified:
-    the exit codes of the command, as exceptions (mgpu.check.report.CheckReport.raise_unless_accepted)."""
-    report = run_check_script(script, args, ranks, steps, module, timeout)
-    return report.raise_unless_accepted(strict, accept_not_verified)
-
-
-def main(argv: list[str] | None = None, prog: str = "mgpu check-script") -> int:
-    """The command, on its own (`python -m mgpu.scriptcheck`): exit 0, 1, 2 or 3 (NOT VERIFIED)."""
-    from mgpu.check.script.command import main as command_main
-
-    return command_main(argv, prog)
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'mgpu.check.script' has no attribute {name!r}")

@@ -39,13 +39,14 @@ def add_arguments(p) -> None:
 
 
 def main(argv: list[str] | None = None, prog: str = "mgpu check-script") -> int:
+    """The command, on its own (`python -m mgpu.scriptcheck`): exit 0, 1, 2 or 3 (NOT VERIFIED)."""
     parser = build_parser(prog)
     return run_main(parser, parser.parse_args(argv))
 
 
 def run_main(parser, args) -> int:
     """The command on parsed arguments (for a subcommand of `mgpu`): exit 0, 1, 2 or 3 (NOT VERIFIED)."""
-    from mgpu.check.script import check_with
+    from mgpu.check.script.check import check_with  # imports torch: after the options are read
 
     try:
         options = ScriptCheckOptions.from_text(args.ranks, args.steps, args.timeout)
