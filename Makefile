@@ -25,15 +25,18 @@ KERNEL_PATHS ?= default:SSE41 avx2:AVX2 $(if $(shell grep -m1 -o avx512f /proc/c
 # the A/B gate's own tests (mgpu_perf_tests/), the examples, and the
 # comparisons that rounding could break (marker `rounding`) again under the generic kernels, so that
 # a test tuned to this CPU's rounding goes red here before it reaches another machine.
-# In two phases: first the folders that time nothing, side by side (the correctness suite with the perf
-# smoke run, whose benchmarks run once untimed under --benchmark-disable, and then the rounding pass;
-# check-script's and the examples' tests), each of which keeps about one core busy; then the harness's
-# and gate's tests alone, since some of those time things (the figures: docs/notes/suite-times.md,
-# 2026-11-28). Each part's output comes when it ends.
-TEST_ARGS := --benchmark-disable -q -m "not slow" -p no:cacheprovider
+# In two phases: first everything that times nothing, in two parts side by side, each of which keeps about
+# one core busy: the correctness suite with the perf smoke run (its benchmarks run once untimed under
+# --benchmark-disable), then the rounding pass; and check-script's and the examples' tests, then the harness's
+# and gate's tests that time nothing (mgpu_perf_tests without marker `timed`: synthetic samples, counts,
+# reports, bad input, plumbing; in this part, whose processes use less CPU). Then, alone, the tests marked
+# `timed` (mgpu_perf_tests: a gate's verdict or a ratio over real timings), which load beside them would make
+# skip or say inconclusive (the figures: docs/notes/suite-times.md, 2026-11-28). Each part's output comes when it ends.
+TEST_OPTS := --benchmark-disable -q -p no:cacheprovider
+TEST_ARGS := $(TEST_OPTS) -m "not slow"
 test: $(VENV)/.installed
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-part-correctness test-part-tools
-	$(PY) -m pytest mgpu_perf_tests $(TEST_ARGS)
+	$(PY) -m pytest mgpu_perf_tests $(TEST_OPTS) -m "timed and not slow"
 
 test-part-correctness: $(VENV)/.installed
 	$(PY) -m pytest correctness perf $(TEST_ARGS)
@@ -41,6 +44,7 @@ test-part-correctness: $(VENV)/.installed
 
 test-part-tools: $(VENV)/.installed
 	$(PY) -m pytest scriptcheck_tests examples $(TEST_ARGS)
+	$(PY) -m pytest mgpu_perf_tests $(TEST_OPTS) -m "not slow and not timed"
 
 # The same tests one after another, as `make test` ran them until 2026-11-28 (for comparing the two).
 test-serial: $(VENV)/.installed

@@ -403,6 +403,7 @@ def test_a_benchmark_the_gate_cannot_time_is_unconfirmed_saying_why(tmp_path):
     assert _git(tmp_path / "repo", "worktree", "list").count("\n") == 0, "a worktree was left behind"
 
 
+@pytest.mark.timed  # the gate's verdicts over real workers' samples
 @pytest.mark.slow  # 3 gate runs: about 50 s on an idle 2-core machine, minutes under load: make test-slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
@@ -423,6 +424,7 @@ def test_the_gate_names_the_commit_that_slowed_the_step(tmp_path):
         reports
 
 
+@pytest.mark.timed  # the gate's verdicts over real workers' samples
 @pytest.mark.slow  # about 3 gate runs of 15-40 s each, by the machine's load: make test-slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)
@@ -440,6 +442,7 @@ def test_an_unchanged_pair_is_unconfirmed_and_a_run_of_small_commits_is_creep(tm
     assert found[1].note.startswith(f"creep: commits {commits[2][:4]}..{commits[7][:4]}, 6 commits"), found[1].note
 
 
+@pytest.mark.timed  # the gate's verdicts over real workers' samples
 @pytest.mark.slow  # 4 gate runs of 30-60 s at a 10 % threshold: make test-slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)

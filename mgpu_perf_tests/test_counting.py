@@ -378,6 +378,7 @@ def test_validate_counts_plants_parse_and_bad_input_is_one_line(capsys):
     assert exit_info.value.code == 2 and "unknown plant 'nope'" in capsys.readouterr().err
 
 
+@pytest.mark.timed  # the planted over the plain forward's measured time, > 1.3
 def test_validate_gate_plants_a_slower_forward_that_computes_the_same(tmp_path):
     """`validate-gate --set-forward P`: the copy's ResNet-18 forward busy-waits P % of its own time
     (in forward hooks, so in every process that builds the model) and returns what it returned."""

@@ -157,6 +157,7 @@ def test_save_writes_an_entry_keyed_by_workload_and_environment_and_an_unchanged
     assert any(line.endswith("test_step: same") for line in result.outlines), result.outlines[-10:]
 
 
+@pytest.mark.timed  # the counted check's wall time, <= 60 s
 def test_a_commit_that_adds_a_host_read_a_step_fails_naming_it_within_60_s(pytester, saved_repo):
     """The issue's scenario: one commit adds a host read per step; the counted baseline fails it."""
     baseline_reads = json.loads((saved_repo / FILE).read_text())["entries"][0]["counts"][0]["host_reads"]

@@ -42,7 +42,8 @@ def test_the_gate_times_both_arms_against_a_commit_from_before_the_checks_moved(
         f"{baseline} should hold the old layout (mgpu/parity/check.py)"
     out = tmp_path / "gate"
     # Three rounds of short samples at a 50 % threshold: the point is that both arms set up and time the
-    # workload, not a verdict (beside load it may be inconclusive, or even slower: exit 1).
+    # workload, not a verdict (beside load it may be inconclusive, or even slower: exit 1; or `undecidable`,
+    # its three rounds timed but doubted by the round-health checks: a worker busy between them, seen at load 4).
     done = subprocess.run([sys.executable, "-m", "mgpu", "gate", "examples/tiny_lm.py:spec", "--baseline", baseline,
                            "--max-rounds", "3", "--sample-s", "0.05", "--threshold", "50", "--counts", "off",
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=280)
@@ -50,7 +51,7 @@ def test_the_gate_times_both_arms_against_a_commit_from_before_the_checks_moved(
     report = json.loads((out / "ab.json").read_text())
     assert report["baseline"].startswith(baseline[:7]), report["baseline"]
     (bench,) = report["benchmarks"]
-    assert bench["status"] == "compared", f"{bench['status']}: {bench['reason']}"
+    assert bench["status"] in ("compared", "undecidable"), f"{bench['status']}: {bench['reason']}"  # not `not comparable`
     samples = bench["host_samples"]
     assert len(samples["baseline"]) == len(samples["candidate"]) == bench["rounds"] >= 3, samples
     assert all(s > 0 for s in samples["baseline"] + samples["candidate"]), samples

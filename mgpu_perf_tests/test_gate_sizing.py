@@ -598,6 +598,7 @@ class LocalArm:
         return {"ok": True, "graphs": self.workload.graphs} if command == "setup" else {"ok": True}
 
 
+@pytest.mark.timed  # real steps' noise decides the first look, within 20 s
 def test_a_jittery_real_step_at_a_threshold_under_the_floor_is_undecidable_in_its_first_rounds(tmp_path):
     """The issue's case on a real (tiny) training step with its step jittering about 60 % (a random
     busy-wait in every step), both arms the same code, --threshold 1: the first look names the noise

@@ -138,6 +138,7 @@ def test_collecting_a_gated_repository_starts_nothing(pytester, user_repo):
     assert "mgpu A/B gate" not in result.stdout.str(), "--collect-only started the gate"
 
 
+@pytest.mark.timed  # the gate's verdict over real workers' samples
 def test_a_users_slower_forward_is_slower(pytester, user_repo, tmp_path):
     """The gate on a user's repository: the marked test only, each arm importing model.py from its
     own tree; a forward 16 layers deep is `slower` (exit 1). (The same commit in both arms: the command's
@@ -264,6 +265,7 @@ def test_the_gate_command_refuses_a_model_from_outside_the_repository(user_repo,
     assert code == 2 and "outside the repository" in err and err.count("\n") == 1, err
 
 
+@pytest.mark.timed  # the gate's verdict over real workers' samples
 @pytest.mark.slow  # 17 s of an A/A gate run; make test keeps the slower commit's run (test_a_users_slower_forward_is_slower)
 def test_the_gate_command_end_to_end(user_repo, tmp_path, capsys, monkeypatch):
     """Once as a user runs it (the command's main, in this process: its workers are processes of
@@ -296,6 +298,7 @@ def test_the_gate_command_end_to_end(user_repo, tmp_path, capsys, monkeypatch):
     assert verdicts[-1][0] != "slower", f"both arms the same commit, `slower` twice in a row: {verdicts}"
 
 
+@pytest.mark.timed  # real rounds spend the run budget
 @pytest.mark.slow  # a real gate run (about 15 s quiet, 44 s loaded); make test keeps the rule on simulated rounds
 def test_a_gate_run_keeps_to_its_run_budget(user_repo, tmp_path, capsys, monkeypatch):
     """--run-budget-s shared among the benchmarks, run as a user would: with 3 s for two, each gets

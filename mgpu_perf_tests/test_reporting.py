@@ -119,6 +119,7 @@ def test_ddp_scaling_command_rejects_bad_input(args, message, capsys):
     assert message in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.timed  # a ratio of two real timings
 @pytest.mark.multiprocess
 def test_hot_path_command_prints_its_three_ratios(capsys):
     out = _command(capsys, "hot-path", "--width", "4", "--batch", "4", "--rounds", "2", "--warmup", "1")
