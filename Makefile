@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: train test test-part-correctness test-part-tools test-serial test-slow test-correctness test-kernels stress convergence perf counts-check gpu-check clean
+.PHONY: train test test-part-correctness test-part-tools test-part-harness test-serial test-slow test-correctness test-kernels stress convergence perf counts-check gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,8 +34,9 @@ KERNEL_PATHS ?= default:SSE41 avx2:AVX2 $(if $(shell grep -m1 -o avx512f /proc/c
 # skip or say inconclusive (the figures: docs/notes/suite-times.md, 2026-11-28). Each part's output comes when it ends.
 TEST_OPTS := --benchmark-disable -q -p no:cacheprovider
 TEST_ARGS := $(TEST_OPTS) -m "not slow"
+TEST_JOBS ?= 2
 test: $(VENV)/.installed
-	@$(MAKE) --no-print-directory -j2 --output-sync=target test-part-correctness test-part-tools
+	@$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target test-part-correctness test-part-tools test-part-harness
 	$(PY) -m pytest mgpu_perf_tests $(TEST_OPTS) -m "timed and not slow"
 
 test-part-correctness: $(VENV)/.installed
@@ -44,6 +45,8 @@ test-part-correctness: $(VENV)/.installed
 
 test-part-tools: $(VENV)/.installed
 	$(PY) -m pytest scriptcheck_tests examples $(TEST_ARGS)
+
+test-part-harness: $(VENV)/.installed
 	$(PY) -m pytest mgpu_perf_tests $(TEST_OPTS) -m "not slow and not timed"
 
 # The same tests one after another, as `make test` ran them until 2026-11-28 (for comparing the two).
