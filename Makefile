@@ -25,16 +25,17 @@ KERNEL_PATHS ?= default:SSE41 avx2:AVX2 $(if $(shell grep -m1 -o avx512f /proc/c
 # the A/B gate's own tests (mgpu_perf_tests/), the examples, and the
 # comparisons that rounding could break (marker `rounding`) again under the generic kernels, so that
 # a test tuned to this CPU's rounding goes red here before it reaches another machine.
-# In two phases: first everything that times nothing, in two parts side by side, each of which keeps about
-# one core busy: the correctness suite with the perf smoke run (its benchmarks run once untimed under
-# --benchmark-disable), then the rounding pass; and check-script's and the examples' tests, then the harness's
-# and gate's tests that time nothing (mgpu_perf_tests without marker `timed`: synthetic samples, counts,
-# reports, bad input, plumbing; in this part, whose processes use less CPU). Then, alone, the tests marked
-# `timed` (mgpu_perf_tests: a gate's verdict or a ratio over real timings), which load beside them would make
-# skip or say inconclusive (the figures: docs/notes/suite-times.md, 2026-11-28). Each part's output comes when it ends.
+# In two phases: first everything that times nothing, in three parts side by side (TEST_JOBS at a time): the
+# correctness suite with the perf smoke run (its benchmarks run once untimed under --benchmark-disable), then
+# the rounding pass; check-script's and the examples' tests; the harness's and gate's tests that time nothing
+# (mgpu_perf_tests without marker `timed`: synthetic samples, counts, reports, bad input, plumbing). Then,
+# alone, the tests marked `timed` (a gate's verdict or a ratio over real timings), which load beside them
+# would make skip or say inconclusive. The parts wait on processes they start as much as they compute, so
+# three at once finished first (the figures: docs/notes/suite-times.md, 2026-11-28). Each part's output
+# comes when it ends.
 TEST_OPTS := --benchmark-disable -q -p no:cacheprovider
 TEST_ARGS := $(TEST_OPTS) -m "not slow"
-TEST_JOBS ?= 2
+TEST_JOBS ?= 3
 test: $(VENV)/.installed
 	@$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target test-part-correctness test-part-tools test-part-harness
 	$(PY) -m pytest mgpu_perf_tests $(TEST_OPTS) -m "timed and not slow"
