@@ -60,6 +60,10 @@ class CheckpointSaver(Callback):
         if s.is_main:
             checkpoint.save(self.cfg.checkpoint_dir, cfg=self.cfg, epoch=epoch + 1, model_state=model_state,
                             optimizer_state=optimizer_state, history=[asdict(e) for e in self.history])
+        # Every rank waits until rank 0's checkpoint is on disk: a rank that went on into the next epoch and
+        # failed there would otherwise have its launcher stop rank 0 mid-save, and a resume would find no
+        # checkpoint of this epoch (seen beside load, 2026-11-28). One read a checkpointed epoch.
+        float(s.all_sum(torch.zeros(1, device=s.devices[0])))
 
 
 def _data_on_device(loaders: tuple[BatchLoader, ...], device: torch.device) -> None:
