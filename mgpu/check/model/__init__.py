@@ -19,7 +19,7 @@ rule, the report); the other is mgpu/check/script/, a user's own training script
     check     check     run_check and check_data_parallel: the stages above in order, and the API
 """
 
-from importlib import import_module
+from mgpu.check.names import names_on_first_use
 
 # Where each public name lives; imported on first use (PEP 562), so that `mgpu check --help` and a bad
 # option answer without importing torch (the command line imports check/model/command.py through here).
@@ -30,8 +30,4 @@ _PUBLIC = {"Divergence": "mgpu.check.divergence", "ModelDivergence": "mgpu.check
 
 __all__ = sorted(_PUBLIC)
 
-
-def __getattr__(name: str):
-    if name in _PUBLIC:
-        return getattr(import_module(_PUBLIC[name]), name)
-    raise AttributeError(f"module 'mgpu.check.model' has no attribute {name!r}")
+__getattr__ = names_on_first_use(__name__, _PUBLIC)

@@ -35,7 +35,7 @@ runs inside the user's process (inrank/) and what plans, runs, compares and judg
     check     check     run_check_script, check_with and check_script: the stages above in order, and the API
 """
 
-from importlib import import_module
+from mgpu.check.names import names_on_first_use
 
 # Where each public name lives; imported on first use (PEP 562): the ranks import this package (inrank/)
 # and need none of it, and `mgpu check-script --help` answers without importing torch.
@@ -45,8 +45,4 @@ _PUBLIC = {"check_script": "mgpu.check.script.check", "run_check_script": "mgpu.
 
 __all__ = sorted(_PUBLIC)
 
-
-def __getattr__(name: str):
-    if name in _PUBLIC:
-        return getattr(import_module(_PUBLIC[name]), name)
-    raise AttributeError(f"module 'mgpu.check.script' has no attribute {name!r}")
+__getattr__ = names_on_first_use(__name__, _PUBLIC)
