@@ -61,8 +61,8 @@ def test_a_divergence_is_described_by_the_check_that_found_it():
                      "absolute error 1.000e-03, relative 1.000e-02 (allowed 1.00e-06)"), model
     assert script == ("at step 2, gradient fc.weight: error 1.000e-03 against world 1 (allowed 1.000e-06; "
                       "relative 1.000e-02): every gradient is 0.500 x world 1's"), script
-    with pytest.raises(NotImplementedError):
-        Divergence(2, **fields).describe()
+    with pytest.raises(TypeError, match="abstract"):
+        Divergence(2, **fields)  # no words of its own: only a check's kind of divergence can be made
     assert ModelDivergence(1, **fields).to_json()["replica"] == 1 == ScriptDivergence(1, **fields).to_json()["rank"]
 
 

@@ -13,6 +13,7 @@ check says it in its own words: `check` builds a ModelDivergence (mgpu/check/mod
 
 from __future__ import annotations
 
+import abc
 from dataclasses import KW_ONLY, dataclass
 
 from mgpu.jsonsafe import finite_or_none
@@ -21,7 +22,7 @@ __all__ = ["Divergence"]
 
 
 @dataclass(frozen=True)
-class Divergence:
+class Divergence(abc.ABC):
     """Where two runs first part: the step, the tensor, the rank (or replica), by how much, and why."""
 
     step: int | None              # 0 = before step 1 (the start), k = at or after step k; None: the whole run
@@ -41,9 +42,10 @@ class Divergence:
         """The rank under `check`'s word for it (a replica of nn.DataParallel or the manual strategy)."""
         return self.rank
 
+    @abc.abstractmethod
     def describe(self, unit: str = "replica") -> str:
-        """One line in the words of the check that found it: ModelDivergence and ScriptDivergence say it."""
-        raise NotImplementedError(f"{type(self).__name__} has no words: build the check's own kind of Divergence")
+        """One line in the words of the check that found it: ModelDivergence and ScriptDivergence say it
+        (a Divergence itself cannot be made: it has no words of its own)."""
 
     def to_json(self) -> dict:
         """Every field (non-finite floats as null), and `replica` beside `rank` (check's reports named it so)."""
