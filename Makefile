@@ -33,11 +33,14 @@ KERNEL_PATHS ?= default:SSE41 avx2:AVX2 $(if $(shell grep -m1 -o avx512f /proc/c
 # would make skip or say inconclusive. The parts wait on processes they start as much as they compute, so
 # three at once finished first (the figures: docs/notes/suite-times.md, 2026-11-28). Each part's output
 # comes when it ends.
+# Phase 1's parts share two cores among more busy threads than cores: OMP_WAIT_POLICY=PASSIVE has a thread
+# that waits for work sleep instead of spinning on a core another part needs (it computes the same numbers).
 TEST_OPTS := --benchmark-disable -q -p no:cacheprovider
 TEST_ARGS := $(TEST_OPTS) -m "not slow"
 TEST_JOBS ?= 3
+PHASE1_ENV ?= OMP_WAIT_POLICY=PASSIVE
 test: $(VENV)/.installed
-	@$(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target test-part-correctness test-part-tools test-part-harness
+	@$(PHASE1_ENV) $(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target test-part-correctness test-part-tools test-part-harness
 	$(PY) -m pytest mgpu_perf_tests $(TEST_OPTS) -m "timed and not slow"
 
 test-part-correctness: $(VENV)/.installed
