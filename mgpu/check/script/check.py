@@ -15,11 +15,14 @@ __all__ = ["run_check_script", "check_with", "check_script"]
 
 
 def run_check_script(script: str | None = None, args=(), ranks=DEFAULT_RANKS, steps: int = DEFAULT_STEPS,
-                     module: str | None = None, timeout: float | None = DEFAULT_TIMEOUT, progress=None):
+                     module: str | None = None, timeout: float | None = DEFAULT_TIMEOUT, progress=None, *,
+                     whole_run: bool = False, epoch_steps: int | None = None):
     """Run the check and return its ScriptReport (mgpu.check.script.report). Bad input (a missing
-    script, a bad `{world_size}` expression, a script that never steps a torch optimizer) raises
-    ScriptCheckError; a divergence or a crash is in the report, not raised."""
-    options = ScriptCheckOptions(tuple(ranks), steps, timeout).validate()
+    script, a bad `{world_size}` expression, a script that never steps a torch optimizer,
+    `epoch_steps` without `whole_run`) raises ScriptCheckError; a divergence or a crash is in the
+    report, not raised. `whole_run`: the script runs to its own end, each training epoch cut after
+    `epoch_steps` optimizer steps (default 4), every recorded step compared (`steps` is not used)."""
+    options = ScriptCheckOptions(tuple(ranks), steps, timeout, whole_run, epoch_steps).validate()
     return check_with(Target(script, module, tuple(str(a) for a in args)), options, progress)
 
 
@@ -50,10 +53,11 @@ def check_with(target: Target, options: ScriptCheckOptions, progress=None):
 
 def check_script(script: str | None = None, args=(), ranks=DEFAULT_RANKS, steps: int = DEFAULT_STEPS,
                  module: str | None = None, timeout: float | None = DEFAULT_TIMEOUT, strict: bool = False,
-                 accept_not_verified: bool = False):
+                 accept_not_verified: bool = False, *, whole_run: bool = False, epoch_steps: int | None = None):
     """run_check_script, for a test: returns the report when it passed; raises ParityError (an
     AssertionError) with the first divergence, or the crash, when it failed (with strict=True also for
     a finding), and NotVerifiedError (a ParityError) when it is NOT VERIFIED, unless accept_not_verified:
     the exit codes of the command, as exceptions (mgpu.check.report.CheckReport.raise_unless_accepted)."""
-    report = run_check_script(script, args, ranks, steps, module, timeout)
+    report = run_check_script(script, args, ranks, steps, module, timeout, whole_run=whole_run,
+                              epoch_steps=epoch_steps)
     return report.raise_unless_accepted(strict, accept_not_verified)

@@ -78,6 +78,7 @@ class WorldComparison:
     later: list = field(default_factory=list)         # failures after the first, of the other checks (ScriptDivergence)
     compared: list = field(default_factory=list)      # "gradients against world 1 (steps 1-4)", ...
     not_compared: list = field(default_factory=list)  # what was not compared, and why
+    epochs: list = field(default_factory=list)        # --whole-run: per epoch, its steps, what was compared and not
 
     @property
     def worst(self) -> dict:
@@ -89,7 +90,7 @@ class WorldComparison:
                 "notes": self.notes, "reason": self.reason,
                 "precision": self.precision or "float32", "entered": self.entered,
                 "later_divergences": [d.to_json() for d in self.later], "compared": self.compared,
-                "not_compared": self.not_compared}
+                "not_compared": self.not_compared, **({"epochs": self.epochs} if self.epochs else {})}
 
 
 # -- comparison ----------------------------------------------------------------------------------------
@@ -221,11 +222,45 @@ def compare_world(run_n, run_a, run_b, facts: ScriptFacts, batch_hint: str) -> W
     if len(recs_n[0]) != len(ref):
         out.notes.append(f"world {n} made {len(recs_n[0])} optimizer step(s) and world 1 {len(ref)}: compared on "
                          f"the first {steps}")
+    apart = next((i for i in range(steps) if ref[i].epoch != recs_n[0][i].epoch), None)
+    if apart is not None:  # --whole-run: an epoch of other length at world N (its data ran out first, or the script's)
+        out.notes.append(f"from step {apart + 1} world {n} is in epoch {recs_n[0][apart].epoch} and world 1 in epoch "
+                         f"{ref[apart].epoch} (an epoch made other numbers of steps: its data ran out before "
+                         f"--epoch-steps at one world size? a smaller --epoch-steps keeps them alike): compared on the "
+                         f"first {apart} step(s)")
+        out.steps = steps = apart
     pool = POOL_PRECISION if getattr(run_b, "lifted", False) and not getattr(run_a, "lifted", False) else POOL_RERUN
     walk = _Walk(out, UpdateWatch(n, facts, out.tally), pool, batch_hint)
     for i in range(steps):
         _step(walk, i, recs_n, (ref, per))
     walk.close()
+    if any(r.epoch is not None for r in ref):
+        out.epochs = per_epoch(walk.seen, ref[:steps], walk.stopped)
+    return out
+
+
+_TENSORS = ("gradients", "updates", "weights")
+
+
+def per_epoch(seen: dict, ref: list, stopped: dict) -> list[dict]:
+    """--whole-run: each epoch's steps (world 1's epoch tags), the checks that compared any of them, and the
+    checks that compared none of them (with why, where a group stopped; steps past the memory bound keep
+    no gradients or weights)."""
+    order = list(dict.fromkeys(r.epoch for r in ref))
+    out = []
+    for e in order:
+        steps = [i + 1 for i, r in enumerate(ref) if r.epoch == e]
+        light = [s for s in steps if ref[s - 1].light]
+        mine = set(steps) | ({0} if 1 in steps else set())
+        compared, missing = [], []
+        for label, at in seen.items():
+            kept = [s for s in at if s in mine and not (s in light and label.split()[0] in _TENSORS)]
+            (compared if kept else missing).append(label)
+        if light:
+            missing.append(f"gradients, updates and weights of {steps_text(light)}: not kept (--whole-run keeps a "
+                           "rank's tensors up to a memory bound; the steps after keep their data and settings)")
+        out.append({"epoch": e, "steps": steps_text(steps), "compared": compared,
+                    "not_compared": missing + [why for why in stopped.values() if why not in missing]})
     return out
 
 
