@@ -255,7 +255,10 @@ def per_epoch(seen: dict, ref: list, stopped: dict) -> list[dict]:
         compared, missing = [], []
         for label, at in seen.items():
             kept = [s for s in at if s in mine and not (s in light and label.split()[0] in _TENSORS)]
-            (compared if kept else missing).append(label)
+            if kept:
+                compared.append(label)
+            elif any(at):  # a check of before step 1 only belongs to epoch 1
+                missing.append(label)
         if light:
             missing.append(f"gradients, updates and weights of {steps_text(light)}: not kept (--whole-run keeps a "
                            "rank's tensors up to a memory bound; the steps after keep their data and settings)")

@@ -153,8 +153,12 @@ class ScriptReport(CheckReport):
         for c in self.comparisons:
             lines.append("  " + _comparison_line(c))
             lines.extend(f"    note: {n}" for n in c.notes)
+            every = [label for label in c.compared if not label.endswith("(before step 1)")]
             for e in c.epochs:
-                lines.append(f"    epoch {e['epoch']} ({e['steps']}): compared {'; '.join(e['compared']) or 'nothing'}"
+                said = "; ".join(e["compared"]) or "nothing"
+                if e["compared"] and all(any(x.startswith(label) for label in e["compared"]) for x in every):
+                    said = "every check of a step above"
+                lines.append(f"    epoch {e['epoch']} ({e['steps']}): compared {said}"
                              + (f"; not compared: {'; '.join(e['not_compared'])}" if e["not_compared"] else ""))
         for f in self.findings:
             lines.append(f"  finding {f.name}: {f.text}")
@@ -225,8 +229,19 @@ def _comparison_line(c: WorldComparison) -> str:
     if c.status == "not-compared":
         return f"{head}: not compared: {c.reason}"
     word = "FAILED" if c.status == "fail" else "differs (finding, not a failure)"
+    epoch = next((e["epoch"] for e in c.epochs if c.first.step and _in_steps(c.first.step, e["steps"])), None)
+    word += f" in epoch {epoch}" if epoch is not None else ""
     entered = f"\n    where it enters (step {c.entered.get('step')}): {c.entered['sentence']}" if c.entered else ""
     return f"{head}: {word} {c.first.describe()}" + entered + sensitivity
+
+
+def _in_steps(step: int, text: str) -> bool:
+    """Whether `step` is among steps_text's 'steps 1-4, 7' (compare.per_epoch's epochs)."""
+    for part in text.replace("steps ", "").replace("step ", "").split(", "):
+        a, _, b = part.partition("-")
+        if a.isdigit() and int(a) <= step <= int(b or a):
+            return True
+    return False
 
 
 def timings_of(runs: list, total: float, compare_s: float, setup_s: float) -> dict:

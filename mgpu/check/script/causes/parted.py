@@ -54,7 +54,8 @@ def parted_text(evidence: dict, states: list) -> str:
     others = [i for i, s in enumerate(states) if i != r and s and s.get("in") and s["in"]["seq"] == waiting["in"]["seq"]]
     who = f"rank {w}" if len(others) <= 1 else "ranks " + ", ".join(map(str, others))
     return (f"rank {r} left the others: at {_at(left)} it {went}, while {who} wait{'s' if len(others) <= 1 else ''} "
-            f"in {_collective(waiting['in'])} (at {_at(waiting)}), which rank {r} never joins: a decision taken "
+            f"in {_collective(waiting['in'])} (epoch {waiting['in'].get('epoch') or '-'}, after step "
+            f"{waiting['in'].get('step', 0)}), which rank {r} never joins: a decision taken "
             f"on one rank (an early stop, a break or a return on rank {r}'s own loss, metric or data): reduce it "
             "across ranks so that every rank decides alike: all_reduce or broadcast the flag "
             "(stop = torch.tensor(float(flag)); dist.broadcast(stop, 0); if stop.item(): break)")
