@@ -28,7 +28,7 @@ from mgpu.check.script.inrank.records import EpochPass, RankRecord
 from mgpu.check.script.launch import WorldRun
 from mgpu.check.script.plan import ScriptCheckError, ScriptCheckOptions
 from mgpu.errors import EXIT_FAILED
-from mgpu.scriptcheck import main, run_check_script
+from mgpu.scriptcheck import WholeRun, main, run_check_script
 
 pytestmark = [pytest.mark.reliability]
 
@@ -36,18 +36,19 @@ LOOPS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GLOBAL_16 = ("--batch-size", "{16 // world_size}")
 
 
-def whole_run(name: str, args=GLOBAL_16, **kwargs):
-    return run_check_script(os.path.join(LOOPS, name), list(args), ranks=(1, 2), whole_run=True, **kwargs)
+def whole_run(name: str, args=GLOBAL_16):
+    return run_check_script(os.path.join(LOOPS, name), list(args), ranks=(1, 2), steps=WholeRun())
 
 
 # -- options: --whole-run, --epoch-steps ----------------------------------------------------------------
 
 def test_epoch_steps_defaults_to_4_under_whole_run_and_is_an_error_without_it():
     assert ScriptCheckOptions(whole_run=True).validate().epoch_steps == 4, "--whole-run's default --epoch-steps"
+    assert ScriptCheckOptions.of((1, 2), WholeRun(), None).epoch_steps == 4, "the API's steps=WholeRun()"
     with pytest.raises(ScriptCheckError, match="--epoch-steps needs --whole-run"):
         ScriptCheckOptions(epoch_steps=3).validate()
     with pytest.raises(ScriptCheckError, match="--epoch-steps must be a positive integer"):
-        ScriptCheckOptions(whole_run=True, epoch_steps=0).validate()
+        run_check_script(os.path.join(LOOPS, "epochs_set_epoch.py"), steps=WholeRun(epoch_steps=0))
 
 
 def test_bad_epoch_steps_on_the_command_line_is_one_line_and_exit_2(capsys):
@@ -310,7 +311,7 @@ def test_a_rank_aborting_after_the_scripts_end_is_judged_on_its_record(tmp_path)
     path = tmp_path / "abort_at_exit.py"
     path.write_text(textwrap.dedent(TAIL).format(after_epoch="pass", at_end=(
         "dist.destroy_process_group()\nif rank == 1:\n    threading.Timer(1.0, os.abort).start()")))
-    report = run_check_script(str(path), ranks=(1, 2), whole_run=True)
+    report = run_check_script(str(path), ranks=(1, 2), steps=WholeRun())
     assert report.exit_code() == 0, report.text()
     world_2 = next(r for r in report.runs if r.world == 2)
     assert any("SIGABRT" in e for e in world_2.exits), world_2.exits
@@ -326,7 +327,7 @@ def test_a_rank_that_dies_in_epoch_2_still_fails_naming_it():
         with open(path, "w") as f:
             f.write(textwrap.dedent(TAIL).format(after_epoch=(
                 "if rank == 1 and epoch == 1:\n        raise RuntimeError('rank 1 gives up')"), at_end=""))
-        report = run_check_script(path, ranks=(1, 2), whole_run=True)
+        report = run_check_script(path, ranks=(1, 2), steps=WholeRun())
     assert report.failures and report.failures[0].rank == 1 and report.failures[0].kind == "crash", report.text()
     assert "rank 1 gives up" in report.failures[0].message, report.failures[0].message
 

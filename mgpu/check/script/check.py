@@ -3,26 +3,28 @@ module and its ARGS, and the report, or for a test the report's verdict as an ex
 
     >>> from mgpu.scriptcheck import check_script
     >>> check_script("train.py", args=["--batch-size", "{64 // world_size}"], ranks=(1, 2), steps=4)
+    >>> check_script("train.py", args=["--batch-size", "{64 // world_size}"], steps=WholeRun(epoch_steps=4))
 """
 
 from __future__ import annotations
 
 import time
 
-from mgpu.check.script.plan import DEFAULT_RANKS, DEFAULT_STEPS, DEFAULT_TIMEOUT, ScriptCheckOptions, Target
+from mgpu.check.script.plan import (DEFAULT_RANKS, DEFAULT_STEPS, DEFAULT_TIMEOUT, ScriptCheckOptions, Target,
+                                    WholeRun)
 
-__all__ = ["run_check_script", "check_with", "check_script"]
+__all__ = ["run_check_script", "check_with", "check_script", "WholeRun"]
 
 
-def run_check_script(script: str | None = None, args=(), ranks=DEFAULT_RANKS, steps: int = DEFAULT_STEPS,
-                     module: str | None = None, timeout: float | None = DEFAULT_TIMEOUT, progress=None, *,
-                     whole_run: bool = False, epoch_steps: int | None = None):
+def run_check_script(script: str | None = None, args=(), ranks=DEFAULT_RANKS, steps: int | WholeRun = DEFAULT_STEPS,
+                     module: str | None = None, timeout: float | None = DEFAULT_TIMEOUT, progress=None):
     """Run the check and return its ScriptReport (mgpu.check.script.report). Bad input (a missing
-    script, a bad `{world_size}` expression, a script that never steps a torch optimizer,
-    `epoch_steps` without `whole_run`) raises ScriptCheckError; a divergence or a crash is in the
-    report, not raised. `whole_run`: the script runs to its own end, each training epoch cut after
-    `epoch_steps` optimizer steps (default 4), every recorded step compared (`steps` is not used)."""
-    options = ScriptCheckOptions(tuple(ranks), steps, timeout, whole_run, epoch_steps).validate()
+    script, a bad `{world_size}` expression, a script that never steps a torch optimizer, a bad
+    --epoch-steps) raises ScriptCheckError; a divergence or a crash is in the report, not raised.
+    `steps`: the optimizer steps recorded and compared: K, the first K (then the script is stopped), or
+    WholeRun(epoch_steps=K): the command's --whole-run, the script run to its own end, each training
+    epoch cut after K optimizer steps (default 4), every recorded step compared."""
+    options = ScriptCheckOptions.of(tuple(ranks), steps, timeout)
     return check_with(Target(script, module, tuple(str(a) for a in args)), options, progress)
 
 
@@ -51,13 +53,12 @@ def check_with(target: Target, options: ScriptCheckOptions, progress=None):
     return report
 
 
-def check_script(script: str | None = None, args=(), ranks=DEFAULT_RANKS, steps: int = DEFAULT_STEPS,
+def check_script(script: str | None = None, args=(), ranks=DEFAULT_RANKS, steps: int | WholeRun = DEFAULT_STEPS,
                  module: str | None = None, timeout: float | None = DEFAULT_TIMEOUT, strict: bool = False,
-                 accept_not_verified: bool = False, *, whole_run: bool = False, epoch_steps: int | None = None):
+                 accept_not_verified: bool = False):
     """run_check_script, for a test: returns the report when it passed; raises ParityError (an
     AssertionError) with the first divergence, or the crash, when it failed (with strict=True also for
     a finding), and NotVerifiedError (a ParityError) when it is NOT VERIFIED, unless accept_not_verified:
     the exit codes of the command, as exceptions (mgpu.check.report.CheckReport.raise_unless_accepted)."""
-    report = run_check_script(script, args, ranks, steps, module, timeout, whole_run=whole_run,
-                              epoch_steps=epoch_steps)
+    report = run_check_script(script, args, ranks, steps, module, timeout)
     return report.raise_unless_accepted(strict, accept_not_verified)

@@ -57,6 +57,7 @@ from mgpu.check.script.causes.start import missing_at_start, other_start, replic
 from mgpu.check.script.data import StepData, data_divergence, step_data
 from mgpu.check.script.optimizer import StepWeights, UpdateWatch, ranks_settings_apart, setting_divergence, steps_text, \
     updates_of
+from mgpu.check.script.epochs import per_epoch
 from mgpu.check.script.tally import Tally
 from mgpu.check.script.tensors import (POOL_PRECISION, POOL_RERUN, allowance, allowances, common_factor, err,
                                       module_scales, same)
@@ -236,34 +237,6 @@ def compare_world(run_n, run_a, run_b, facts: ScriptFacts, batch_hint: str) -> W
     walk.close()
     if any(r.epoch is not None for r in ref):
         out.epochs = per_epoch(walk.seen, ref[:steps], walk.stopped)
-    return out
-
-
-_TENSORS = ("gradients", "updates", "weights")
-
-
-def per_epoch(seen: dict, ref: list, stopped: dict) -> list[dict]:
-    """--whole-run: each epoch's steps (world 1's epoch tags), the checks that compared any of them, and the
-    checks that compared none of them (with why, where a group stopped; steps past the memory bound keep
-    no gradients or weights)."""
-    order = list(dict.fromkeys(r.epoch for r in ref))
-    out = []
-    for e in order:
-        steps = [i + 1 for i, r in enumerate(ref) if r.epoch == e]
-        light = [s for s in steps if ref[s - 1].light]
-        mine = set(steps) | ({0} if 1 in steps else set())
-        compared, missing = [], []
-        for label, at in seen.items():
-            kept = [s for s in at if s in mine and not (s in light and label.split()[0] in _TENSORS)]
-            if kept:
-                compared.append(label)
-            elif any(at):  # a check of before step 1 only belongs to epoch 1
-                missing.append(label)
-        if light:
-            missing.append(f"gradients, updates and weights of {steps_text(light)}: not kept (--whole-run keeps a "
-                           "rank's tensors up to a memory bound; the steps after keep their data and settings)")
-        out.append({"epoch": e, "steps": steps_text(steps), "compared": compared,
-                    "not_compared": missing + [why for why in stopped.values() if why not in missing]})
     return out
 
 

@@ -25,7 +25,7 @@ from mgpu.validators import number, positive_int, world_sizes
 
 __all__ = ["ScriptCheckError", "ScriptCheckOptions", "Target", "ScriptRankJob", "PlannedRun", "ScriptCheckPlan", "expand_args",
            "plan_runs", "plan_check", "batch_hint", "PERTURB", "PERTURB_SEED_VARIABLE",
-           "DEFAULT_RANKS", "DEFAULT_STEPS", "DEFAULT_TIMEOUT", "DEFAULT_EPOCH_STEPS"]
+           "DEFAULT_RANKS", "DEFAULT_STEPS", "DEFAULT_TIMEOUT", "DEFAULT_EPOCH_STEPS", "WholeRun"]
 
 DEFAULT_RANKS = (1, 2)
 DEFAULT_STEPS = 4
@@ -42,6 +42,14 @@ PERTURB_SEED_VARIABLE = "MGPU_CHECK_PERTURB_SEED"
 
 class ScriptCheckError(MgpuError, ValueError):
     """The script cannot be checked as given: missing, bad ARGS expression, no optimizer step, ..."""
+
+
+@dataclass(frozen=True)
+class WholeRun:
+    """The API's `steps=WholeRun(epoch_steps=K)`: the command's `--whole-run --epoch-steps K`: the script run to
+    its own end, each training epoch cut after K optimizer steps (docs/guide/check-script.md, "--whole-run")."""
+
+    epoch_steps: int = DEFAULT_EPOCH_STEPS
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,13 @@ class ScriptCheckOptions:
             epoch_steps = DEFAULT_EPOCH_STEPS if epoch_steps is None else epoch_steps
             positive_int(epoch_steps, "--epoch-steps", error=ScriptCheckError)
         return ScriptCheckOptions(ranks, self.steps, timeout, bool(self.whole_run), epoch_steps)
+
+    @classmethod
+    def of(cls, ranks, steps, timeout) -> "ScriptCheckOptions":
+        """The API's options (`steps` an int, or WholeRun(epoch_steps=K)), validated."""
+        if isinstance(steps, WholeRun):
+            return cls(ranks, DEFAULT_STEPS, timeout, True, steps.epoch_steps).validate()
+        return cls(ranks, steps, timeout).validate()
 
     @classmethod
     def from_text(cls, ranks: str, steps: str, timeout: str, whole_run: bool = False,

@@ -39,16 +39,17 @@ import time
 import torch
 from torch import nn
 
-from mgpu.check.dropout import DropoutOff, random_layer_modules, stochastic_depth_caller
+from mgpu.check.dropout import random_layer_modules
 from mgpu.check.script.inrank.records import ForwardRecord, RankRecord, StepRecord
 from mgpu.check.script.inrank.batchnorm import SyncedBatchNorm
 from mgpu.check.script.inrank.collectives import CollectiveWatch
-from mgpu.check.script.inrank.draws import RANDOM_FUNCTIONS, DrawWatch, module_generator
+from mgpu.check.script.inrank.draws import DrawWatch, module_generator
 from mgpu.check.script.inrank.evidence import is_setup_step, process_group_size, suspect_values
 from mgpu.check.script.inrank.epochs import EpochWatch, made_at
 from mgpu.check.script.inrank.feeds import FeedWatch
 from mgpu.check.script.inrank.keyed import KeyedData, in_fetch, note
 from mgpu.check.script.inrank.meeting import Meeting
+from mgpu.check.script.inrank.mode import ScriptMode, _Uncounted
 from mgpu.check.script.inrank.names import WRAPPER_SEGMENTS, parameter_names, strip_wrappers
 from mgpu.check.script.inrank.precision import PrecisionSeen
 from mgpu.check.script.plan import ScriptRankJob
@@ -79,40 +80,6 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if type(t).__name__ == "DTensor" else t
-
-
-class ScriptMode(DropoutOff):
-    """DropoutOff for the whole script, and a count of the random numbers drawn inside a root
-    model's forward (what no switch removes: noise layers, sampling, home-made masks)."""
-
-    def __init__(self, recorder: "Recorder"):
-        super().__init__()
-        self.recorder = recorder
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        rec = self.recorder
-        if func in RANDOM_FUNCTIONS and not rec.quiet and not rec.in_backward() and not (
-                func is torch.Tensor.bernoulli_ and stochastic_depth_caller() is not None):
-            rec.classify_draw(RANDOM_FUNCTIONS[func], args, kwargs or {})
-        if func is torch.Tensor.backward:  # forwards between two backward passes fed one loss (data.py)
-            rec.backwards += 1
-            if rec.meeting is not None and rec.ddp_forward:  # DDP's all-reduce: a meeting of the ranks (meeting.py)
-                rec.ddp_forward = False
-                return rec.meeting.backward(lambda: super(ScriptMode, self).__torch_function__(func, types, args, kwargs))
-        return super().__torch_function__(func, types, args, kwargs)
-
-
-class _Uncounted:
-    """The recorder's own random draws kept out of the count of the script's."""
-
-    def __init__(self, recorder):
-        self.recorder = recorder
-
-    def __enter__(self):
-        self.saved, self.recorder.quiet = self.recorder.quiet, True
-
-    def __exit__(self, *exc):
-        self.recorder.quiet = self.saved
 
 
 class _Depth(threading.local):
