@@ -129,6 +129,7 @@ class Recorder:
         # --whole-run: every DataLoader pass and the epochs' cut (epochs.py); at N ranks, the collectives
         # published and the watcher that names a rank that left the others waiting (meeting.py)
         self.whole = job.epoch_steps > 0
+        self.trace_step = job.trace_step         # locate.py's traced rerun stops at its step, whole run or not
         self.epochs = EpochWatch(job.epoch_steps, self.batches) if self.whole else None
         world = int(os.environ.get("WORLD_SIZE", "1"))
         self.meeting = Meeting(job.folder, job.tag, self.rank, world, self._progress) \
@@ -365,7 +366,7 @@ class Recorder:
             self.step_at = made_at(sys._getframe(1))
         self.records.append(rec)
         self.step_times.append(time.time())
-        if index == 0 and rec.step >= self.steps and not self.whole:
+        if index == 0 and rec.step >= self.steps and (not self.whole or self.trace_step):  # a whole run: its end
             self.stopped = True
             raise StopScript()
 
