@@ -341,3 +341,19 @@ def test_epoch_steps_2_cuts_each_epoch_after_two_steps_from_the_command_line(tmp
     record = json.loads(out.read_text())
     assert code == 0, record["summary"]
     assert all(e["steps"] == 2 for r in record["whole_run"]["runs"] for e in r["epochs"]), record["whole_run"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_past_the_memory_bound_steps_keep_their_data_and_settings_and_say_what_was_not_compared(monkeypatch):
+    """MGPU_WHOLE_RUN_KEEP_NUMEL 5000: the 515-parameter MLP keeps 4 steps' gradients and weights (1030
+    elements a step), the same steps at every world size; the later steps compare their data and settings."""
+    monkeypatch.setenv("MGPU_WHOLE_RUN_KEEP_NUMEL", "5000")
+    report = whole_run("epochs_set_epoch.py")
+    assert report.exit_code() == 0, report.text()
+    epochs = report.comparisons[0].epochs
+    assert "gradients against world 1" in epochs[0]["compared"], epochs[0]
+    assert "gradients against world 1" not in epochs[1]["compared"] and \
+        "the data against world 1" in epochs[1]["compared"], f"epoch 2 past the bound: {epochs[1]}"
+    assert any("not kept" in n for n in report.comparisons[0].not_compared), report.comparisons[0].not_compared
+

@@ -237,6 +237,10 @@ def compare_world(run_n, run_a, run_b, facts: ScriptFacts, batch_hint: str) -> W
     walk.close()
     if any(r.epoch is not None for r in ref):
         out.epochs = per_epoch(walk.seen, ref[:steps], walk.stopped)
+    light = [i + 1 for i, r in enumerate(ref[:steps]) if r.light]
+    if light:  # --whole-run past its memory bound (inrank/recorder.py): data and settings only
+        out.not_compared.append(f"gradients, updates and weights of {steps_text(light)}: not kept (--whole-run's memory "
+                                "bound; their data and settings compared)")
     return out
 
 

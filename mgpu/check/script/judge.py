@@ -51,7 +51,7 @@ def judge(plan: ScriptCheckPlan, runs: list[WorldRun]) -> Judgement:
     a_runs = [r for r in runs if r.world == 1 and r.run == "A" and r.failure is None and not r.lifted]
     if a_runs and not a_runs[0].ranks[0].steps:
         _nothing_stepped(target, a_runs[0])
-    out.notes = _world_1_notes(a_runs, options.steps) if not options.whole_run else []
+    out.notes = _world_1_notes(a_runs, options.steps if not options.whole_run else 0)  # a whole run asks no count
     compared = [r for r in runs if r.world > 1 and r.failure is None]
     labels = [_precision_label(r) for r in compared]
     out.findings, facts = findings_of(runs)

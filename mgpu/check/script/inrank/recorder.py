@@ -63,7 +63,8 @@ KEEP_RANK_NUMEL = 1 << 23
 # --whole-run: a rank keeps the gradients and weights of its steps up to this many elements in all; the
 # steps after keep their data, settings and epoch, not their tensors ("light": the report says so). The
 # same count at every world size (the parameters' numel), so world 1 and world N keep the same steps.
-WHOLE_RUN_KEEP_NUMEL = int(os.environ.get("MGPU_WHOLE_RUN_KEEP_NUMEL", 1 << 27))
+# MGPU_WHOLE_RUN_KEEP_NUMEL sets another bound (read in each rank, whose environment is the launcher's).
+WHOLE_RUN_KEEP_NUMEL = 1 << 27
 
 
 class StopScript(BaseException):
@@ -137,6 +138,7 @@ class Recorder:
         self.ddp_forward = False                 # a DDP training forward that syncs since the last backward
         self.step_at = ""                        # the script's line of the last optimizer step
         self.kept_numel = 0                      # --whole-run: gradient and weight elements kept so far
+        self.keep_bound = int(os.environ.get("MGPU_WHOLE_RUN_KEEP_NUMEL", "") or WHOLE_RUN_KEEP_NUMEL)
 
     # -- hooks --------------------------------------------------------------------------------------
 
@@ -321,7 +323,7 @@ class Recorder:
             rec.before = {names[id(p)]: self._keep(_full(p)) for p in params}
         if self.whole:
             numel = 2 * sum(p.numel() for p in params)
-            rec.light = self.kept_numel + numel > WHOLE_RUN_KEEP_NUMEL and bool(self.records)
+            rec.light = self.kept_numel + numel > self.keep_bound and bool(self.records)
             self.kept_numel += 0 if rec.light else numel
         for i, p in enumerate(params):
             name = names[id(p)]
