@@ -146,6 +146,9 @@ def test_no_evidence_while_a_rank_works_alone_or_has_passed_the_collective():
 def test_two_ranks_in_other_collectives_at_one_count_have_parted_and_the_one_behind_left():
     states = [_state(5, _in("barrier", 5), epoch=1), _state(5, _in(DDP_ALL_REDUCE, 5), epoch=2)]
     assert parted(states, 1) == {"left": 0, "how": "other", "waiting": 1}, parted(states, 1)
+    tie = [_state(5, _in("barrier", 5)), _state(5, _in(DDP_ALL_REDUCE, 5))]   # a break mid-epoch: steps alike
+    assert parted(tie, 0) == parted(tie, 1) == {"left": 0, "how": "other", "waiting": 1}, \
+        f"the rank out of DDP's all-reduce left, whichever rank looks: {parted(tie, 0)}, {parted(tie, 1)}"
     shapes = [_state(3, _in("all_reduce", 3, shape=[1])), _state(3, _in("all_reduce", 3, shape=[4]))]
     assert parted(shapes, 0) is not None, "one all_reduce of 1 element against one of 4: not one collective"
 
@@ -357,3 +360,20 @@ def test_past_the_memory_bound_steps_keep_their_data_and_settings_and_say_what_w
         "the data against world 1" in epochs[1]["compared"], f"epoch 2 past the bound: {epochs[1]}"
     assert any("not kept" in n for n in report.comparisons[0].not_compared), report.comparisons[0].not_compared
 
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_break_mid_epoch_on_rank_0_names_rank_0_in_its_barrier_and_rank_1_in_ddps_all_reduce(tmp_path):
+    with open(os.path.join(LOOPS, "epochs_set_epoch.py")) as f:
+        source = f.read()
+    planted = source.replace("        for x, y in loader:\n", "        for step, (x, y) in enumerate(loader):\n"
+                             "            if rank == 0 and step == 2:  # rank 0 alone leaves mid-epoch\n"
+                             "                break\n")
+    assert planted != source, "the loop line of epochs_set_epoch.py moved: plant the break again"
+    path = tmp_path / "mid_epoch_break.py"
+    path.write_text(planted)
+    report = run_check_script(str(path), list(GLOBAL_16), ranks=(1, 2), steps=WholeRun())
+    failure = report.failures[0] if report.failures else None
+    assert failure is not None and failure.kind == "parted" and failure.rank == 0, report.text()
+    assert "dist.barrier" in failure.message and DDP_ALL_REDUCE in failure.message, failure.message

@@ -85,13 +85,18 @@ def parted(states: list, me: int) -> dict | None:
         other = s.get("in")
         if other and other["seq"] == n and (other["op"] != op or (
                 shape is not None and other.get("shape") is not None and other["shape"] != shape)):
-            left = r if _behind(s, mine) else me
+            left = r if _left(s, mine) else me
             return {"left": left, "how": "other", "waiting": me if left == r else r}
     return None
 
 
-def _behind(a: dict, b: dict) -> bool:
-    """Rank a's training is behind rank b's (fewer epochs or steps): the one that left the loop."""
+def _left(a: dict, b: dict) -> bool:
+    """Of two ranks in other collectives at one count, rank a is the one that left the training loop: b waits in
+    DDP's gradient all-reduce (the loop's own collective) and a does not; else a's training is behind b's
+    (fewer epochs or steps; at a tie, a)."""
+    in_loop = (a["in"]["op"] == DDP_ALL_REDUCE, b["in"]["op"] == DDP_ALL_REDUCE)
+    if in_loop[0] != in_loop[1]:
+        return in_loop[1]
     return (a.get("epoch") or 0, a.get("step") or 0) <= (b.get("epoch") or 0, b.get("step") or 0)
 
 
