@@ -3,23 +3,28 @@ module and its ARGS, and the report, or for a test the report's verdict as an ex
 
     >>> from mgpu.scriptcheck import check_script
     >>> check_script("train.py", args=["--batch-size", "{64 // world_size}"], ranks=(1, 2), steps=4)
+    >>> check_script("train.py", args=["--batch-size", "{64 // world_size}"], steps=WholeRun(epoch_steps=4))
 """
 
 from __future__ import annotations
 
 import time
 
-from mgpu.check.script.plan import DEFAULT_RANKS, DEFAULT_STEPS, DEFAULT_TIMEOUT, ScriptCheckOptions, Target
+from mgpu.check.script.plan import (DEFAULT_RANKS, DEFAULT_STEPS, DEFAULT_TIMEOUT, ScriptCheckOptions, Target,
+                                    WholeRun)
 
-__all__ = ["run_check_script", "check_with", "check_script"]
+__all__ = ["run_check_script", "check_with", "check_script", "WholeRun"]
 
 
-def run_check_script(script: str | None = None, args=(), ranks=DEFAULT_RANKS, steps: int = DEFAULT_STEPS,
+def run_check_script(script: str | None = None, args=(), ranks=DEFAULT_RANKS, steps: int | WholeRun = DEFAULT_STEPS,
                      module: str | None = None, timeout: float | None = DEFAULT_TIMEOUT, progress=None):
     """Run the check and return its ScriptReport (mgpu.check.script.report). Bad input (a missing
-    script, a bad `{world_size}` expression, a script that never steps a torch optimizer) raises
-    ScriptCheckError; a divergence or a crash is in the report, not raised."""
-    options = ScriptCheckOptions(tuple(ranks), steps, timeout).validate()
+    script, a bad `{world_size}` expression, a script that never steps a torch optimizer, a bad
+    --epoch-steps) raises ScriptCheckError; a divergence or a crash is in the report, not raised.
+    `steps`: the optimizer steps recorded and compared: K, the first K (then the script is stopped), or
+    WholeRun(epoch_steps=K): the command's --whole-run, the script run to its own end, each training
+    epoch cut after K optimizer steps (default 4), every recorded step compared."""
+    options = ScriptCheckOptions.of(tuple(ranks), steps, timeout)
     return check_with(Target(script, module, tuple(str(a) for a in args)), options, progress)
 
 
@@ -48,7 +53,7 @@ def check_with(target: Target, options: ScriptCheckOptions, progress=None):
     return report
 
 
-def check_script(script: str | None = None, args=(), ranks=DEFAULT_RANKS, steps: int = DEFAULT_STEPS,
+def check_script(script: str | None = None, args=(), ranks=DEFAULT_RANKS, steps: int | WholeRun = DEFAULT_STEPS,
                  module: str | None = None, timeout: float | None = DEFAULT_TIMEOUT, strict: bool = False,
                  accept_not_verified: bool = False):
     """run_check_script, for a test: returns the report when it passed; raises ParityError (an

@@ -9,7 +9,8 @@ import sys
 
 from mgpu.check.command import add_report_arguments, run_check_command
 from mgpu.errors import OneLineParser, one_line
-from mgpu.check.script.plan import DEFAULT_RANKS, DEFAULT_STEPS, DEFAULT_TIMEOUT, ScriptCheckError, ScriptCheckOptions, Target
+from mgpu.check.script.plan import (DEFAULT_EPOCH_STEPS, DEFAULT_RANKS, DEFAULT_STEPS, DEFAULT_TIMEOUT, ScriptCheckError,
+                                    ScriptCheckOptions, Target)
 
 __all__ = ["build_parser", "add_arguments", "main", "run_main"]
 
@@ -26,6 +27,12 @@ def add_arguments(p) -> None:
     p.add_argument("--ranks", default=",".join(map(str, DEFAULT_RANKS)), metavar="N[,N...]",
                    help="world sizes to run (world 1 always runs, twice: the reference and its rerun)")
     p.add_argument("--steps", default=str(DEFAULT_STEPS), metavar="K", help="optimizer steps recorded and compared")
+    p.add_argument("--whole-run", action="store_true",
+                   help="run the script to its own end at every world size, each training epoch cut after "
+                        "--epoch-steps optimizer steps, every recorded step compared per epoch (--steps is not used)")
+    p.add_argument("--epoch-steps", default=None, metavar="K",
+                   help=f"with --whole-run: optimizer steps a training epoch runs before its loader ends the epoch "
+                        f"(default {DEFAULT_EPOCH_STEPS})")
     p.add_argument("--timeout", default=str(DEFAULT_TIMEOUT), metavar="S",
                    help="seconds one run (one world size) may take before every rank is stopped")
     add_report_arguments(p, json_help="write the report as JSON here",
@@ -49,7 +56,7 @@ def run_main(parser, args) -> int:
     from mgpu.check.script.check import check_with  # imports torch: after the options are read
 
     try:
-        options = ScriptCheckOptions.from_text(args.ranks, args.steps, args.timeout)
+        options = ScriptCheckOptions.from_text(args.ranks, args.steps, args.timeout, args.whole_run, args.epoch_steps)
     except ScriptCheckError as e:
         parser.error(one_line(e))
     script, module = (None, args.script) if args.module else (args.script, None)

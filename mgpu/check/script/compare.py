@@ -57,6 +57,7 @@ from mgpu.check.script.causes.start import missing_at_start, other_start, replic
 from mgpu.check.script.data import StepData, data_divergence, step_data
 from mgpu.check.script.optimizer import StepWeights, UpdateWatch, ranks_settings_apart, setting_divergence, steps_text, \
     updates_of
+from mgpu.check.script.epochs import per_epoch
 from mgpu.check.script.tally import Tally
 from mgpu.check.script.tensors import (POOL_PRECISION, POOL_RERUN, allowance, allowances, common_factor, err,
                                       module_scales, same)
@@ -78,6 +79,7 @@ class WorldComparison:
     later: list = field(default_factory=list)         # failures after the first, of the other checks (ScriptDivergence)
     compared: list = field(default_factory=list)      # "gradients against world 1 (steps 1-4)", ...
     not_compared: list = field(default_factory=list)  # what was not compared, and why
+    epochs: list = field(default_factory=list)        # --whole-run: per epoch, its steps, what was compared and not
 
     @property
     def worst(self) -> dict:
@@ -89,7 +91,7 @@ class WorldComparison:
                 "notes": self.notes, "reason": self.reason,
                 "precision": self.precision or "float32", "entered": self.entered,
                 "later_divergences": [d.to_json() for d in self.later], "compared": self.compared,
-                "not_compared": self.not_compared}
+                "not_compared": self.not_compared, **({"epochs": self.epochs} if self.epochs else {})}
 
 
 # -- comparison ----------------------------------------------------------------------------------------
@@ -221,11 +223,24 @@ def compare_world(run_n, run_a, run_b, facts: ScriptFacts, batch_hint: str) -> W
     if len(recs_n[0]) != len(ref):
         out.notes.append(f"world {n} made {len(recs_n[0])} optimizer step(s) and world 1 {len(ref)}: compared on "
                          f"the first {steps}")
+    apart = next((i for i in range(steps) if ref[i].epoch != recs_n[0][i].epoch), None)
+    if apart is not None:  # --whole-run: an epoch of other length at world N (its data ran out first, or the script's)
+        out.notes.append(f"from step {apart + 1} world {n} is in epoch {recs_n[0][apart].epoch} and world 1 in epoch "
+                         f"{ref[apart].epoch} (an epoch made other numbers of steps: its data ran out before "
+                         f"--epoch-steps at one world size? a smaller --epoch-steps keeps them alike): compared on the "
+                         f"first {apart} step(s)")
+        out.steps = steps = apart
     pool = POOL_PRECISION if getattr(run_b, "lifted", False) and not getattr(run_a, "lifted", False) else POOL_RERUN
     walk = _Walk(out, UpdateWatch(n, facts, out.tally), pool, batch_hint)
     for i in range(steps):
         _step(walk, i, recs_n, (ref, per))
     walk.close()
+    if any(r.epoch is not None for r in ref):
+        out.epochs = per_epoch(walk.seen, ref[:steps], walk.stopped)
+    light = [i + 1 for i, r in enumerate(ref[:steps]) if r.light]
+    if light:  # --whole-run past its memory bound (inrank/recorder.py): data and settings only
+        out.not_compared.append(f"gradients, updates and weights of {steps_text(light)}: not kept (--whole-run's memory "
+                                "bound; their data and settings compared)")
     return out
 
 

@@ -38,6 +38,7 @@ class Judgement:
     notes: list[str] = field(default_factory=list)
     unreproducible: ScriptDivergence | None = None
     comparisons: list[WorldComparison] = field(default_factory=list)
+    problems: list = field(default_factory=list)   # --whole-run: the order of the data (causes/epochs.py), failures
 
 
 def judge(plan: ScriptCheckPlan, runs: list[WorldRun]) -> Judgement:
@@ -50,7 +51,7 @@ def judge(plan: ScriptCheckPlan, runs: list[WorldRun]) -> Judgement:
     a_runs = [r for r in runs if r.world == 1 and r.run == "A" and r.failure is None and not r.lifted]
     if a_runs and not a_runs[0].ranks[0].steps:
         _nothing_stepped(target, a_runs[0])
-    out.notes = _world_1_notes(a_runs, options.steps)
+    out.notes = _world_1_notes(a_runs, options.steps if not options.whole_run else 0)  # a whole run asks no count
     compared = [r for r in runs if r.world > 1 and r.failure is None]
     labels = [_precision_label(r) for r in compared]
     out.findings, facts = findings_of(runs)
@@ -85,7 +86,22 @@ def judge(plan: ScriptCheckPlan, runs: list[WorldRun]) -> Judgement:
                 result.status, result.first = "fail", dataclasses.replace(result.first, diagnosis=cause)
         result.precision = label
         out.comparisons.append(result)
+    if options.whole_run:
+        out.problems = whole_run_problems(runs, by_kind)
     return out
+
+
+def whole_run_problems(runs: list[WorldRun], by_kind: dict) -> list:
+    """--whole-run's failures of the order of the data: a shuffling sampler whose later epoch repeats epoch 1's
+    order (any world), and ranks whose shards overlap within an epoch (each world N against its world 1)."""
+    from mgpu.check.script.causes.epochs import same_order, shards_apart
+
+    done = [r for r in runs if r.failure is None and r.ranks]
+    problems = same_order(done)
+    for r in done:
+        if r.world > 1:
+            problems += shards_apart(r, by_kind.get((r.device, r.lifted), {}).get("A"))
+    return problems
 
 
 def _world_1_notes(a_runs: list[WorldRun], steps: int) -> list[str]:

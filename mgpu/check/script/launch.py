@@ -33,13 +33,15 @@ TAIL_LINES = 8
 class RankFailure:
     world: int
     rank: int | None
-    kind: str                  # "crash", "timeout"
+    kind: str                  # "crash", "timeout", "parted" (a rank left the others waiting: meeting.py)
     message: str
     tail: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         where = f"world {self.world}" + ("" if self.rank is None else f", rank {self.rank}")
-        if self.kind == "timeout":
+        if self.kind == "parted":
+            head = f"{where}: {self.message}"
+        elif self.kind == "timeout":
             head = f"{where}: the script did not reach its last recorded step within the timeout ({self.message}): a hang?"
         else:
             head = f"{where}: the script failed: {self.message}"
@@ -58,6 +60,7 @@ class WorldRun:
     seconds: float = 0.0
     started: float = 0.0       # time.time() at the spawn, and when it returned
     ended: float = 0.0
+    exits: list = field(default_factory=list)   # --whole-run: how each rank's script and process ended
 
     @property
     def name(self) -> str:
@@ -113,6 +116,11 @@ def run_world(plan: ScriptCheckPlan, planned: PlannedRun, folder: str, trace_ste
     job = replace(plan.jobs[planned], folder=folder)
     if trace_step:
         job = replace(job, steps=trace_step, trace_step=trace_step, tag=f"{job.tag}-t{trace_step}")
+    if plan.options.whole_run:  # each run in a working folder of its own (apart.py)
+        from mgpu.check.script.apart import run_folder
+
+        workdir, env = run_folder(folder, job.tag, job.cwd, job.args)
+        job = replace(job, workdir=workdir, env=job.env + env)
     timeout = plan.options.timeout
     out = WorldRun(planned.world, planned.run, planned.device, list(job.args), lifted=planned.lift)
     started = time.time()
@@ -120,13 +128,41 @@ def run_world(plan: ScriptCheckPlan, planned: PlannedRun, folder: str, trace_ste
         spawn(run_rank, job, nprocs=planned.world, deadline_s=timeout)
     except LaunchError as e:
         out.failure = _failure(e, planned.world, folder, job.tag, timeout)
+        if plan.options.whole_run:
+            out.failure = _whole_run_failure(out, e, folder, job.tag)
     out.started, out.ended = started, time.time()
     out.seconds = out.ended - started
     if out.failure is None:
         for r in range(planned.world):
             path = os.path.join(folder, f"{job.tag}-rank{r}.pt")
             out.ranks.append(torch.load(path, weights_only=False))
+        if plan.options.whole_run:
+            out.exits = out.exits or [f"rank {r.rank}: the script {r.exit}; the process exited cleanly" for r in out.ranks]
     return out
+
+
+def _whole_run_failure(out: WorldRun, e: LaunchError, folder: str, tag: str) -> RankFailure | None:
+    """Under --whole-run, a failed spawn read again: a rank that left the others waiting (meeting.py's file,
+    or its evidence in the ranks' states after a rank failed on a lost peer) is a "parted" failure; a
+    rank that died after every rank's script had ended and saved its record (torch's gloo at interpreter
+    exit: "terminate called without an active exception") is no failure: the run is judged on its records,
+    and `out.exits` says how each rank exited."""
+    from mgpu.check.script.causes.parted import parted_failure
+
+    failure = out.failure
+    if failure is not None and failure.kind == "timeout":
+        return failure
+    parted = parted_failure(folder, tag, out.world)
+    if parted is not None:
+        return RankFailure(out.world, parted[0], "parted", parted[1], [])
+    # a rank saves its record only after its script has ended (rank.py)
+    if all(os.path.exists(os.path.join(folder, f"{tag}-rank{r}.pt")) for r in range(out.world)):
+        out.exits = [f"rank {r}: the script ended and its record was saved" for r in range(out.world)]
+        out.exits.append(f"then {e.message or str(e).splitlines()[0]} (rank {e.rank}) as the processes exited: "
+                         "after the script's end (with gloo, torch's own shutdown can end a process so: 'terminate "
+                         "called without an active exception'); judged on what the ranks recorded")
+        return None
+    return failure
 
 
 def run_worlds(plan: ScriptCheckPlan, runs: tuple[PlannedRun, ...], progress=None, parallel: int | None = None) -> list[WorldRun]:

@@ -25,11 +25,13 @@ from mgpu.validators import number, positive_int, world_sizes
 
 __all__ = ["ScriptCheckError", "ScriptCheckOptions", "Target", "ScriptRankJob", "PlannedRun", "ScriptCheckPlan", "expand_args",
            "plan_runs", "plan_check", "batch_hint", "PERTURB", "PERTURB_SEED_VARIABLE",
-           "DEFAULT_RANKS", "DEFAULT_STEPS", "DEFAULT_TIMEOUT"]
+           "DEFAULT_RANKS", "DEFAULT_STEPS", "DEFAULT_TIMEOUT", "DEFAULT_EPOCH_STEPS", "WholeRun"]
 
 DEFAULT_RANKS = (1, 2)
 DEFAULT_STEPS = 4
 DEFAULT_TIMEOUT = 300.0
+# --whole-run: each training epoch is cut after this many optimizer steps (--epoch-steps).
+DEFAULT_EPOCH_STEPS = 4
 # Run B's gradients are perturbed by this times (|g| + rms(g)) per element, with random signs: a few
 # float32 roundings, the size of the difference another summation order makes (compare.py).
 PERTURB = 2.0 ** -22
@@ -43,13 +45,25 @@ class ScriptCheckError(MgpuError, ValueError):
 
 
 @dataclass(frozen=True)
+class WholeRun:
+    """The API's `steps=WholeRun(epoch_steps=K)`: the command's `--whole-run --epoch-steps K`: the script run to
+    its own end, each training epoch cut after K optimizer steps (docs/guide/check-script.md, "--whole-run")."""
+
+    epoch_steps: int = DEFAULT_EPOCH_STEPS
+
+
+@dataclass(frozen=True)
 class ScriptCheckOptions:
     """What check-script runs: the world sizes (world 1 always runs), the optimizer steps recorded
-    and compared, and the seconds one run may take (None: no limit)."""
+    and compared, and the seconds one run may take (None: no limit). With `whole_run` the script runs
+    to its own end, each training epoch cut after `epoch_steps` optimizer steps (None: --whole-run's
+    default, DEFAULT_EPOCH_STEPS); `epoch_steps` without `whole_run` is an error."""
 
     ranks: tuple[int, ...] = DEFAULT_RANKS
     steps: int = DEFAULT_STEPS
     timeout: float | None = DEFAULT_TIMEOUT
+    whole_run: bool = False
+    epoch_steps: int | None = None
 
     def validate(self) -> "ScriptCheckOptions":
         """The options as given, or ScriptCheckError naming the bad one (as the command spells it)."""
@@ -60,13 +74,33 @@ class ScriptCheckOptions:
             timeout = number(timeout, "--timeout", "positive seconds", lambda v: v > 0, error=ScriptCheckError)
         else:
             timeout = None  # no limit
-        return ScriptCheckOptions(ranks, self.steps, timeout)
+        epoch_steps = self.epoch_steps
+        if epoch_steps is not None and not self.whole_run:
+            raise ScriptCheckError("--epoch-steps needs --whole-run (without it check-script stops after --steps "
+                                   "optimizer steps and has no epochs to cut)")
+        if self.whole_run:
+            epoch_steps = DEFAULT_EPOCH_STEPS if epoch_steps is None else epoch_steps
+            positive_int(epoch_steps, "--epoch-steps", error=ScriptCheckError)
+        return ScriptCheckOptions(ranks, self.steps, timeout, bool(self.whole_run), epoch_steps)
 
     @classmethod
-    def from_text(cls, ranks: str, steps: str, timeout: str) -> "ScriptCheckOptions":
-        """The options from the command's text (`--ranks 1,2 --steps 4 --timeout 300`), validated."""
+    def of(cls, ranks, steps, timeout) -> "ScriptCheckOptions":
+        """The API's options (`steps` an int, or WholeRun(epoch_steps=K)), validated."""
+        if isinstance(steps, WholeRun):
+            return cls(ranks, DEFAULT_STEPS, timeout, True, steps.epoch_steps).validate()
+        return cls(ranks, steps, timeout).validate()
+
+    @classmethod
+    def from_text(cls, ranks: str, steps: str, timeout: str, whole_run: bool = False,
+                  epoch_steps: str | None = None) -> "ScriptCheckOptions":
+        """The options from the command's text (`--ranks 1,2 --steps 4 --timeout 300 [--whole-run
+        --epoch-steps 4]`), validated."""
         steps_value = int(steps) if steps.strip().isdigit() and int(steps) >= 1 else steps  # else named as typed
-        return cls(world_sizes(ranks, "--ranks", error=ScriptCheckError), steps_value, timeout).validate()
+        epochs_value = epoch_steps
+        if epoch_steps is not None and epoch_steps.strip().isdigit() and int(epoch_steps) >= 1:
+            epochs_value = int(epoch_steps)
+        return cls(world_sizes(ranks, "--ranks", error=ScriptCheckError), steps_value, timeout, whole_run,
+                   epochs_value).validate()
 
     @property
     def worlds(self) -> tuple[int, ...]:
@@ -128,6 +162,8 @@ class ScriptRankJob:
     lift_precision: bool = False   # autocast and FSDP2's mixed precision lifted to float32 (precision.py)
     perturb_seed: int = 0          # which draw of run B's random signs (PERTURB_SEED_VARIABLE)
     trace_step: int = 0            # trace the forwards of this step (tracer.py; locate.py's second run), 0: none
+    epoch_steps: int = 0           # --whole-run: cut each training epoch after this many steps (0: stop after `steps`)
+    workdir: str = ""              # --whole-run: this run's own working folder (apart.py), "" : the launcher's cwd
 
 
 # -- {world_size} in ARGS ------------------------------------------------------------------------------
@@ -284,4 +320,5 @@ def _job(target: Target, options: ScriptCheckOptions, planned: PlannedRun, gpus:
                    f"w{world}{run or 'N'}-{device}{'-lifted' if lift else ''}",
                    perturb=PERTURB if run == "B" else 0.0, threads=max(1, cores // world) if world > 1 else None,
                    env=(("CUDA_VISIBLE_DEVICES", ""),) if device == "cpu" and gpus else (),
-                   exact_gpu_math=device == "cuda", sync_batchnorm=True, lift_precision=lift, perturb_seed=seed)
+                   exact_gpu_math=device == "cuda", sync_batchnorm=True, lift_precision=lift, perturb_seed=seed,
+                   epoch_steps=options.epoch_steps or 0 if options.whole_run else 0)

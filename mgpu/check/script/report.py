@@ -31,18 +31,21 @@ class ScriptReport(CheckReport):
     unreproducible: Divergence | None = None
     seconds: float = 0.0
     timings: dict = field(default_factory=dict)
+    problems: list = field(default_factory=list)     # --whole-run: EpochProblem (causes/epochs.py), failures
+    epoch_steps: int = 0                             # --whole-run's --epoch-steps; 0: not a whole run
 
     @classmethod
     def of(cls, target, options, runs: list, judgement) -> "ScriptReport":
         """The report of a judged check (judge.Judgement); seconds and timings are set by the caller."""
         return cls(target.label(), list(target.args), options.worlds, options.steps, runs=runs,
                    comparisons=judgement.comparisons, failures=judgement.failures, findings=judgement.findings,
-                   notes=judgement.notes, unreproducible=judgement.unreproducible)
+                   notes=judgement.notes, unreproducible=judgement.unreproducible, problems=judgement.problems,
+                   epoch_steps=(options.epoch_steps or 0) if options.whole_run else 0)
 
     # -- verdict -----------------------------------------------------------------------------------
     @property
     def verdict(self) -> Verdict:
-        if self.failures or any(c.status == "fail" for c in self.comparisons):
+        if self.failures or self.problems or any(c.status == "fail" for c in self.comparisons):
             return Verdict.FAILED
         if self.unreproducible is not None or any(c.status == "finding" for c in self.comparisons):
             return Verdict.NOT_VERIFIED
@@ -61,6 +64,8 @@ class ScriptReport(CheckReport):
         for c in self.comparisons:
             if c.status == "fail" and c.first is not None:
                 return f"world {c.world} against world 1: {c.first.describe()}"
+        for p in self.problems:
+            return f"{p.name}: {p.text}"
         if strict and self.findings:
             return f"finding {self.findings[0].name}: {self.findings[0].text}"
         for c in self.comparisons:
@@ -91,11 +96,13 @@ class ScriptReport(CheckReport):
         if self.failures:
             f = self.failures[0]
             where = f"world {f.world}" + ("" if f.rank is None else f", rank {f.rank}")
-            what = "timed out" if f.kind == "timeout" else f"crashed: {f.message}"
+            what = {"timeout": "timed out", "parted": f"parted: {f.message}"}.get(f.kind, f"crashed: {f.message}")
             return f"FAILED: {where} {what} {t}"
         for c in self.comparisons:
             if c.status == "fail":
                 return f"FAILED: world {c.world} parts from world 1 {c.first.describe()} {t}"
+        for p in self.problems:
+            return f"FAILED: {p.name}: {p.text} {t}"
         if self.unreproducible is not None:
             d = self.unreproducible
             cause = d.diagnosis if d.diagnosis.startswith(UNINITIALISED) else "the script is not seeded"
@@ -114,11 +121,20 @@ class ScriptReport(CheckReport):
                     f"asked) {t}")
         who = (f"world {others[0]} computes" if len(others) == 1 else
                f"worlds {', '.join(others[:-1])} and {others[-1]} compute")
-        return f"PASSED: {who} what world 1 computes over {compared} optimizer step(s) {t}"
+        whole = f" over the whole run ({self._epochs_made()} epoch(s), --epoch-steps {self.epoch_steps})" \
+            if self.epoch_steps else ""
+        return f"PASSED: {who} what world 1 computes over {compared} optimizer step(s){whole} {t}"
+
+    def _epochs_made(self) -> int:
+        from mgpu.check.script.causes.epochs import training_passes
+
+        return max((len(training_passes(r.ranks[0])) for r in self.runs if r.world == 1 and r.ranks), default=0)
 
     def text(self) -> str:
+        asked = (f"the whole run, each training epoch cut after {self.epoch_steps} optimizer step(s)"
+                 if self.epoch_steps else f"{self.steps} optimizer step(s) asked")
         lines = [f"mgpu check-script {self.target}{''.join(' ' + a for a in self.args)}: worlds "
-                 f"{', '.join(map(str, self.worlds))}, {self.steps} optimizer step(s) asked"]
+                 f"{', '.join(map(str, self.worlds))}, {asked}"]
         a = next((r for r in self.runs if r.world == 1 and r.run == "A" and r.ranks), None)
         if a is not None:
             recs = a.ranks[0].steps
@@ -128,11 +144,22 @@ class ScriptReport(CheckReport):
                              f"{len(recs[0].grads)} parameter(s), {a.ranks[0].forwards} model forward(s)")
         for f in self.failures:
             lines.append("  " + f.describe())
+        if self.epoch_steps:
+            lines.extend("  " + line for line in self._whole_run_lines())
+        for p in self.problems:
+            lines.append(f"  FAILED {p.name}: {p.text}")
         if self.unreproducible is not None:
             lines.append("  " + self._unreproducible_text())
         for c in self.comparisons:
             lines.append("  " + _comparison_line(c))
             lines.extend(f"    note: {n}" for n in c.notes)
+            every = [label for label in c.compared if not label.endswith("(before step 1)")]
+            for e in c.epochs:
+                said = "; ".join(e["compared"]) or "nothing"
+                if e["compared"] and all(any(x.startswith(label) for label in e["compared"]) for x in every):
+                    said = "every check of a step above"
+                lines.append(f"    epoch {e['epoch']} ({e['steps']}): compared {said}"
+                             + (f"; not compared: {'; '.join(e['not_compared'])}" if e["not_compared"] else ""))
         for f in self.findings:
             lines.append(f"  finding {f.name}: {f.text}")
         lines.extend(f"  note: {n}" for n in self.notes)
@@ -153,7 +180,38 @@ class ScriptReport(CheckReport):
                 "runs": [{"world": r.world, "run": r.run or None, "device": r.device, "args": r.args,
                           "seconds": round(r.seconds, 3), "steps": len(r.ranks[0].steps) if r.ranks else None}
                          for r in self.runs],
-                "seconds": round(self.seconds, 3), "timings": self.timings}
+                "seconds": round(self.seconds, 3), "timings": self.timings,
+                **({"whole_run": self._whole_run_json()} if self.epoch_steps else {})}
+
+    # -- --whole-run ---------------------------------------------------------------------------------
+    def _whole_run_json(self) -> dict:
+        from mgpu.check.script.causes.epochs import epochs_of
+
+        return {"epoch_steps": self.epoch_steps, "problems": [p.to_json() for p in self.problems],
+                "runs": [{"run": r.name, "world": r.world, "epochs": epochs_of(r.ranks[0]) if r.ranks else [],
+                          "evaluation_passes": _evaluation_passes(r), "exits": r.exits} for r in self.runs]}
+
+    def _whole_run_lines(self) -> list[str]:
+        """Each run's epochs (steps, how each ended) and how its ranks exited."""
+        from mgpu.check.script.causes.epochs import epochs_of
+
+        out = []
+        for r in self.runs:
+            if not r.ranks:
+                continue
+            epochs = epochs_of(r.ranks[0])
+            said = "; ".join(f"epoch {e['epoch']} {e['steps']} step(s), {e['ended']}" for e in epochs) or \
+                "no DataLoader fed its steps (a step-based loop: run to the script's own step count)"
+            evaluation = _evaluation_passes(r)
+            out.append(f"{r.name}: {len(r.ranks[0].steps)} optimizer step(s): {said}"
+                       + (f"; {evaluation} evaluation pass(es) (loaders that fed no step, not cut)" if evaluation else ""))
+            if r.exits:
+                out.append(f"  exits: {'; '.join(r.exits)}")
+        return out
+
+
+def _evaluation_passes(run) -> int:
+    return sum(1 for p in getattr(run.ranks[0], "passes", []) if p.epoch is None) if run.ranks else 0
 
 
 def _comparison_line(c: WorldComparison) -> str:
@@ -171,8 +229,19 @@ def _comparison_line(c: WorldComparison) -> str:
     if c.status == "not-compared":
         return f"{head}: not compared: {c.reason}"
     word = "FAILED" if c.status == "fail" else "differs (finding, not a failure)"
+    epoch = next((e["epoch"] for e in c.epochs if c.first.step and _in_steps(c.first.step, e["steps"])), None)
+    word += f" in epoch {epoch}" if epoch is not None else ""
     entered = f"\n    where it enters (step {c.entered.get('step')}): {c.entered['sentence']}" if c.entered else ""
     return f"{head}: {word} {c.first.describe()}" + entered + sensitivity
+
+
+def _in_steps(step: int, text: str) -> bool:
+    """Whether `step` is among steps_text's 'steps 1-4, 7' (compare.per_epoch's epochs)."""
+    for part in text.replace("steps ", "").replace("step ", "").split(", "):
+        a, _, b = part.partition("-")
+        if a.isdigit() and int(a) <= step <= int(b or a):
+            return True
+    return False
 
 
 def timings_of(runs: list, total: float, compare_s: float, setup_s: float) -> dict:

@@ -18,6 +18,9 @@ One module per family of evidence:
     randomness   random draws in the forward or the step, augmentation the check cannot key (NOT_KEYED)
     entry        where a divergence enters the model (locate.py's traced rerun): a module, the loss's
                  reduction, after the backward, the optimizer's step
+    epochs       --whole-run: a shuffling sampler repeating epoch 1's order (set_epoch never called), ranks whose
+                 shards overlap within an epoch; each epoch's steps and how it ended
+    parted       --whole-run: a decision taken on one rank, which left the others waiting in a collective
     facts        ScriptFacts: what the judge learned from every rank's record, which the causes read
 
 (Precision has no cause of its own: the mixed-precision comparison changes the tolerance, not the words.)

@@ -74,6 +74,16 @@ def _leave_process_group() -> None:
             pass
 
 
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+
+
 def run_rank(job: ScriptRankJob) -> dict:
     """Run the script in this rank, recording; save the record; return a summary."""
     rank = int(os.environ.get("RANK", "0"))
@@ -81,14 +91,21 @@ def run_rank(job: ScriptRankJob) -> dict:
     _redirect_output(job.folder, job.tag, rank)
     _fresh_process_state(job)
     os.chdir(job.cwd or os.getcwd())  # the launcher's: the fork server's may be older
+    user_cwd = os.getcwd()
+    if job.workdir:  # --whole-run: this run's own folder (apart.py); TMPDIR is in job.env
+        import tempfile
+
+        os.chdir(job.workdir)
+        tempfile.tempdir = None
     recorder = Recorder(job)
     if job.module:
         sys.argv = [job.module, *job.args]
-        sys.path[0:1] = [os.getcwd()]
+        sys.path[0:1] = [user_cwd]  # python -m finds MODULE from the folder check-script was run from
     else:
         sys.argv = [job.script, *job.args]
         sys.path[0:1] = [os.path.dirname(os.path.abspath(job.script))]
     exit_code = 0
+    how = "returned"
     lift = LiftPrecision() if job.lift_precision else None
     if lift is not None:
         lift.__enter__()
@@ -103,9 +120,10 @@ def run_rank(job: ScriptRankJob) -> dict:
         else:
             runpy.run_path(job.script, run_name="__main__")
     except StopScript:
-        pass
+        how = "stopped after --steps"
     except SystemExit as e:
         exit_code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        how = f"sys.exit({e.code!r})"
         if exit_code:
             if not isinstance(e.code, int):
                 print(e.code, file=sys.stderr)
@@ -124,6 +142,12 @@ def run_rank(job: ScriptRankJob) -> dict:
     result.trace = tracer.trace if tracer is not None else None
     result.lifted = dict(lift.lifted) if lift is not None else {}
     result.timing = RankTiming(started, script_start, script_end, recorder.first_forward, recorder.step_times)
+    result.exit = how
     torch.save(result, os.path.join(job.folder, f"{job.tag}-rank{rank}.pt"))
-    _leave_process_group()
+    if recorder.meeting is not None:  # --whole-run at N ranks: wait on files, never in a collective (meeting.py)
+        recorder.meeting.ended()
+        recorder.meeting.wait_for_all()
+        _destroy_process_group()
+    else:
+        _leave_process_group()
     return {"rank": rank, "steps": len(result.steps)}

@@ -32,20 +32,24 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 import time
 
 import torch
 from torch import nn
 
-from mgpu.check.dropout import DropoutOff, random_layer_modules, stochastic_depth_caller
+from mgpu.check.dropout import random_layer_modules
 from mgpu.check.script.inrank.records import ForwardRecord, RankRecord, StepRecord
 from mgpu.check.script.inrank.batchnorm import SyncedBatchNorm
 from mgpu.check.script.inrank.collectives import CollectiveWatch
-from mgpu.check.script.inrank.draws import RANDOM_FUNCTIONS, DrawWatch, module_generator
+from mgpu.check.script.inrank.draws import DrawWatch, module_generator
 from mgpu.check.script.inrank.evidence import is_setup_step, process_group_size, suspect_values
+from mgpu.check.script.inrank.epochs import EpochWatch, made_at
 from mgpu.check.script.inrank.feeds import FeedWatch
 from mgpu.check.script.inrank.keyed import KeyedData, in_fetch, note
+from mgpu.check.script.inrank.meeting import Meeting
+from mgpu.check.script.inrank.mode import ScriptMode, _Uncounted
 from mgpu.check.script.inrank.names import WRAPPER_SEGMENTS, parameter_names, strip_wrappers
 from mgpu.check.script.inrank.precision import PrecisionSeen
 from mgpu.check.script.plan import ScriptRankJob
@@ -56,6 +60,11 @@ __all__ = ["Recorder", "StopScript", "ScriptMode", "strip_wrappers", "Digest", "
 
 # Ranks other than 0 keep their tensors whole up to this many elements a snapshot; above, digests.
 KEEP_RANK_NUMEL = 1 << 23
+# --whole-run: a rank keeps the gradients and weights of its steps up to this many elements in all; the
+# steps after keep their data, settings and epoch, not their tensors ("light": the report says so). The
+# same count at every world size (the parameters' numel), so world 1 and world N keep the same steps.
+# MGPU_WHOLE_RUN_KEEP_NUMEL sets another bound (read in each rank, whose environment is the launcher's).
+WHOLE_RUN_KEEP_NUMEL = 1 << 27
 
 
 class StopScript(BaseException):
@@ -72,37 +81,6 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if type(t).__name__ == "DTensor" else t
-
-
-class ScriptMode(DropoutOff):
-    """DropoutOff for the whole script, and a count of the random numbers drawn inside a root
-    model's forward (what no switch removes: noise layers, sampling, home-made masks)."""
-
-    def __init__(self, recorder: "Recorder"):
-        super().__init__()
-        self.recorder = recorder
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        rec = self.recorder
-        if func in RANDOM_FUNCTIONS and not rec.quiet and not rec.in_backward() and not (
-                func is torch.Tensor.bernoulli_ and stochastic_depth_caller() is not None):
-            rec.classify_draw(RANDOM_FUNCTIONS[func], args, kwargs or {})
-        if func is torch.Tensor.backward:  # forwards between two backward passes fed one loss (data.py)
-            rec.backwards += 1
-        return super().__torch_function__(func, types, args, kwargs)
-
-
-class _Uncounted:
-    """The recorder's own random draws kept out of the count of the script's."""
-
-    def __init__(self, recorder):
-        self.recorder = recorder
-
-    def __enter__(self):
-        self.saved, self.recorder.quiet = self.recorder.quiet, True
-
-    def __exit__(self, *exc):
-        self.recorder.quiet = self.saved
 
 
 class _Depth(threading.local):
@@ -149,6 +127,18 @@ class Recorder:
         self.batches: list = []                  # dataset indices of each batch delivered since the last step
         self.keyed = KeyedData(os.path.join(job.folder, f"{job.tag}-rank{self.rank}.draws"), self.batches.append,
                                self.draws.outer_states)   # augmentation keyed to the example (keyed.py)
+        # --whole-run: every DataLoader pass and the epochs' cut (epochs.py); at N ranks, the collectives
+        # published and the watcher that names a rank that left the others waiting (meeting.py)
+        self.whole = job.epoch_steps > 0
+        self.trace_step = job.trace_step         # locate.py's traced rerun stops at its step, whole run or not
+        self.epochs = EpochWatch(job.epoch_steps, self.batches) if self.whole else None
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.meeting = Meeting(job.folder, job.tag, self.rank, world, self._progress) \
+            if self.whole and world > 1 else None
+        self.ddp_forward = False                 # a DDP training forward that syncs since the last backward
+        self.step_at = ""                        # the script's line of the last optimizer step
+        self.kept_numel = 0                      # --whole-run: gradient and weight elements kept so far
+        self.keep_bound = int(os.environ.get("MGPU_WHOLE_RUN_KEEP_NUMEL", "") or WHOLE_RUN_KEEP_NUMEL)
 
     # -- hooks --------------------------------------------------------------------------------------
 
@@ -167,8 +157,16 @@ class Recorder:
         self.feeds.install()
         self.draws.install()
         self.keyed.install()
+        if self.epochs is not None:
+            self.epochs.install()   # outermost: a cut batch is never fetched
+        if self.meeting is not None:
+            self.meeting.install()
 
     def uninstall(self) -> None:
+        if self.meeting is not None:
+            self.meeting.uninstall()
+        if self.epochs is not None:
+            self.epochs.uninstall()
         self.keyed.uninstall()  # the reverse of install: keyed wraps what FeedWatch wrapped
         self.draws.uninstall()
         self.feeds.uninstall()
@@ -237,6 +235,9 @@ class Recorder:
             record.root, record.root_name, record.training = key, type(module).__name__, module.training
             record.backwards = self.backwards
             if module.training:
+                if type(module).__name__ == "DistributedDataParallel" and getattr(module, "require_backward_grad_sync",
+                                                                                   True):
+                    self.ddp_forward = True
                 self.draws.state("forward", module_generator(module))
                 self.precision.forward(module)
                 self.depth.root_forward = True
@@ -320,6 +321,10 @@ class Recorder:
         rec.indices = indices  # dataset indices of the batches since the last step (keyed.py)
         if k == 1:
             rec.before = {names[id(p)]: self._keep(_full(p)) for p in params}
+        if self.whole:
+            numel = 2 * sum(p.numel() for p in params)
+            rec.light = self.kept_numel + numel > self.keep_bound and bool(self.records)
+            self.kept_numel += 0 if rec.light else numel
         for i, p in enumerate(params):
             name = names[id(p)]
             g = None if p.grad is None else _full(p.grad)
@@ -328,7 +333,8 @@ class Recorder:
                 g = g + noise
                 with torch.no_grad():
                     _local(p.grad).add_(noise.to(p.grad.device, p.grad.dtype))
-            rec.grads[name] = None if g is None else self._keep(g)
+            if not rec.light:
+                rec.grads[name] = None if g is None else self._keep(g)
         self._current = rec
 
     def _noise(self, g: torch.Tensor, step: int, i: int) -> torch.Tensor:
@@ -355,16 +361,24 @@ class Recorder:
         rec.backwards, rec.process_group = self.backwards, process_group_size()
         params = self._params(optimizer)
         names = self.names[index]
-        rec.after = {names[id(p)]: self._keep(_full(p)) for p in params}
+        rec.after = {} if rec.light else {names[id(p)]: self._keep(_full(p)) for p in params}
         self.counts[index] = rec.step
+        if self.epochs is not None:
+            rec.epoch = self.epochs.stepped() if index == 0 else self.epochs.current()
+            self.step_at = made_at(sys._getframe(1))
         self.records.append(rec)
         self.step_times.append(time.time())
-        if index == 0 and rec.step >= self.steps:
+        if index == 0 and rec.step >= self.steps and (not self.whole or self.trace_step):  # a whole run: its end
             self.stopped = True
             raise StopScript()
 
+    def _progress(self) -> tuple:
+        """(epoch, optimizer steps, the script's line of the last step): what the meeting publishes."""
+        return (self.epochs.current() if self.epochs is not None else None), len(self.records), self.step_at
+
     def result(self) -> RankRecord:
         record = self._record()
+        record.passes = list(self.epochs.passes) if self.epochs is not None else []
         record.randomness = {**self.draws.evidence(), **self.keyed.evidence(), "dropout": dict(self.mode.calls)}
         return record
 

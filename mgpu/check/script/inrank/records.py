@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["ForwardRecord", "StepRecord", "CollectiveCall", "RankTiming", "RankRecord"]
+__all__ = ["ForwardRecord", "StepRecord", "CollectiveCall", "RankTiming", "EpochPass", "RankRecord"]
 
 
 @dataclass
@@ -43,6 +43,8 @@ class StepRecord:
     loaders: tuple = ()                # the DataLoaders iterated by then, each its sampler chain (feeds.py)
     schedulers: list = field(default_factory=list)  # the optimizer's LR schedulers then: type, steps, length, stepped by
     indices: list | None = None        # the dataset indices of the batches fed since the last step (keyed.py)
+    epoch: int | None = None           # --whole-run: the training epoch that fed the step (epochs.py), else None
+    light: bool = False                # --whole-run past the memory bound: no gradients or weights kept
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,24 @@ class RankTiming:
     script_end: float
     first_forward: float | None = None
     steps: list[float] = field(default_factory=list)  # each recorded step's end
+
+
+@dataclass
+class EpochPass:
+    """One pass over a DataLoader (one `iter(loader)`) under --whole-run (epochs.py): which loader, where it
+    was made, its sampler, the sampler's indices in order, and whether it fed optimizer steps (an epoch)."""
+
+    loader: int                # the loader's ordinal in the rank (first iterated: 0)
+    made_at: str               # "train.py:40": where the DataLoader was made
+    sampler: str               # the innermost sampler's class
+    shuffles: bool | None      # the sampler shuffles (None: cannot be told)
+    number: int                # this loader's n-th pass (1-based)
+    epoch: int | None = None   # the training epoch it is (1-based), None: it fed no step (an evaluation)
+    steps: int = 0             # optimizer steps it fed
+    batches: int = 0
+    indices: list = field(default_factory=list)   # the sampler's indices, in order (the first MOST_INDICES)
+    cut: bool = False          # ended by the check after --epoch-steps steps
+    exhausted: bool = False    # ended by its data
 
 
 @dataclass
@@ -90,3 +110,5 @@ class RankRecord:
     world: int = 1
     timing: RankTiming | None = None
     randomness: dict = field(default_factory=dict)  # the script's draws, seeds and keyed fetches (check/script/augment.py)
+    passes: list = field(default_factory=list)      # --whole-run: every DataLoader pass (EpochPass), in order
+    exit: str = ""                             # --whole-run: how the script ended ("returned", "SystemExit(0)")
