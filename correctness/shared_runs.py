@@ -40,7 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Priority of the process and its ranks, as test_reliability_ranks' runs have: they overlap the suite.
 NICE = int(os.environ.get("MGPU_TEST_NICE", "10"))
-# Long enough for every job on a busy machine; each spawn is bounded by helpers.DDP_DEADLINE_S itself.
+# Long enough for every job on a machine no busier than its cores (stretched by the load on a busier one);
+# each spawn is bounded by helpers.DDP_DEADLINE_S (stretched alike) itself.
 WAIT_S = 280.0
 FIGURES_MODULE = "correctness.test_reported_figures"
 PARITY_MODULE = "correctness.test_parity"
@@ -122,9 +123,13 @@ class SharedRuns:
         path.with_suffix(".tmp").write_text("\n".join(self.jobs) + "\n")
         os.replace(path.with_suffix(".tmp"), path)
 
-    def get(self, job: str, wait_s: float = WAIT_S):
+    def get(self, job: str, wait_s: float | None = None):
         """What `job` returned, once written; an exception naming what went wrong where it failed (the
         job's own error, or the process's log's end when it died without one)."""
+        if wait_s is None:
+            from correctness.helpers import load_stretched
+
+            wait_s = load_stretched(WAIT_S)
         path, end = self.folder / f"{job}.pkl", time.monotonic() + wait_s
         if not path.exists():
             self._hurry()
