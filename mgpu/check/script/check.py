@@ -1,4 +1,4 @@
-"""check-script's API: the stages in order (plan -> run -> judge -> locate -> report) for a script or a
+"""check-script's API: the stages in order (plan -> run -> judge -> confirm -> locate -> report) for a script or a
 module and its ARGS, and the report, or for a test the report's verdict as an exception.
 
     >>> from mgpu.scriptcheck import check_script
@@ -30,6 +30,7 @@ def run_check_script(script: str | None = None, args=(), ranks=DEFAULT_RANKS, st
 
 def check_with(target: Target, options: ScriptCheckOptions, progress=None):
     """plan -> run -> judge -> report, for a target and validated options (the command's way in)."""
+    from mgpu.check.script.confirm import confirm_in_float64
     from mgpu.check.script.judge import judge
     from mgpu.check.script.launch import run_checked
     from mgpu.check.script.locate import locate_failures
@@ -43,11 +44,15 @@ def check_with(target: Target, options: ScriptCheckOptions, progress=None):
     judged_at = time.time()
     judgement = judge(plan, runs)
     compare_s = time.time() - judged_at
+    # A trajectory that parts by no factor of the world size, computed again in float64: rounding or the loop?
+    confirm_s = confirm_in_float64(plan, runs, judgement)
     # Only a comparison that failed at a gradient or a weight: a second, traced run says where it enters.
     locate_s = locate_failures(plan, runs, judgement.comparisons)
     report = ScriptReport.of(plan.target, options, runs, judgement)
     report.seconds = time.time() - started
     report.timings = timings_of(runs, report.seconds, compare_s, setup)
+    if confirm_s:
+        report.timings["confirm"] = round(confirm_s, 3)
     if locate_s:
         report.timings["locate"] = round(locate_s, 3)
     return report

@@ -25,10 +25,12 @@ the divergence, the others are reported with it (`later`). A divergence of the t
 back to the first step where something drifted without failing (optimizer.py's drifts).
 
 **The tolerance** is the check core's rule (mgpu/check/tolerance.py; docs/guide/check-script.md),
-with check-script's spread: world 1 runs twice, A, and B, whose every gradient the optimizer uses
-is moved by `PERTURB * (|g| + rms(g))` per element with random signs (launch.PERTURB = 2^-22, two
-float32 roundings): a difference of the size that another summation order makes, which is what
-averaging shards over ranks changes. B's distance from A, tensor by tensor and step by step, is how
+with check-script's spread: world 1 runs twice, A, and B, whose parameters (when first called), leaf
+modules' output gradients (in the backward) and every gradient the optimizer uses are moved by
+`PERTURB * (|g| + rms(g))` per element with random signs (launch.PERTURB = 2^-22, two float32
+roundings; inrank/spread.py): a difference of the size that another summation order makes, which is
+what averaging shards over ranks changes. What rounding carries further than B shows (a kink crossed)
+the confirm stage tells from the loop in float64 (confirm.py). B's distance from A, tensor by tensor and step by step, is how
 far this computation carries such a difference. The floor's scale is the largest element of the
 tensor's module; it covers step 1's gradients, which B cannot perturb before they are computed.
 Bitwise between ranks of one world: they apply the same gradients.

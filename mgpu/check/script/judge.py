@@ -23,7 +23,7 @@ from mgpu.check.script.compare import ScriptFacts, WorldComparison, compare_worl
 from mgpu.check.script.launch import RankFailure, WorldRun
 from mgpu.check.script.plan import ScriptCheckPlan, ScriptCheckError, Target
 
-__all__ = ["Judgement", "judge", "findings_of"]
+__all__ = ["Judgement", "judge", "findings_of", "world_1_references"]
 
 ZERO_GRADIENT_WORDS = ZeroGradientWords("world 1 recorded", "step(s)", "passes any comparison of gradients, so this "
                                         "one checked little")
@@ -47,7 +47,7 @@ def judge(plan: ScriptCheckPlan, runs: list[WorldRun]) -> Judgement:
     then world 1 against itself and each world N against world 1 (compare.py)."""
     target, options = plan.target, plan.options
     out = Judgement(failures=[r.failure for r in runs if r.failure is not None])
-    by_kind = _references(runs)
+    by_kind = world_1_references(runs)
     a_runs = [r for r in runs if r.world == 1 and r.run == "A" and r.failure is None and not r.lifted]
     if a_runs and not a_runs[0].ranks[0].steps:
         _nothing_stepped(target, a_runs[0])
@@ -119,7 +119,7 @@ def _world_1_notes(a_runs: list[WorldRun], steps: int) -> list[str]:
     return notes
 
 
-def _references(runs: list[WorldRun]) -> dict[tuple[str, bool], dict[str, WorldRun]]:
+def world_1_references(runs: list[WorldRun]) -> dict[tuple[str, bool], dict[str, WorldRun]]:
     """(device, lifted) -> world 1's runs that world N of that kind is compared with: "A", the
     reference, and "B", whose distance from A is the spread. Where world 1 was lifted to float32
     (plan.plan_runs), the runs as run have no B of their own: their spread is A lifted, the distance
@@ -137,7 +137,7 @@ def _references(runs: list[WorldRun]) -> dict[tuple[str, bool], dict[str, WorldR
 def _precision_label(run: WorldRun) -> str:
     """What the comparison's arithmetic was: '' for float32 as run, else a few words. A run below
     float32 is always compared lifted as well (launch.run_checked), and as run with world 1 lifted as
-    its spread (_references)."""
+    its spread (world_1_references)."""
     if run.lifted:
         lifted = run.ranks[0].lifted if run.ranks else {}
         return f"float32, {', '.join(sorted(lifted)) or 'mixed precision'} lifted"

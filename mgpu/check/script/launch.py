@@ -61,11 +61,12 @@ class WorldRun:
     started: float = 0.0       # time.time() at the spawn, and when it returned
     ended: float = 0.0
     exits: list = field(default_factory=list)   # --whole-run: how each rank's script and process ended
+    float64: bool = False      # the script computed in float64 (confirm.py)
 
     @property
     def name(self) -> str:
         return (f"world {self.world}" + {"A": "", "B": " (rerun)", "": ""}[self.run] +
-                (" [float32, mixed precision lifted]" if self.lifted else ""))
+                (" [float32, mixed precision lifted]" if self.lifted else "") + (" [float64]" if self.float64 else ""))
 
 
 # -- running -------------------------------------------------------------------------------------------
@@ -105,9 +106,11 @@ def _failure(e: LaunchError, world: int, folder: str, tag: str, timeout: float |
     return RankFailure(world, rank, "crash", first, tail)
 
 
-def run_world(plan: ScriptCheckPlan, planned: PlannedRun, folder: str, trace_step: int = 0) -> WorldRun:
+def run_world(plan: ScriptCheckPlan, planned: PlannedRun, folder: str, trace_step: int = 0,
+              float64: bool = False) -> WorldRun:
     """One planned run (plan.PlannedRun), as its ScriptRankJob says: every rank spawned, its record loaded, or
-    its failure. With trace_step k: up to step k, whose forwards are traced (locate.py)."""
+    its failure. With trace_step k: up to step k, whose forwards are traced (locate.py). With float64: the
+    script computed in float64 (confirm.py)."""
     import torch
 
     from mgpu.launch import spawn
@@ -116,13 +119,15 @@ def run_world(plan: ScriptCheckPlan, planned: PlannedRun, folder: str, trace_ste
     job = replace(plan.jobs[planned], folder=folder)
     if trace_step:
         job = replace(job, steps=trace_step, trace_step=trace_step, tag=f"{job.tag}-t{trace_step}")
+    if float64:
+        job = replace(job, float64=True, tag=f"{job.tag}-f64")
     if plan.options.whole_run:  # each run in a working folder of its own (apart.py)
         from mgpu.check.script.apart import run_folder
 
         workdir, env = run_folder(folder, job.tag, job.cwd, job.args)
         job = replace(job, workdir=workdir, env=job.env + env)
     timeout = plan.options.timeout
-    out = WorldRun(planned.world, planned.run, planned.device, list(job.args), lifted=planned.lift)
+    out = WorldRun(planned.world, planned.run, planned.device, list(job.args), lifted=planned.lift, float64=float64)
     started = time.time()
     try:
         spawn(run_rank, job, nprocs=planned.world, deadline_s=timeout)

@@ -164,6 +164,7 @@ class ScriptRankJob:
     trace_step: int = 0            # trace the forwards of this step (tracer.py; locate.py's second run), 0: none
     epoch_steps: int = 0           # --whole-run: cut each training epoch after this many steps (0: stop after `steps`)
     workdir: str = ""              # --whole-run: this run's own working folder (apart.py), "" : the launcher's cwd
+    float64: bool = False          # the script computed in float64 (inrank/float64.py; confirm.py's runs)
 
 
 # -- {world_size} in ARGS ------------------------------------------------------------------------------

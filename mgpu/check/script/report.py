@@ -267,4 +267,5 @@ def _timing_line(t: dict) -> str:
     return (f"{t['total']:.1f} s: {len(runs)} run(s) {sum(r['seconds'] for r in runs):.1f} s (launching ranks "
             f"{sums['launch']:.1f}, script to its first forward {sums['to_first_forward']:.1f}, recorded steps "
             f"{sums['steps']:.1f}, stopping {sums['stop']:.1f}), comparison {t['compare']:.1f}, set-up {t['setup']:.1f}"
+            + (f", confirming in float64 {t['confirm']:.1f}" if t.get("confirm") else "")
             + (f", locating the divergence (traced runs) {t['locate']:.1f}" if t.get("locate") else ""))

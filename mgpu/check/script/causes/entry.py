@@ -26,6 +26,11 @@ def after_backward(c: float, f: float | None, n: int, kind: str) -> tuple[str, s
         return "after-backward", ("; the optimizer's gradients differ from world 1's by no common factor: it enters "
                                   "after the backward reached the output (a gradient clipped, scaled or reduced per "
                                   "parameter)")
+    if _close(f, 1.0) and (_close(c, n) or _close(c, 1.0)):
+        return "backward", (f"; {'averaged' if _close(c, n) else 'summed'} over the {n} ranks, that makes the optimizer's "
+                            f"gradients {f:.3f} x world 1's: the loss weighs each example as world 1's does (its "
+                            "reduction is right); the difference is smaller than any factor and is made in the "
+                            "backward's sums over the examples (another summation order) or by a small weight per rank")
     if _close(f, c / n):
         return "loss", (f"; averaged over the {n} ranks (as DDP does), that makes the optimizer's gradients {f:.3f} x "
                         f"world 1's: the loss's reduction (each rank's loss must weigh its examples {n} x as world 1's "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from mgpu.check.script.causes.collectives import collective_gradients
 from mgpu.check.script.causes.randomness import explained
-from mgpu.check.script.tensors import FACTOR_AGREE, common_factor, name_factor
+from mgpu.check.script.tensors import FACTOR_AGREE, RESIDUAL, common_factor, name_factor
 
 __all__ = ["gradient_diagnosis", "FACTOR_CAUSES", "ranks_apart", "missing_in_optimizer", "unused_parameter", "traced"]
 
@@ -28,8 +28,9 @@ def gradient_diagnosis(got: dict, ref: dict, n: int, sd, facts) -> str:
     """Why world N's gradients (got, name -> tensor) part from world 1's (ref); sd: the step's data
     (data.StepData: forwards and micro-batches), facts: facts.ScriptFacts."""
     c = common_factor(got, ref)
-    if c is not None and abs(c - 1) <= FACTOR_AGREE:
-        c = None  # world 1's gradients, only further off than rounding: no factor to name
+    near_one = c is not None and abs(c - 1) <= FACTOR_AGREE
+    if near_one:
+        c = None  # world 1's gradients, only further off than the tolerance: no factor to name
     if c is not None:
         name = name_factor(c, n)
         if name:
@@ -42,6 +43,12 @@ def gradient_diagnosis(got: dict, ref: dict, n: int, sd, facts) -> str:
     extra = explained(facts)
     if extra:
         return extra
+    if near_one:
+        return (f"every gradient is world 1's to within {RESIDUAL:.0%} (no factor of the world size), yet further "
+                "apart than the tolerance: a small difference, made in the backward's sums over the examples (another "
+                "summation order, whose rounding world 1's rerun showed smaller than it is here) or a small weight "
+                "that differs per rank (a count that differs a little between the ranks' shards, a term or epsilon "
+                "added per rank)")
     micro = max(sd.micro_n) if sd.micro_n else 1
     if micro > 1 or sd.micro_1 > 1:
         return (f"the gradients differ by no common factor, and the step accumulated {sd.micro_1} micro-batch(es) "

@@ -9,6 +9,7 @@ import torch
 
 from mgpu.check.dropout import DropoutOff, stochastic_depth_caller
 from mgpu.check.script.inrank.draws import RANDOM_FUNCTIONS
+from mgpu.check.script.inrank.float64 import promote
 
 __all__ = ["ScriptMode"]
 
@@ -23,6 +24,8 @@ class ScriptMode(DropoutOff):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         rec = self.recorder
+        if rec.float64:  # confirm.py's runs: an op mixing float32 with float64 computes in float64
+            args, kwargs = promote(func, args, kwargs or {})
         if func in RANDOM_FUNCTIONS and not rec.quiet and not rec.in_backward() and not (
                 func is torch.Tensor.bernoulli_ and stochastic_depth_caller() is not None):
             rec.classify_draw(RANDOM_FUNCTIONS[func], args, kwargs or {})

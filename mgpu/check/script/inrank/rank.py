@@ -14,6 +14,7 @@ import torch
 
 from mgpu.check.script.inrank.records import RankTiming
 from mgpu.check.script.plan import ScriptRankJob
+from mgpu.check.script.inrank.float64 import Float64Lift
 from mgpu.check.script.inrank.precision import LiftPrecision
 from mgpu.check.script.inrank.recorder import Recorder, StopScript
 from mgpu.check.script.inrank.tracer import Tracer
@@ -109,6 +110,9 @@ def run_rank(job: ScriptRankJob) -> dict:
     lift = LiftPrecision() if job.lift_precision else None
     if lift is not None:
         lift.__enter__()
+    wide = Float64Lift() if job.float64 else None  # confirm.py's runs (float64.py)
+    if wide is not None:
+        wide.__enter__()
     recorder.install()
     tracer = Tracer(job.trace_step) if job.trace_step else None  # locate.py's second run only
     if tracer is not None:
@@ -134,6 +138,8 @@ def run_rank(job: ScriptRankJob) -> dict:
         recorder.uninstall()
         if lift is not None:
             lift.__exit__(None, None, None)
+        if wide is not None:
+            wide.__exit__(None, None, None)
         sys.stdout.flush()
         sys.stderr.flush()
     script_end = time.time()

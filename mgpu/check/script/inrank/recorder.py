@@ -23,9 +23,10 @@ record (torch.save, to the launcher's temporary folder), leaves a process group 
 behind (barrier, destroy) and returns. A script that ends before K steps saves what it made.
 
 Run B of world 1 (job.perturb > 0) adds a rounding-sized perturbation to every parameter when its
-model is first called (after its digest is taken, `init_digests`) and to every gradient before the
-optimizer uses it (after recording it): the spread between the two world-1 runs is how far this
-computation carries differences of the size that another summation order makes (compare.py).
+model is first called (after its digest is taken, `init_digests`), to every leaf module's output
+gradient in the backward of a training forward, and to every gradient before the optimizer uses it
+(after recording it): the spread between the two world-1 runs is how far this computation carries
+differences of the size that another summation order makes (spread.py, compare.py).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from mgpu.check.script.inrank.precision import PrecisionSeen
 from mgpu.check.script.plan import ScriptRankJob
 from mgpu.check.script.inrank.inputs import Digest, call_kwargs, data_record, tensor_digest
 from mgpu.check.script.inrank.settings import settings_of
+from mgpu.check.script.inrank.spread import noisy_output, rounding_noise
 
 __all__ = ["Recorder", "StopScript", "ScriptMode", "strip_wrappers", "Digest", "tensor_digest", "WRAPPER_SEGMENTS"]
 
@@ -138,6 +140,8 @@ class Recorder:
         self.ddp_forward = False                 # a DDP training forward that syncs since the last backward
         self.step_at = ""                        # the script's line of the last optimizer step
         self.kept_numel = 0                      # --whole-run: gradient and weight elements kept so far
+        self.float64 = job.float64               # confirm.py's runs: the script computed in float64 (float64.py)
+        self.leaf_outputs = 0                    # run B: leaf module outputs given noise in the backward (spread.py)
         self.keep_bound = int(os.environ.get("MGPU_WHOLE_RUN_KEEP_NUMEL", "") or WHOLE_RUN_KEEP_NUMEL)
 
     # -- hooks --------------------------------------------------------------------------------------
@@ -244,8 +248,14 @@ class Recorder:
             self.pending.append(record)
             self.forwards += 1
 
-    def _post_forward(self, module, args, output) -> None:
+    def _post_forward(self, module, args, output):
         d = self.depth
+        noisy = None
+        if self.perturb and d.root_forward and not self.stopped and next(module.children(), None) is None:
+            # run B: each term the backward's sums over the examples add carries a rounding (spread.py)
+            self.leaf_outputs += 1
+            with _Uncounted(self):
+                noisy = noisy_output(output, self.perturb, 7_919 * self.perturb_seed + self.leaf_outputs, self.float64)
         if d.value:
             d.value -= 1
             if d.value == 0 and d.root_forward:
@@ -253,6 +263,7 @@ class Recorder:
                 self.precision.output(output)
             if d.stack:
                 d.stack.pop()
+        return noisy
 
     def _survey(self, root: nn.Module) -> None:
         """What a root model holds that the check must know about: un-synchronised BatchNorm in
@@ -338,16 +349,10 @@ class Recorder:
         self._current = rec
 
     def _noise(self, g: torch.Tensor, step: int, i: int) -> torch.Tensor:
-        """A rounding-sized difference: perturb * (|g| + rms(g)) per element, random sign (drawn from a
-        generator of its own, uncounted: not the script's randomness). perturb is in float32's units
-        (launch.PERTURB: two float32 roundings); a tensor of a lower precision (a model cast whole to
-        bf16) gets as many roundings of its own dtype, since float32's would round away."""
-        gen = torch.Generator().manual_seed(1_000_003 * step + i + 7_919 * self.perturb_seed)
+        """Run B's rounding-sized difference for parameter i at step `step` (spread.py), drawn uncounted:
+        not the script's randomness."""
         with _Uncounted(self):
-            sign = (torch.randint(0, 2, tuple(g.shape), generator=gen).to(g.dtype) * 2 - 1).to(g.device)
-        rms = g.double().pow(2).mean().sqrt().item() if g.numel() else 0.0
-        ulps = torch.finfo(g.dtype).eps / torch.finfo(torch.float32).eps if g.is_floating_point() else 1.0
-        return (self.perturb * max(1.0, ulps) * (g.abs() + rms) * sign).to(g.dtype)
+            return rounding_noise(g, self.perturb, 1_000_003 * step + i + 7_919 * self.perturb_seed, self.float64)
 
     def _post_step(self, optimizer, args, kwargs) -> None:
         if self.stopped:
