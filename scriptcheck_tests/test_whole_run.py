@@ -198,6 +198,11 @@ def test_ranks_whose_shards_overlap_are_counted_against_world_1():
     assert "2 of world 1's not trained on" in problems[0].text, problems[0].text
     disjoint = _run(2, [[_pass(1, [0, 2, 4, 6])], [_pass(1, [1, 3, 5, 7])]])
     assert shards_apart(disjoint, world_1) == [], "a DistributedSampler's disjoint shards"
+    # num_replicas=2 x the world size: each rank a quarter of world 1's examples, no overlap, half missing
+    quarter = _run(2, [[_pass(1, [0, 4])], [_pass(1, [1, 5])]])
+    problems = shards_apart(quarter, _run(1, [[_pass(1, [0, 2, 4, 6])]]))
+    assert len(problems) == 1 and "miss examples" in problems[0].text, problems
+    assert "2 of world 1's 4 example(s) not trained on by any rank" in problems[0].text, problems[0].text
 
 
 # -- torch's own exit (no run) ----------------------------------------------------------------------------

@@ -82,7 +82,8 @@ def same_order(runs) -> list[EpochProblem]:
 def shards_apart(run_n, run_1) -> list[EpochProblem]:
     """Within each epoch at world N: examples that more than one rank trained on (where each rank's own
     indices are distinct: a sampler without replacement), and examples of world 1's epoch that no rank of
-    world N trained on (over the steps both made). One problem per world, the epochs listed."""
+    world N trained on (over the steps both made), with or without an overlap (a sampler sharded over more
+    replicas than ranks misses half the data and overlaps nowhere). One problem per world, the epochs listed."""
     if run_1 is None or not run_1.ranks:
         return []
     ref = {p.epoch: p for p in training_passes(run_1.ranks[0])}
@@ -98,9 +99,14 @@ def shards_apart(run_n, run_1) -> list[EpochProblem]:
         if shared:
             parts.append(f"epoch {e}: {shared} example(s) trained on by more than one rank (of {len(counts)} "
                          f"distinct), {missing} of world 1's not trained on by any rank")
+        elif missing:
+            parts.append(f"epoch {e}: {missing} of world 1's {len(set(ref[e].indices))} example(s) not trained on "
+                         f"by any rank (the shards do not overlap; together they hold {len(counts)})")
     if not parts:
         return []
+    overlap = any("more than one rank" in part for part in parts)
     return [EpochProblem("shards", (
-        f"at world {run_n.world} the ranks' shards overlap: {'; '.join(parts)} (from the samplers' indices): each "
-        "rank must train on its own share of the examples: a DistributedSampler (num_replicas=world size, "
-        "rank=rank, one seed on every rank), or a sampler sharded by rank"))]
+        f"at world {run_n.world} the ranks' shards {'overlap' if overlap else 'miss examples'}: {'; '.join(parts)} "
+        "(from the samplers' indices): each rank must train on its own share of the examples, and the shares "
+        "together on world 1's: a DistributedSampler (num_replicas=world size, rank=rank, one seed on every "
+        "rank), or a sampler sharded by rank"))]
