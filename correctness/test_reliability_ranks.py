@@ -32,7 +32,7 @@ from typing import Callable
 
 import pytest
 
-from correctness.helpers import COMPARISON_KIND, TINY, assert_trained, check_run_outputs, weights_config
+from correctness.helpers import COMPARISON_KIND, TINY, assert_trained, check_run_outputs, load_stretched, weights_config
 from correctness.processes import IDLE_S, cpu_seconds
 from mgpu import devices as devmod
 from mgpu import launch
@@ -203,7 +203,7 @@ class Run:
         SETTLE_S stretched by the load (a forkserver wakes to its parent's exit only when scheduled: beside
         a load of 7 per core, one was still alive 2 s after its run had exited)."""
         if settle_s is None:
-            settle_s = SETTLE_S * min(10.0, max(1.0, os.getloadavg()[0] / len(devmod.usable_cores())))
+            settle_s = load_stretched(SETTLE_S)
         end = time.monotonic() + settle_s
         while True:
             found = []

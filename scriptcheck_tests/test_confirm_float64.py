@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mgpu.check.script.inrank.float64 import Float64Lift, promote
-from mgpu.check.script.inrank.spread import noisy_output, rounding_noise
+from mgpu.check.script.inrank.spread import noise_output_gradients, rounding_noise
 from mgpu.scriptcheck import run_check_script
 from scriptcheck_tests.shared import WORLD_SIZE_FACTOR, shared_report
 
@@ -85,15 +85,18 @@ def test_under_the_lift_a_model_is_built_and_computes_in_float64():
     assert {p.dtype for p in model.parameters()} == {torch.float64}, "a model built under the lift is not float64"
 
 
-def test_run_bs_output_gradient_noise_is_rounding_sized_and_leaves_the_forward_alone():
+def test_run_bs_output_gradient_noise_is_rounding_sized_and_reaches_the_module_through_an_inplace_op():
     x = torch.randn(64, 16, dtype=torch.float64, requires_grad=True)  # float64: the bound below is not rounded
     y = x * 3.0
-    noisy = noisy_output(y, 2.0 ** -22, seed=5)
-    torch.testing.assert_close(noisy, y, rtol=0, atol=0, msg="run B's noise changed a forward value")
+    before = y.detach().clone()
+    noise_output_gradients(y, 2.0 ** -22, seed=5)
+    torch.testing.assert_close(y, before, rtol=0, atol=0, msg="run B's noise changed a forward value")
+    out = torch.relu_(y)  # the script changes the module's output in place after it returned
     grad = torch.randn(64, 16, dtype=torch.float64)
-    (got,) = torch.autograd.grad(noisy, x, grad)
-    moved = (got - 3.0 * grad).abs()
-    bound = 3.0 * 2.0 ** -22 * (grad.abs() + grad.pow(2).mean().sqrt()) * 1.001
+    (got,) = torch.autograd.grad(out, x, grad)
+    passed = (before > 0).double() * grad   # the gradient at the module's output, before the noise
+    moved = (got - 3.0 * passed).abs()
+    bound = 3.0 * 2.0 ** -22 * (passed.abs() + passed.pow(2).mean().sqrt()) * 1.001
     assert bool((moved <= bound).all()) and float(moved.max()) > 0, (
         f"the output gradient moved by {float(moved.max()):.2e}, not by rounding size (at most {float(bound.max()):.2e})")
     again = rounding_noise(grad, 2.0 ** -22, seed=5)

@@ -56,7 +56,7 @@ from mgpu.check.script.inrank.precision import PrecisionSeen
 from mgpu.check.script.plan import ScriptRankJob
 from mgpu.check.script.inrank.inputs import Digest, call_kwargs, data_record, tensor_digest
 from mgpu.check.script.inrank.settings import settings_of
-from mgpu.check.script.inrank.spread import noisy_output, rounding_noise
+from mgpu.check.script.inrank.spread import noise_output_gradients, rounding_noise
 
 __all__ = ["Recorder", "StopScript", "ScriptMode", "strip_wrappers", "Digest", "tensor_digest", "WRAPPER_SEGMENTS"]
 
@@ -248,14 +248,12 @@ class Recorder:
             self.pending.append(record)
             self.forwards += 1
 
-    def _post_forward(self, module, args, output):
+    def _post_forward(self, module, args, output) -> None:
         d = self.depth
-        noisy = None
         if self.perturb and d.root_forward and not self.stopped and next(module.children(), None) is None:
             # run B: each term the backward's sums over the examples add carries a rounding (spread.py)
             self.leaf_outputs += 1
-            with _Uncounted(self):
-                noisy = noisy_output(output, self.perturb, 7_919 * self.perturb_seed + self.leaf_outputs, self.float64)
+            noise_output_gradients(output, self.perturb, 7_919 * self.perturb_seed + self.leaf_outputs, self.float64)
         if d.value:
             d.value -= 1
             if d.value == 0 and d.root_forward:
@@ -263,7 +261,6 @@ class Recorder:
                 self.precision.output(output)
             if d.stack:
                 d.stack.pop()
-        return noisy
 
     def _survey(self, root: nn.Module) -> None:
         """What a root model holds that the check must know about: un-synchronised BatchNorm in

@@ -8,7 +8,7 @@ back through the batch statistics of a BatchNorm. Such a sum's rounding is a few
 it adds, not of its result: a conv bias's gradient that is the small remainder of 10^4 terms of both
 signs moves, under another order, by far more than its own last place. So run B moves
 
-* every leaf module's output gradient, in the backward (`noisy_output`): each term of every sum
+* every leaf module's output gradient, in the backward (`noise_output_gradients`): each term of every sum
   over the examples carries a rounding-sized difference, as another order's partial sums would;
 * every parameter when its model is first called, and every gradient before the optimizer uses it
   (recorder.py): the rounding of the steps before carried into the next.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["rounding_noise", "noisy_output"]
+__all__ = ["rounding_noise", "noise_output_gradients"]
 
 
 def rounding_noise(t: torch.Tensor, perturb: float, seed: int, own_units: bool = False) -> torch.Tensor:
@@ -39,34 +39,13 @@ def rounding_noise(t: torch.Tensor, perturb: float, seed: int, own_units: bool =
     return (perturb * ulps * (work.abs() + rms) * sign).to(t.dtype)
 
 
-class _BackwardNoise(torch.autograd.Function):
-    """The identity forward (a copy: the script may change it in place, an inplace ReLU after it); its
-    backward adds rounding noise to the gradient flowing through."""
-
-    @staticmethod
-    def forward(ctx, x, perturb, seed, own_units):
-        ctx.perturb, ctx.seed, ctx.own_units = perturb, seed, own_units
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        if grad is None:
-            return None, None, None, None
-        return grad + rounding_noise(grad, ctx.perturb, ctx.seed, ctx.own_units), None, None, None
-
-
-def noisy_output(output, perturb: float, seed: int, own_units: bool = False):
-    """A leaf module's output with noise on its gradient: each floating tensor that autograd tracks
-    (a tensor, or one in a tuple or list), the rest as they are; None where nothing changes (the
-    forward hook then keeps the module's own output)."""
-    def wrap(t, k):
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad:
-            return _BackwardNoise.apply(t, perturb, seed * 31 + k, own_units)
-        return t
-
-    if isinstance(output, torch.Tensor):
-        return wrap(output, 0) if output.is_floating_point() and output.requires_grad else None
-    if isinstance(output, (tuple, list)) and any(isinstance(t, torch.Tensor) and t.requires_grad for t in output):
-        wrapped = [wrap(t, k) for k, t in enumerate(output)]
-        return type(output)(wrapped) if type(output) in (tuple, list) else None
-    return None
+def noise_output_gradients(output, perturb: float, seed: int, own_units: bool = False) -> None:
+    """Rounding noise on the gradient that reaches a leaf module's output in the backward: a hook on each
+    floating tensor of it that autograd tracks (a tensor, or one in a tuple or list). The forward is left
+    as it is, and nothing is copied: a tensor hook fires with the gradient of the value the module
+    returned, even where the script changes it in place after (an inplace ReLU)."""
+    tensors = output if isinstance(output, (tuple, list)) else (output,)
+    for k, t in enumerate(tensors):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad and t.grad_fn is not None:
+            t.register_hook(lambda grad, k=k: None if grad is None else
+                            grad + rounding_noise(grad, perturb, seed * 31 + k, own_units))
