@@ -294,3 +294,34 @@ def test_the_causes_are_loaded_by_the_judging_side_only():
     offenders = {m: sorted(t for t in ts if _within(t, CAUSES)) for m, ts in _imports().items() if _within(m, INRANK)}
     offenders = {m: ts for m, ts in offenders.items() if ts}
     assert not offenders, f"in-rank modules import the causes: {offenders}"
+
+
+# A process's exit code is assigned in mgpu/errors.py's table alone. Left out, each for its reason: the gate's
+# worker runs against a baseline tree's mgpu, which may predate the table; a rank's os._exit when its launcher
+# died, and faults.py's simulated crash, are not a command's answer.
+EXIT_CODE_EXEMPT = {"mgpu_perf/gate/worker.py", "mgpu/launch.py:_exit", "mgpu/faults.py:_exit"}
+
+
+def test_exit_codes_are_assigned_in_mgpu_errors_alone():
+    misplaced = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = str(path.relative_to(ROOT))
+            if rel in ("mgpu/errors.py", *EXIT_CODE_EXEMPT):
+                continue
+            for node in ast.walk(_parsed(path)):
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and type(node.value.value) is int:
+                    names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+                    misplaced += [f"{rel}:{node.lineno}: {n} = {node.value.value}" for n in names
+                                  if n.startswith("EXIT_") or n.endswith("_EXIT")]
+                if isinstance(node, ast.FunctionDef) and node.name.endswith(("main", "command")):
+                    misplaced += [f"{rel}:{r.lineno}: {node.name} returns {r.value.value}" for r in ast.walk(node)
+                                  if isinstance(r, ast.Return) and isinstance(r.value, ast.Constant)
+                                  and type(r.value.value) is int]
+                if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                        and type(node.args[0].value) is int:
+                    name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                    if name in ("exit", "SystemExit", "_exit") and f"{rel}:{name}" not in EXIT_CODE_EXEMPT:
+                        misplaced.append(f"{rel}:{node.lineno}: {name}({node.args[0].value})")
+    assert not misplaced, ("exit codes assigned outside mgpu/errors.py's table (use its EXIT_* names):\n  "
+                           + "\n  ".join(misplaced))

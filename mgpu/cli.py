@@ -11,7 +11,7 @@
     python -m mgpu history .benchmarks --html history.html               # saved runs over commits (docs/guide/history.md)
 
 Every mistake a user can make ends in one line on stderr, `mgpu: error: ...`, and exit code 2.
-Exit codes (docs/guide/failures.md lists every case):
+Exit codes (mgpu/errors.py assigns them; docs/guide/failures.md lists every case):
 
     0    the run finished; check, check-script: PASSED (findings do not count unless --strict:
          docs/guide/check.md), or NOT VERIFIED with --accept-not-verified;
@@ -23,6 +23,7 @@ Exit codes (docs/guide/failures.md lists every case):
     3    check, check-script: NOT VERIFIED: nothing differed, but too little was compared to say so
          (comparisons skipped, an unseeded script, gradients all zero)
     4    history: a suspected slowdown that no gate confirmed (1: one the A/B gate confirmed, --confirm)
+    6    the counted baseline (pytest --counts-check FILE): an entry of another torch or device
     130  interrupted by Ctrl-C (SIGINT); 143 stopped by SIGTERM; every rank is stopped first
 """
 
@@ -34,7 +35,7 @@ import sys
 from mgpu.config import (AMP_MODES, DATA_NAMES, DEVICE_KINDS, EXACT_GPU_MATH_ENV, MODEL_NAMES,
                          NONFINITE_POLICIES, RESHARD_MODES, SHARD_MODES, STRATEGY_NAMES, TrainConfig)
 from mgpu.validators import choices_metavar, float_or_text, int_or_text
-from mgpu.errors import ConfigError, LaunchError, NonFiniteLossError, OneLineParser, end_command, one_line
+from mgpu.errors import EXIT_OK, ConfigError, LaunchError, NonFiniteLossError, OneLineParser, end_command, one_line
 
 # Commands other packages add (mgpu_perf adds `bench` and `gate`): modules named by the entry-point
 # group COMMANDS_GROUP, or, for a checkout used without installing it (`PYTHONPATH=.`), in the
@@ -193,6 +194,6 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> int:
         train(cfg)
-        return 0
+        return EXIT_OK
 
     return end_command(run, failures=(LaunchError, NonFiniteLossError))

@@ -9,10 +9,20 @@ also derives from the builtin a Python caller would expect (ValueError, FileNotF
 
 import argparse
 
-# The exit codes of every mgpu command (mgpu/cli.py's docstring says when each is used).
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_NOT_VERIFIED = 3  # check, check-script: nothing differed, but too little was compared to say so
+# The exit codes of every mgpu and mgpu_perf command, in this one table (when each is used, command by
+# command: docs/guide/failures.md, "Exit codes of every command"; mgpu/cli.py's docstring).
+EXIT_OK = 0             # the run finished; check, check-script: PASSED; gate: nothing slower; history: no slowdown
+EXIT_FAILED = 1         # a rank failed or a NaN loss; a check FAILED; bench: a case failed; gate: slower, or a
+                        # workload failed in an arm; history: a slowdown the A/B gate confirmed (--confirm)
+EXIT_USAGE = 2          # bad input: one line on stderr, `mgpu: error: ...`
+EXIT_NOT_VERIFIED = 3   # check, check-script: nothing differed, but too little was compared to say so
+EXIT_SUSPECTED = 4      # history: a suspected slowdown that no gate confirmed (not 3: the checks' NOT VERIFIED)
+EXIT_NOT_COMPARABLE = 6  # the counted baseline (pytest --counts-check FILE): an entry of another torch or device
+                         # (pytest's own codes end at 5)
+EXIT_SIGNALLED = 128    # plus the signal's number: 130 Ctrl-C (SIGINT), 143 SIGTERM; every rank stopped first
+# A rank's own exit codes, which its launcher reads (mgpu.launch) and turns into one of the above:
+EXIT_RANK_DEADLINE = 124  # ended by spawn's deadline_s (timeout's own code)
+EXIT_RANK_PARTED = 125    # check-script --whole-run: ended by the watcher that saw another rank leave (meeting.py)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -134,4 +144,4 @@ def end_command(run, failures: tuple = ()) -> int:
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", 2)
         print(f"mgpu: {'interrupted' if signum == 2 else 'terminated'}: every rank stopped", file=sys.stderr)
-        return 128 + signum
+        return EXIT_SIGNALLED + signum

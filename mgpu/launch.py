@@ -64,7 +64,7 @@ TERMINATE_GRACE_S = 3
 # A rank that only lost a peer waits this long before exiting, so that the cause is named.
 REPORT_GRACE_S = 0.5
 # Exit code of a rank ended by spawn's deadline_s.
-DEADLINE_EXIT = 124
+DEADLINE_EXIT = errors.EXIT_RANK_DEADLINE
 # Ranks are forked from one server process that imported torch when it started (multiprocessing's
 # "forkserver"), not started as fresh interpreters ("spawn") that import torch each: a rank then
 # costs a fork instead of an import of torch, and later spawns from the same launcher (a test
@@ -175,7 +175,7 @@ def _rank_main(fn: Callable, cfg_bytes: bytes, launcher_pid: int, end_time: floa
     try:
         return fn(cfg)
     except KeyboardInterrupt:
-        raise SystemExit(130) from None
+        raise SystemExit(errors.EXIT_SIGNALLED + signal.SIGINT) from None
     except Exception as e:
         if any(w in str(e).lower() for w in _SECONDARY_WORDS):
             time.sleep(REPORT_GRACE_S)  # let the rank that caused this exit first

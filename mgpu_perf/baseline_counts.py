@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 
+from mgpu.errors import EXIT_NOT_COMPARABLE
 from mgpu_perf.counts_ahead import CountsAhead, can_count_ahead, in_process_first, spawns_ranks_of
 from mgpu_perf.markers import keep_gated
 
@@ -45,7 +46,7 @@ __all__ = ["NOT_COMPARABLE_EXIT", "PLUGIN", "CountsBaseline", "workload_key", "d
 
 PLUGIN = "mgpu-counts-baseline"  # plugin.COUNTS_PLUGIN
 FORMAT = 1
-NOT_COMPARABLE_EXIT = 6  # pytest's own codes end at 5
+NOT_COMPARABLE_EXIT = EXIT_NOT_COMPARABLE  # mgpu.errors' table
 # Plain steps before the counted one, as a gate worker takes them: optimizer state made, caches warm,
 # and DDP's buckets rebuilt (in its second step: counted after one warm-up step, ddp's step has 2
 # broadcasts and 2.8 MB allocated more than every later step).

@@ -13,7 +13,7 @@ import sys
 
 from mgpu.validators import choices_metavar, int_or_text
 from mgpu.config import AMP_MODES, STRATEGY_NAMES
-from mgpu.errors import EXIT_FAILED, EXIT_USAGE, MgpuError, one_line
+from mgpu.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, MgpuError, one_line
 from mgpu.validators import positive_int
 
 __all__ = ["add_commands"]
@@ -143,7 +143,7 @@ def _bench_main(parser: argparse.ArgumentParser, args) -> int:
     print("\n".join(format_table(result)))
     for path in write_outputs(result, Path(args.out)):
         print(f"wrote {path}")
-    return 0
+    return EXIT_OK
 
 
 def _gate_main(parser: argparse.ArgumentParser, args) -> int:

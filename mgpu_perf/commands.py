@@ -23,9 +23,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable
 
-from mgpu.errors import OneLineParser
+from mgpu.errors import EXIT_FAILED, EXIT_OK, OneLineParser, one_line
 from mgpu.devices import torch_threads
-from mgpu.errors import one_line
 from mgpu_perf.harness.interleave import interleaved_ratio, interleaved_ratios, interleaved_step_times, scaling_rows
 from mgpu_perf.harness.ranks import IndependentPool, RankPoolError, StrategyRankPool
 from mgpu_perf.harness.sessions import BareStep, TrainBench, TrainSession, cpu_cores
@@ -195,8 +194,8 @@ def _hot_path_main(args: argparse.Namespace) -> int:
         measure_hot_path(args.width, args.batch, args.rounds, args.warmup, args.ranks)
     except RankPoolError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 def _ddp_scaling_main(args: argparse.Namespace) -> int:
@@ -205,12 +204,12 @@ def _ddp_scaling_main(args: argparse.Namespace) -> int:
                                    warmup=args.warmup, threads_per_rank=args.threads)
     except RankPoolError as e:  # a rank failed while running: its error, not a traceback
         print(f"{PROG}: {e}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     if args.min_speedup is not None and rows[-1]["speedup"] < args.min_speedup:
         print(f"FAIL: speedup {rows[-1]['speedup']:.2f} at {rows[-1]['ranks']} ranks is below {args.min_speedup}",
               file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 # The commands build_parser reads: each one's checks (ValueError naming the bad option), then its main.

@@ -17,7 +17,7 @@ import enum
 import json
 from pathlib import Path
 
-from mgpu.errors import EXIT_FAILED, EXIT_NOT_VERIFIED, NotVerifiedError, ParityError
+from mgpu.errors import EXIT_FAILED, EXIT_NOT_VERIFIED, EXIT_OK, NotVerifiedError, ParityError
 from mgpu.jsonsafe import finite_or_none
 
 __all__ = ["Verdict", "exit_code", "CheckReport", "write_json"]
@@ -44,7 +44,7 @@ def exit_code(verdict: Verdict, has_findings: bool, strict: bool = False, accept
         return EXIT_NOT_VERIFIED
     if strict and has_findings:
         return EXIT_FAILED
-    return 0
+    return EXIT_OK
 
 
 class CheckReport(abc.ABC):

@@ -59,7 +59,7 @@ def gate_cases(model: str, strategies, devices, batch: int, input_shape=None, cl
 
 def run_gate_command(args, error: Callable[[str], None]) -> int:
     """The command, from parsed options; `error` is the parser's (one line, exit 2)."""
-    from mgpu.errors import MgpuError, one_line
+    from mgpu.errors import EXIT_FAILED, EXIT_USAGE, MgpuError, one_line
     from mgpu_perf.clocks import gpu_clocks
     from mgpu_perf.errors import GateError
     from mgpu_perf.gate.arm import ArmError
@@ -87,7 +87,7 @@ def run_gate_command(args, error: Callable[[str], None]) -> int:
     if origin and not Path(origin).resolve().is_relative_to(root):
         error(f"{args.model}: its module comes from {origin}, outside the repository at {root}: both arms would "
               "time the same code (gate a model defined in this repository)")
-    status = 1
+    status = EXIT_FAILED
     try:
         for name, spec in cases:
             print(f"mgpu gate: {name} ...", file=sys.stderr, flush=True)
@@ -98,11 +98,11 @@ def run_gate_command(args, error: Callable[[str], None]) -> int:
         status = run.finish(Path(args.out))
     except GateError as e:
         print(f"mgpu: error: {_as_command_options(one_line(e))}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except ArmError as e:
         run.finish(Path(args.out))
         print(f"mgpu: error: a workload failed: {one_line(e)}", file=sys.stderr)
-        status = 1
+        status = EXIT_FAILED
     finally:
         print(_as_command_options("\n".join(run.summary_lines())))
         run.close()

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mgpu.errors import EXIT_FAILED, EXIT_USAGE
+from mgpu.errors import EXIT_FAILED, EXIT_OK, EXIT_SUSPECTED, EXIT_USAGE
 
 __all__ = ["EXIT_NONE", "EXIT_CONFIRMED", "EXIT_USAGE", "EXIT_SUSPECTED", "CONFIRMED_SLOW", "Findings", "exit_code",
            "summary"]
 
-EXIT_NONE = 0
+EXIT_NONE = EXIT_OK
 EXIT_CONFIRMED = EXIT_FAILED
-EXIT_SUSPECTED = 4  # not 3: mgpu's 3 is check's NOT VERIFIED
 CONFIRMED_SLOW = ("slower", "creep")
 
 

@@ -121,7 +121,7 @@ def _cases(args, parser, root: Path) -> tuple[list[tuple[str, dict]], bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mgpu.errors import one_line
+    from mgpu.errors import EXIT_FAILED, EXIT_OK, one_line
 
     from mgpu_perf.errors import GateError
     from mgpu_perf.gate.arm import ArmError, start_workers
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             print(describe(rows[-1], settings.threshold), flush=True)
     except ArmError as e:
         print(f"{PROG}: a workload failed: {one_line(e)}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     finally:
         for arm in (arm for pool in pools.values() for arm in pool):
             arm.close()
@@ -177,4 +177,4 @@ def main(argv: list[str] | None = None) -> int:
         print(f"worker pairs: the largest spread measured is {percent(max(spreads))} (the gate assumes "
               f"{settings.pair_bias * 100:g} %: --ab-pair-bias; {settings.workers} pairs, so a rough figure)")
     print(f"wrote {out / 'calibrate.json'}")
-    return 0
+    return EXIT_OK

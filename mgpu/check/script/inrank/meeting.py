@@ -37,9 +37,11 @@ import time
 
 import torch
 
+from mgpu.errors import EXIT_RANK_PARTED
+
 __all__ = ["Meeting", "parted", "read_states", "PARTED_EXIT", "WAITED", "DDP_ALL_REDUCE"]
 
-PARTED_EXIT = 125
+PARTED_EXIT = EXIT_RANK_PARTED
 POLL_S = 0.2
 SETTLE_S = 0.6
 DDP_ALL_REDUCE = "DDP's gradient all-reduce (in backward)"
