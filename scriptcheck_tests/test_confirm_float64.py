@@ -18,42 +18,22 @@ from torch import nn
 from mgpu.check.script.inrank.float64 import Float64Lift, promote
 from mgpu.check.script.inrank.spread import noise_output_gradients, rounding_noise
 from mgpu.scriptcheck import run_check_script
+from scriptcheck_tests.test_check_sensitivity import SCALED_LOSS
 from scriptcheck_tests.shared import WORLD_SIZE_FACTOR, shared_report
 
 LOOPS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "loops")
 
-# A correct DDP loop, and in it a stand-in for float32's rounding carried far: at world N each float32
-# gradient moves by DELTA of its largest element before the optimizer sees it (a difference that float32
-# makes at another summation order, and float64 does not). A float64 gradient is left alone.
-FLOAT32_ONLY = """
-import sys
-import torch, torch.distributed as dist, torch.nn.functional as F
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-def main():
-    delta = float(sys.argv[1])
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    model = DDP(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(96, 8, generator=g), torch.randint(0, 4, (96,), generator=g)
-    per = 16 // world
-    for step in range(3):
-        rows = slice(step * 16 + rank * per, step * 16 + (rank + 1) * per)
-        opt.zero_grad()
-        F.cross_entropy(model(x[rows]), y[rows]).backward()
+# test_check_sensitivity's correct DDP loop, and in it a stand-in for float32's rounding carried far: at
+# world N each float32 gradient moves by DELTA of its largest element before the optimizer sees it (a
+# difference that float32 makes at another summation order, and float64 does not). A float64 gradient is
+# left alone.
+_SCALED = "        (loss * (1 + delta) if world > 1 else loss).backward()\n"
+assert _SCALED in SCALED_LOSS, "test_check_sensitivity's loop changed: plant the float32-only difference anew"
+FLOAT32_ONLY = SCALED_LOSS.replace(_SCALED, """        loss.backward()
         for p in model.parameters():
             if world > 1 and p.grad.dtype == torch.float32:
                 p.grad.add_(delta * p.grad.abs().max())
-        opt.step()
-    dist.destroy_process_group()
-
-if __name__ == "__main__":
-    main()
-"""
+""")
 
 
 # -- the float64 lift, in a rank ------------------------------------------------------------------------------
