@@ -89,8 +89,10 @@ def shuffling(loader) -> tuple[str, bool | None]:
 class EpochWatch:
     """The module docstring's passes and cut; `epoch_steps` 0 records the passes without cutting."""
 
-    def __init__(self, epoch_steps: int, batches: list):
+    def __init__(self, epoch_steps: int, batches: list, clock=None, digest=None):
         self.k = epoch_steps
+        self.clock = clock               # () -> the rank's event clock (evaluation.py), None: not kept
+        self.digest = digest             # batch -> a digest per example (evaluation.py), None: not kept
         self.batches = batches           # the Recorder's: each delivered batch's dataset indices (keyed.py)
         self.passes: list[EpochPass] = []
         self.epochs = 0                  # training passes so far
@@ -151,11 +153,21 @@ class EpochWatch:
                 p.exhausted = True
                 raise
             p.batches += 1
+            watch._evaluation_evidence(p, data)
             if len(watch.batches) > before and len(p.indices) < MOST_INDICES:
                 p.indices.extend(watch.batches[-1][:MOST_INDICES - len(p.indices)])
             watch.since.append((p, torch.is_grad_enabled()))
             return data
         return __next__
+
+    def _evaluation_evidence(self, p: EpochPass, data) -> None:
+        """The pass's place on the event clock, grad mode, and (while it has fed no step) its examples' digests."""
+        if self.clock is not None:
+            p.ended = self.clock()
+            p.started = p.started or p.ended
+        p.no_grad = (p.batches == 1 or p.no_grad) and not torch.is_grad_enabled()
+        if self.digest is not None and p.epoch is None and len(p.digests) < MOST_INDICES:
+            p.digests.extend(self.digest(data))
 
     def _new_pass(self, loader) -> EpochPass | None:
         ordinal = self.loaders.setdefault(id(loader), len(self.loaders))
@@ -165,6 +177,10 @@ class EpochWatch:
         sampler, shuffles = shuffling(loader)
         p = EpochPass(loader=ordinal, made_at=loader.__dict__.get("_mgpu_made_at", "?"), sampler=sampler,
                       shuffles=shuffles, number=number)
+        try:
+            p.dataset_size = len(loader.dataset)
+        except Exception:  # an IterableDataset without a length
+            pass
         self.passes.append(p)
         return p
 
@@ -180,7 +196,7 @@ class EpochWatch:
             return None
         if fed.epoch is None:
             self.epochs += 1
-            fed.epoch = self.epochs
+            fed.epoch, fed.digests = self.epochs, []   # a training pass: no evaluation's digests
         fed.steps += 1
         self.last_training = fed
         return fed.epoch
