@@ -155,7 +155,8 @@ class EpochWatch:
             p.batches += 1
             watch._evaluation_evidence(p, data)
             if len(watch.batches) > before and len(p.indices) < MOST_INDICES:
-                p.indices.extend(watch.batches[-1][:MOST_INDICES - len(p.indices)])
+                p.indices.extend(_through_subsets(getattr(it, "_dataset", None),
+                                                  watch.batches[-1][:MOST_INDICES - len(p.indices)]))
             watch.since.append((p, torch.is_grad_enabled()))
             return data
         return __next__
@@ -203,6 +204,25 @@ class EpochWatch:
 
     def current(self) -> int | None:
         return self.last_training.epoch if self.last_training is not None else None
+
+
+def _through_subsets(dataset, indices: list) -> list:
+    """A Subset's indices as the indices of the dataset under it (nested Subsets followed): per-rank Subsets of
+    one dataset then name each example alike at every world size."""
+    from torch.utils.data import Subset
+
+    if not isinstance(dataset, Subset):
+        return indices
+    out = []
+    for i in indices:
+        ds = dataset
+        try:
+            while isinstance(ds, Subset) and isinstance(i, int):
+                i, ds = int(ds.indices[i]), ds.dataset
+        except (IndexError, TypeError, ValueError):
+            pass
+        out.append(i)
+    return out
 
 
 def _a_loop(frame) -> bool:

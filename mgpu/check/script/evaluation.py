@@ -1,0 +1,260 @@
+"""Under --whole-run: the script's evaluation at world N against world 1: which examples each evaluation pass
+covered (coverage), the figures rank 0 reported, and the evidence behind a figure that differs.
+
+    coverage_of(run_n, run_1)              # [Coverage(made_at="train.py:40", number=1, duplicates=1, ...)]
+    figure_evidence(row, run_n, run_1, covered)   # ("mean-of-means", {...}) or None
+    judge_evaluation(runs, by_kind, comparisons, findings)   # EvaluationJudgement: problems, notes, json
+
+**Coverage.** An evaluation pass (a DataLoader pass that fed no optimizer step, run to its data's end) is
+matched across runs by its loader's line and its number (the loader's k-th pass). Its examples are the
+digests of each example's input (else, where world 1's inputs repeat, the sampler's indices, through Subsets). At world N the ranks' passes together are
+counted against world 1's: repeated examples (a DistributedSampler's padding, accelerate's even_batches)
+and world 1's examples no rank evaluated (drop_last, an uneven split). A rank that evaluated world 1's whole
+set (rank 0 alone, or every rank the whole set) is no coverage problem; repeats dropped by accelerate's
+gather_for_metrics (called in the pass) are not either. A pass world 1 itself repeats examples in (a sampler
+drawing with replacement) or that a rank left early (a fixed number of batches) is not counted.
+
+**A figure's evidence** (only for a figure that differs from world 1's while world 1 and its rerun agree): the
+last DataLoader pass rank 0 fetched from before the line must be an evaluation pass P; the collectives rank 0
+called between P's first batch and the line (`CollectiveSeen`, matched across ranks by their count) are the
+window. In this order: P's coverage problem; a tensor reduced more than once in the window; a reduction
+whose per-rank values' plain mean is the figure while the ranks' shard sizes differ (a mean of means; the
+mean weighted by the shard sizes is what world 1 computes); a SUM whose total is the figure, about N times
+world 1's (a sum of means); rank 0's shard smaller than world 1's set with no collective in the window.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+from mgpu.check.script.figures import FigureRow, figures_of, line_up, unmeasured
+
+__all__ = ["Coverage", "EvaluationJudgement", "coverage_of", "figure_evidence", "judge_evaluation", "eval_passes"]
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """One evaluation pass's examples at world N against world 1's (the module docstring's counts)."""
+
+    made_at: str
+    number: int
+    world: int
+    reference: int            # distinct examples world 1 evaluated
+    dataset: int | None       # len(dataset)
+    seen: int                 # examples evaluated at world N, all ranks, repeats counted
+    distinct: int
+    missing: int              # of world 1's, evaluated by no rank at world N
+    shards: tuple             # examples per rank (0: the rank ran no such pass)
+    gathered: bool            # accelerate's gather_for_metrics called in the pass (its padding dropped)
+    by: str                   # "sampler indices" | "input digests"
+    whole_on_a_rank: bool = False   # a rank evaluated world 1's whole set
+
+    @property
+    def duplicates(self) -> int:
+        return self.seen - self.distinct
+
+    @property
+    def problem(self) -> bool:
+        return not self.whole_on_a_rank and (self.missing > 0 or (self.duplicates > 0 and not self.gathered))
+
+    def to_json(self) -> dict:
+        return {"loader": self.made_at, "pass": self.number, "world": self.world, "world_1": self.reference,
+                "dataset": self.dataset, "seen": self.seen, "distinct": self.distinct, "duplicates": self.duplicates,
+                "missing": self.missing, "shards": list(self.shards), "gather_for_metrics": self.gathered,
+                "by": self.by, "whole_on_a_rank": self.whole_on_a_rank, "problem": self.problem}
+
+
+@dataclass
+class EvaluationJudgement:
+    problems: list = field(default_factory=list)    # EpochProblem: coverage, figures, checkpoints (failures)
+    notes: list = field(default_factory=list)
+    findings: list = field(default_factory=list)
+    json: dict = field(default_factory=dict)
+    lines: list = field(default_factory=list)       # the report's lines
+
+
+def eval_passes(record) -> list:
+    """A rank's evaluation passes: DataLoader passes that fed no optimizer step and delivered a batch."""
+    return [p for p in getattr(record, "passes", []) if p.epoch is None and p.batches]
+
+
+def _examples(p, by: str) -> list:
+    return p.indices if by == "sampler indices" else p.digests
+
+
+def _pass(record, key):
+    return next((p for p in eval_passes(record) if (p.made_at, p.number) == key), None)
+
+
+def coverage_of(run_n, run_1) -> list[Coverage]:
+    """Each evaluation pass of world 1's rank 0 that world N ran too, counted (the module docstring's rule)."""
+    if run_1 is None or not run_1.ranks or not run_n.ranks:
+        return []
+    out = []
+    for p1 in eval_passes(run_1.ranks[0]):
+        key = (p1.made_at, p1.number)
+        shards = [_pass(rec, key) for rec in run_n.ranks]
+        present = [s for s in shards if s is not None]
+        if not present or not p1.exhausted or not all(s.exhausted for s in present):
+            continue
+        by = next((b for b in ("input digests", "sampler indices") if _examples(p1, b) and len(set(_examples(p1, b)))
+                   == len(_examples(p1, b)) and all(_examples(s, b) for s in present)), None)
+        if by is None:   # none, or world 1 itself repeats examples (drawn with replacement, or inputs alike)
+            continue
+        whole = set(_examples(p1, by))
+        union = set().union(*(set(_examples(s, by)) for s in present))
+        out.append(Coverage(p1.made_at, p1.number, run_n.world, len(whole), p1.dataset_size,
+                            sum(len(_examples(s, by)) for s in present), len(union), len(whole - union),
+                            tuple(len(_examples(s, by)) if s is not None else 0 for s in shards),
+                            any(s.gathered for s in present), by, any(set(_examples(s, by)) >= whole for s in present)))
+    return out
+
+
+def _decimals(text: str) -> int:
+    body = text.rstrip("%").lower().split("e")[0]
+    return len(body.split(".", 1)[1]) if "." in body else 0
+
+
+def _matches(figure, x: float) -> bool:
+    """The figure as printed is x (or x as a percentage), to the digits printed."""
+    tol = 0.5 * 10 ** -_decimals(figure.text) + 1e-9 * abs(x)
+    return any(abs(figure.value - x * s) <= tol * (10 if "e" in figure.text.lower() else 1) for s in (1, 100))
+
+
+def _window(rec0, p, seq: int) -> list:
+    return [c for c in rec0.collectives_seen if p.started <= c.seq < seq]
+
+
+def figure_evidence(row: FigureRow, run_n, run_1, covered: dict):
+    """(cause, facts) for a figure that differs (the module docstring's evidence, in its order), or None."""
+    rec0, seq = run_n.ranks[0], row.world_n.seq
+    before = [p for p in rec0.passes if p.ended and p.ended < seq]
+    if not before:
+        return None
+    p = max(before, key=lambda q: q.ended)
+    if p.epoch is not None or not p.batches:
+        return None   # the line follows training, not an evaluation
+    key = (p.made_at, p.number)
+    if key in covered and covered[key].problem:
+        return "coverage", {"coverage": covered[key]}
+    window = _window(rec0, p, seq)
+    twice = collections.Counter(c.tensor for c in window if c.reduce and c.tensor)
+    again = next((c for c in window if twice[c.tensor] > 1), None)
+    if again is not None:
+        return "reduced-twice", {"collective": again, "times": twice[again.tensor]}
+    sizes = [len(_examples(q, "sampler indices") or _examples(q, "input digests")) if q is not None else 0
+             for q in (_pass(rec, key) for rec in run_n.ranks)]
+    for c in window:
+        found = _reduced_means(c, run_n, sizes, row)
+        if found is not None:
+            return found
+    ref = _pass(run_1.ranks[0], key) if run_1 is not None and run_1.ranks else None
+    if ref is not None and 0 < sizes[0] < len(_examples(ref, "sampler indices") or _examples(ref, "input digests")) \
+            and not window:
+        return "rank-0-shard", {"shard": sizes[0], "whole": len(_examples(ref, "sampler indices") or
+                                                                 _examples(ref, "input digests")), "loader": p.made_at}
+    return None
+
+
+def _reduced_means(c, run_n, sizes: list, row: FigureRow):
+    """A reduction of per-rank means: averaged over unequal shards, or summed (the module docstring)."""
+    if c.reduce not in ("SUM", "AVG") or not c.before:
+        return None
+    befores = []
+    for rec in run_n.ranks:
+        twin = next((x for x in rec.collectives_seen if x.number == c.number and x.op == c.op), None)
+        if twin is None or len(twin.before) != len(c.before):
+            return None
+        befores.append(twin.before)
+    fig_n, fig_1, n = row.world_n, row.world_1, len(befores)
+    for j in range(len(c.before)):
+        values = [b[j] for b in befores]
+        plain, total = sum(values) / n, sum(values)
+        if all(sizes) and len(set(sizes)) > 1:
+            weighted = sum(s * v for s, v in zip(sizes, values)) / sum(sizes)
+            if abs(weighted - plain) > 1e-12 * max(1.0, abs(plain)) and _matches(fig_n, plain) and \
+                    not _matches(fig_n, weighted):
+                return "mean-of-means", {"collective": c, "values": values, "sizes": sizes, "plain": plain,
+                                         "weighted": weighted}
+        if c.reduce == "SUM" and _matches(fig_n, total) and abs(fig_n.value - n * fig_1.value) <= \
+                0.25 * n * abs(fig_1.value):
+            return "sum-of-means", {"collective": c, "values": values, "total": total}
+    return None
+
+
+def judge_evaluation(runs, by_kind: dict, comparisons: list, findings: list) -> EvaluationJudgement:
+    """Coverage, figures and checkpoints of a whole run's worlds (the module docstring; causes/evaluation.py and
+    causes/checkpoints.py word them)."""
+    from mgpu.check.script.causes.checkpoints import optimizer_unsaved, shared_paths
+    from mgpu.check.script.causes.evaluation import coverage_text, figures_not_compared
+    from mgpu.check.script.causes.epochs import EpochProblem
+
+    out = EvaluationJudgement(json={"coverage": [], "figures": [], "checkpoints": []})
+    done = [r for r in runs if r.failure is None and r.ranks]
+    for r in done:
+        out.json["checkpoints"] += [{"world": r.world, "run": r.name, "rank": rec.rank, "how": s.how, "path": s.path,
+                                     "where": s.where, "optimizer": s.optimizer, "weights": s.weights}
+                                    for rec in r.ranks for s in rec.saves]
+        if r.world > 1:
+            out.problems += [EpochProblem("checkpoint-path", text) for text in shared_paths(r)]
+    a = next((r for r in done if r.world == 1 and r.run == "A"), None)
+    unsaved = optimizer_unsaved(a) if a is not None else None
+    if unsaved:
+        out.findings.append(("checkpoint-optimizer", unsaved))
+    for r in (r for r in done if r.world > 1 and not r.lifted):
+        pair = by_kind.get((r.device, r.lifted), {})
+        run_1, rerun = pair.get("A"), pair.get("B")
+        covered = {(c.made_at, c.number): c for c in coverage_of(r, run_1)}
+        out.json["coverage"] += [c.to_json() for c in covered.values()]
+        by_loader: dict = {}   # one problem a loader: its passes listed
+        for c in covered.values():
+            if c.problem:
+                by_loader.setdefault(c.made_at, []).append(c)
+        out.problems += [EpochProblem("coverage", coverage_text(cs[0], [c.number for c in cs]))
+                         for cs in by_loader.values()]
+        comparison = next((c for c in comparisons if c.world == r.world), None)
+        why = figures_not_compared(comparison, [f.name for f in findings])
+        if run_1 is None or rerun is None or why:
+            if run_1 is not None and figures_of(run_1.ranks[0].printed):
+                out.notes.append(why or f"world {r.world}: the figures were not compared (world 1 failed)")
+            continue
+        _figures(out, r, run_1, rerun, covered)
+    return out
+
+
+def _figures(out: EvaluationJudgement, run_n, run_1, rerun, covered: dict) -> None:
+    from mgpu.check.script.causes.epochs import EpochProblem
+    from mgpu.check.script.causes.evaluation import figure_text, unexplained_text
+
+    rows = line_up(figures_of(run_1.ranks[0].printed), figures_of(rerun.ranks[0].printed),
+                   figures_of(run_n.ranks[0].printed))
+    counts, failed = collections.Counter(), {}
+    for row in rows:
+        if unmeasured(row.label, row.unit):
+            status = "not compared: time, speed, memory, progress or set by the world size"
+        elif row.world_1 is None or row.world_n is None:
+            status = f"not compared: printed at world {1 if row.world_n is None else run_n.world} only"
+        elif row.rerun is None or row.rerun.value != row.world_1.value:
+            status = "not compared: not deterministic (world 1 and its rerun differ)"
+        elif row.world_n.value == row.world_1.value:
+            status = "alike"
+        else:
+            found = figure_evidence(row, run_n, run_1, covered)
+            if found is not None:
+                status = f"failed: {found[0]}"
+                failed.setdefault((row.key[0], row.key[2], found[0]), []).append((row, found))
+            else:
+                status = "differs, no evidence of a cause"
+                out.notes.append(unexplained_text(row, run_n.world))
+        counts[status.split(":")[0]] += 1
+        out.json["figures"].append({"world": run_n.world, "label": row.label, "line": row.line,
+                                    "world_1": row.world_1.text if row.world_1 else None,
+                                    "rerun": row.rerun.text if row.rerun else None,
+                                    "world_n": row.world_n.text if row.world_n else None, "status": status})
+    for same in failed.values():   # one problem a figure and cause: its first line, the others counted
+        row, (cause, facts) = same[0]
+        out.problems.append(EpochProblem("figure", figure_text(row, run_n.world, cause, facts, len(same) - 1)))
+    if rows:
+        out.lines.append(f"figures rank 0 reported, world {run_n.world} against world 1: " +
+                         ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
