@@ -6,7 +6,7 @@ covered (coverage), the figures rank 0 reported, and the evidence behind a figur
     judge_evaluation(runs, by_kind, comparisons, findings)   # EvaluationJudgement: problems, notes, json
 
 **Coverage.** An evaluation pass (a DataLoader pass that fed no optimizer step, run to its data's end) is
-matched across runs by its loader's line and its number (the loader's k-th pass). Its examples are the
+matched across runs by its loader's line and its number (the k-th evaluation pass of loaders made there). Its examples are the
 digests of each example's input (else, where world 1's inputs repeat, the sampler's indices, through Subsets). At world N the ranks' passes together are
 counted against world 1's: repeated examples (a DistributedSampler's padding, accelerate's even_batches)
 and world 1's examples no rank evaluated (drop_last, an uneven split). A rank that evaluated world 1's whole
@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 from mgpu.check.script.figures import FigureRow, figures_of, line_up, unmeasured
 
-__all__ = ["Coverage", "EvaluationJudgement", "coverage_of", "figure_evidence", "judge_evaluation", "eval_passes"]
+__all__ = ["Coverage", "EvaluationJudgement", "coverage_of", "figure_evidence", "judge_evaluation", "eval_passes",
+           "keyed_passes"]
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,18 @@ def _examples(p, by: str) -> list:
     return p.indices if by == "sampler indices" else p.digests
 
 
+def keyed_passes(record) -> dict:
+    """A rank's evaluation passes by (the loader's line, the k-th evaluation pass from loaders made there): a
+    DataLoader made anew at each evaluation is one loader line, its passes counted in order."""
+    out, counts = {}, collections.Counter()
+    for p in eval_passes(record):
+        counts[p.made_at] += 1
+        out[(p.made_at, counts[p.made_at])] = p
+    return out
+
+
 def _pass(record, key):
-    return next((p for p in eval_passes(record) if (p.made_at, p.number) == key), None)
+    return keyed_passes(record).get(key)
 
 
 def coverage_of(run_n, run_1) -> list[Coverage]:
@@ -92,9 +103,9 @@ def coverage_of(run_n, run_1) -> list[Coverage]:
     if run_1 is None or not run_1.ranks or not run_n.ranks:
         return []
     out = []
-    for p1 in eval_passes(run_1.ranks[0]):
-        key = (p1.made_at, p1.number)
-        shards = [_pass(rec, key) for rec in run_n.ranks]
+    keyed = [keyed_passes(rec) for rec in run_n.ranks]
+    for key, p1 in keyed_passes(run_1.ranks[0]).items():
+        shards = [k.get(key) for k in keyed]
         present = [s for s in shards if s is not None]
         if not present or not p1.exhausted or not all(s.exhausted for s in present):
             continue
@@ -104,7 +115,7 @@ def coverage_of(run_n, run_1) -> list[Coverage]:
             continue
         whole = set(_examples(p1, by))
         union = set().union(*(set(_examples(s, by)) for s in present))
-        out.append(Coverage(p1.made_at, p1.number, run_n.world, len(whole), p1.dataset_size,
+        out.append(Coverage(p1.made_at, key[1], run_n.world, len(whole), p1.dataset_size,
                             sum(len(_examples(s, by)) for s in present), len(union), len(whole - union),
                             tuple(len(_examples(s, by)) if s is not None else 0 for s in shards),
                             any(s.gathered for s in present), by, any(set(_examples(s, by)) >= whole for s in present)))
@@ -135,7 +146,7 @@ def figure_evidence(row: FigureRow, run_n, run_1, covered: dict):
     p = max(before, key=lambda q: q.ended)
     if p.epoch is not None or not p.batches:
         return None   # the line follows training, not an evaluation
-    key = (p.made_at, p.number)
+    key = next((k for k, q in keyed_passes(rec0).items() if q is p), None)
     if key in covered and covered[key].problem:
         return "coverage", {"coverage": covered[key]}
     window = _window(rec0, p, seq)

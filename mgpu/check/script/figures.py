@@ -7,7 +7,8 @@ logging, tqdm's last state; inrank/evaluation.py), and lined up between two runs
 **A figure** is a number in a line, and its label the words before it (else after it). Lines are lined up by
 their template (the line with each number written '#'): the k-th line of a template at world N is the k-th
 at world 1, and in it the i-th number is the i-th. A progress bar (tqdm) gives its postfix's `key=value`
-pairs only. Dates and clock times are taken out before the numbers are read.
+pairs only. Dates and clock times are taken out before the numbers are read; warnings, tracebacks and lines
+naming a source line (file.py:12) hold no figure.
 
 **Not compared** (`unmeasured`): figures whose label says they measure time, speed, memory, progress
 (epoch, step, iteration, batch counters; a percentage of a bar), or depend on the world size by design
@@ -33,6 +34,7 @@ _UNMEASURED = re.compile(
     r"date|data|lr|learning[ _]rate|world|world_size|rank|ranks|gpus?|devices?|nproc|processes|workers|seed|pid|port|"
     r"version|v)\b|[%/]$", re.IGNORECASE)
 
+_NOT_FIGURES = re.compile(r"\w+(?:Warning|Error|Exception)\b|^\s*(?:File \"|Traceback|warnings\.warn)|\.py:\d+")
 _LINKS = {"over", "of", "on", "in", "with", "for", "at", "to", "from", "across", "by"}
 
 
@@ -78,6 +80,8 @@ def figures_of(lines) -> list[Figure]:
     """Every figure of rank 0's lines (PrintedLine), keyed as the module docstring says."""
     out, counts = [], {}
     for line in lines:
+        if _NOT_FIGURES.search(line.text):
+            continue
         text = _CLOCK.sub("<clock>", line.text)
         if _BAR.search(text):   # a progress bar: its postfix only
             desc = text.split(":", 1)[0] if ":" in text else ""

@@ -214,14 +214,18 @@ class ScriptReport(CheckReport):
 
 
 def _evaluation_lines(evaluation) -> list[str]:
-    """Each evaluation pass's coverage at world N (examples per rank against world 1's), the figures' tally."""
-    out = []
+    """Each evaluation loader's coverage at world N (examples per rank against world 1's; its passes alike in one
+    line), then the figures' tally."""
+    said: dict = {}
     for c in evaluation.json.get("coverage", []):
-        said = ("a rank evaluated world 1's whole set" if c["whole_on_a_rank"] else
-                f"{c['duplicates']} repeated, {c['missing']} left out" +
-                (" (gather_for_metrics drops the repeats)" if c["gather_for_metrics"] and c["duplicates"] else ""))
-        out.append(f"evaluation {c['loader']} pass {c['pass']}: world {c['world']} {c['seen']} example(s) "
-                   f"({', '.join(map(str, c['shards']))} per rank) against world 1's {c['world_1']}: {said}")
+        how = ("a rank evaluated world 1's whole set" if c["whole_on_a_rank"] else
+               f"{c['duplicates']} repeated, {c['missing']} left out" +
+               (" (gather_for_metrics drops the repeats)" if c["gather_for_metrics"] and c["duplicates"] else ""))
+        text = (f"world {c['world']} {c['seen']} example(s) ({', '.join(map(str, c['shards']))} per rank) against "
+                f"world 1's {c['world_1']}: {how}")
+        said.setdefault((c["loader"], text), []).append(str(c["pass"]))
+    out = [f"evaluation {loader} pass{'es' if len(passes) > 1 else ''} {', '.join(passes)}: {text}"
+           for (loader, text), passes in said.items()]
     return out + evaluation.lines
 
 

@@ -52,13 +52,26 @@ def _library(path: str) -> bool:
     return path.startswith(_LIBRARIES) or path.startswith(_TORCH) or path.startswith(_MGPU) or path.startswith("<")
 
 
-def made_at(frame) -> str:
-    """The first frame outside torch and mgpu, as file:line (relative to the working folder when inside it)."""
+def made_at(frame, through_libraries: bool = False) -> str:
+    """The first frame outside torch and mgpu, as file:line (relative to the working folder when inside it); with
+    `through_libraries`, where that frame is a library's (accelerate's prepare), the script's line that led there
+    too: "data_loader.py:441 (from train.py:40)"."""
     while frame is not None and (frame.f_code.co_filename.startswith(_TORCH) or
                                  frame.f_code.co_filename.startswith(_MGPU)):
         frame = frame.f_back
     if frame is None:
         return "?"
+    where = _file_line(frame)
+    if through_libraries and _library(frame.f_code.co_filename):
+        outer = frame
+        while outer is not None and _library(outer.f_code.co_filename):
+            outer = outer.f_back
+        if outer is not None:
+            where += f" (from {_file_line(outer)})"
+    return where
+
+
+def _file_line(frame) -> str:
     path = frame.f_code.co_filename
     rel = os.path.relpath(path) if os.path.isabs(path) else path
     return f"{os.path.basename(path) if rel.startswith('..') else rel}:{frame.f_lineno}"
@@ -121,7 +134,7 @@ class EpochWatch:
     def _init(self, original):
         def __init__(loader, *args, **kwargs):
             original(loader, *args, **kwargs)
-            loader.__dict__["_mgpu_made_at"] = made_at(sys._getframe(1))
+            loader.__dict__["_mgpu_made_at"] = made_at(sys._getframe(1), through_libraries=True)
         return __init__
 
     def _iter(self, original):
