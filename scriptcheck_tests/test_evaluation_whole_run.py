@@ -205,6 +205,26 @@ def test_a_rank_records_its_saves_lines_and_optimizer_state_and_puts_everything_
     assert record.optimizer_state == ["SGD"], "momentum is state a resume needs"
 
 
+def test_tensorboards_add_scalar_is_read_as_a_line_of_rank_0(tmp_path):
+    pytest.importorskip("tensorboard", reason="pip install tensorboard")
+    from mgpu.check.script.inrank.evaluation import EvalWatch
+
+    watch = EvalWatch(rank=0)
+    watch.install()
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+
+        watch.tick()   # the clock looks for what the script imported since
+        writer = SummaryWriter(str(tmp_path))
+        writer.add_scalar("val/accuracy", 0.5, 1)
+        writer.close()
+    finally:
+        watch.uninstall()
+    record = RankRecord()
+    watch.into(record)
+    assert [(p.stream, p.text) for p in record.printed] == [("tensorboard", "val/accuracy: 0.5")], record.printed
+
+
 # -- whole runs of examples/loops/: one a family ---------------------------------------------------------------
 
 @pytest.mark.timeout(180)

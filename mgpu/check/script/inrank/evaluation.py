@@ -16,6 +16,8 @@ averages). A call with `async_op=True` keeps no values after (they are not there
 
 **Lines** (`PrintedLine`, rank 0): sys.stdout and sys.stderr are wrapped (print, logging's StreamHandler
 made by the script, tqdm); each line once complete, the last '\\r' segment of it (a progress bar's last state).
+TensorBoard's `SummaryWriter.add_scalar` (once the script imported torch.utils.tensorboard) gives a line
+"tag: value" of a stream of its own.
 
 **Saves** (`SaveCall`): `torch.save` and torch.distributed.checkpoint's `save` / `save_state_dict` /
 `async_save` (wrapped once the script has imported it: the clock looks), with the path, the line, and
@@ -241,6 +243,10 @@ class EvalWatch:
             for name in _DCP:
                 if callable(getattr(dcp, name, None)):
                     self._put(dcp, name, self._save("dcp", getattr(dcp, name)))
+        tb = sys.modules.get("torch.utils.tensorboard.writer")
+        writer = getattr(tb, "SummaryWriter", None) if tb is not None else None
+        if writer is not None and self.rank == 0 and not any(owner is writer for owner, _, _ in self.saved):
+            self._put(writer, "add_scalar", self._scalar(writer.add_scalar))
         acc = sys.modules.get("accelerate")
         accelerator = getattr(acc, "Accelerator", None) if acc is not None else None
         if accelerator is not None and not any(owner is accelerator for owner, _, _ in self.saved):
@@ -264,6 +270,19 @@ class EvalWatch:
         text = text.rsplit("\r", 1)[-1].rstrip()
         if text and len(self.printed) < MOST_EVENTS:
             self.printed.append(PrintedLine(self.tick(), stream, text[:LINE_CHARS]))
+
+    def _scalar(self, original):
+        """TensorBoard's SummaryWriter.add_scalar: a line "tag: value" of its own stream, read as a printed one."""
+        watch = self
+
+        @functools.wraps(original)
+        def add_scalar(writer, tag, scalar_value, *args, **kwargs):
+            try:
+                watch._line("tensorboard", f"{tag}: {float(scalar_value)!r}")
+            except Exception:  # a value that is no number: not a figure
+                pass
+            return original(writer, tag, scalar_value, *args, **kwargs)
+        return add_scalar
 
     def _collective(self, op: str, original):
         watch = self
