@@ -109,6 +109,18 @@ def test_an_unpadded_split_rank_0_alone_and_gather_for_metrics_are_no_coverage_p
     assert gathered.duplicates == 1 and not gathered.problem, "gather_for_metrics drops the padding's repeats"
 
 
+def test_a_main_pass_without_its_tail_and_the_tail_on_every_rank_make_one_evaluation_that_covers_all():
+    """pytorch/examples imagenet's validate: a DistributedSampler(drop_last=True) pass, its sums reduced, then the
+    tail (a Subset past the shards) evaluated on every rank alike: one evaluation, every example once."""
+    world_1 = _world(1, [[_eval(range(53))]])
+    tail = [_eval([52], made_at="val.py:40", started=5, ended=5)]
+    run = _world(2, [[_eval(range(0, 52, 2)), *tail], [_eval(range(1, 52, 2)), *tail]])
+    counted = coverage_of(run, world_1)
+    assert len(counted) == 1 and not counted[0].problem and counted[0].seen == 53, counted
+    main_only = _world(2, [[_eval(range(0, 52, 2))], [_eval(range(1, 52, 2))]])
+    assert coverage_of(main_only, world_1)[0].missing == 1, "without the tail, one example left out"
+
+
 # -- a figure's evidence (no run) ------------------------------------------------------------------------------
 
 def _row(world_1_line, world_n_line, label, seq=10):
@@ -295,6 +307,8 @@ def test_rank_0s_shard_reported_as_the_whole_fails():
 def test_a_sum_of_means_and_an_accumulator_reduced_twice_fail_naming_their_cause():
     summed = problems(whole_run("eval_mean_of_means.py", "--sum"), "figure")
     assert summed and "a sum of means" in summed[0], summed
+    gathered = problems(whole_run("eval_mean_of_means.py", "--gather-object"), "figure")
+    assert gathered and "mean of per-rank means" in gathered[0] and "all_gather_object" in gathered[0], gathered
     twice = problems(whole_run("eval_exact.py", "--reduce-twice"), "figure")
     assert twice and "reduced 2 times" in twice[0] and "eval_exact.py:" in twice[0], twice
 

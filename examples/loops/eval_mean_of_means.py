@@ -2,7 +2,8 @@
 2 ranks) and then averages the ranks' accuracies: a mean of per-rank means over unequal shards, not the
 accuracy of the 53. `--whole-run` FAILS it (figure 'val accuracy': the all_reduce's line, the per-rank values,
 the shard sizes, the weighted mean world 1 computes). --sum: the ranks' accuracies summed and not divided (a
-sum of means, about twice world 1's at 2 ranks): FAILS as a sum of means.
+sum of means, about twice world 1's at 2 ranks): FAILS as a sum of means. --gather-object: the accuracies
+gathered with all_gather_object and averaged by the script: FAILS as a mean of means.
 
     torchrun --nproc-per-node 2 examples/loops/eval_mean_of_means.py --batch-size 8
     python -m mgpu check-script --whole-run examples/loops/eval_mean_of_means.py --batch-size "{16 // world_size}"
@@ -29,6 +30,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=16, help="per device")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--sum", action="store_true", help="sum the per-rank accuracies, not divided")
+    parser.add_argument("--gather-object", action="store_true", help="all_gather_object the accuracies, then average")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -54,12 +56,16 @@ def main():
             for x, y in val_loader:
                 correct += (model(x).argmax(1) == y).sum().item()
                 seen += len(y)
-        accuracy = torch.tensor([correct / seen])   # this rank's accuracy over its own shard
-        dist.all_reduce(accuracy)
-        if not args.sum:
-            accuracy /= world                       # the mean of the ranks' means
+        if args.gather_object:   # the ranks' accuracies gathered as Python floats, averaged by the script
+            accuracies = [None] * world
+            dist.all_gather_object(accuracies, correct / seen)
+            accuracy = sum(accuracies) / world
+        else:
+            accuracy = torch.tensor([correct / seen])   # this rank's accuracy over its own shard
+            dist.all_reduce(accuracy)
+            accuracy = (accuracy if args.sum else accuracy / world).item()   # the mean of the ranks' means
         if rank == 0:
-            print(f"epoch {epoch}: val accuracy {accuracy.item():.4f}")
+            print(f"epoch {epoch}: val accuracy {accuracy:.4f}")
     dist.destroy_process_group()
 
 

@@ -5,14 +5,17 @@ covered (coverage), the figures rank 0 reported, and the evidence behind a figur
     figure_evidence(row, run_n, run_1, covered)   # ("mean-of-means", {...}) or None
     judge_evaluation(runs, by_kind, comparisons, findings)   # EvaluationJudgement: problems, notes, json
 
-**Coverage.** An evaluation pass (a DataLoader pass that fed no optimizer step, run to its data's end) is
-matched across runs by its loader's line and its number (the k-th evaluation pass of loaders made there). Its examples are the
-digests of each example's input (else, where world 1's inputs repeat, the sampler's indices, through Subsets). At world N the ranks' passes together are
+**Coverage.** An evaluation pass is a DataLoader pass that fed no optimizer step; the passes a rank makes between
+two training epochs are one evaluation (a main pass and an auxiliary one over the tail; a loader line passed
+over again begins the next: `evaluations`), matched across runs by the training epochs begun before it. Its
+examples are the digests of each example's input (else, where world 1's inputs repeat, the sampler's indices,
+through Subsets). At world N, each loader line's passes over the ranks count once where every rank that ran it
+saw the same examples (rank 0 alone; the same tail on every rank), else every rank's; together they are
 counted against world 1's: repeated examples (a DistributedSampler's padding, accelerate's even_batches)
 and world 1's examples no rank evaluated (drop_last, an uneven split). A rank that evaluated world 1's whole
 set (rank 0 alone, or every rank the whole set) is no coverage problem; repeats dropped by accelerate's
-gather_for_metrics (called in the pass) are not either. A pass world 1 itself repeats examples in (a sampler
-drawing with replacement) or that a rank left early (a fixed number of batches) is not counted.
+gather_for_metrics (called in the evaluation) are not either. An evaluation world 1 itself repeats examples in (a sampler
+drawing with replacement) or with a pass a rank left early (a fixed number of batches) is not counted.
 
 **A figure's evidence** (only for a figure that differs from world 1's while world 1 and its rerun agree): the
 last DataLoader pass rank 0 fetched from before the line must be an evaluation pass P; the collectives rank 0
@@ -50,6 +53,7 @@ class Coverage:
     gathered: bool            # accelerate's gather_for_metrics called in the pass (its padding dropped)
     by: str                   # "sampler indices" | "input digests"
     whole_on_a_rank: bool = False   # a rank evaluated world 1's whole set
+    keys: tuple = ()          # rank 0's passes in it at world N: (the loader's line, k-th evaluation pass from it)
 
     @property
     def duplicates(self) -> int:
@@ -60,7 +64,7 @@ class Coverage:
         return not self.whole_on_a_rank and (self.missing > 0 or (self.duplicates > 0 and not self.gathered))
 
     def to_json(self) -> dict:
-        return {"loader": self.made_at, "pass": self.number, "world": self.world, "world_1": self.reference,
+        return {"loader": self.made_at, "evaluation": self.number, "world": self.world, "world_1": self.reference,
                 "dataset": self.dataset, "seen": self.seen, "distinct": self.distinct, "duplicates": self.duplicates,
                 "missing": self.missing, "shards": list(self.shards), "gather_for_metrics": self.gathered,
                 "by": self.by, "whole_on_a_rank": self.whole_on_a_rank, "problem": self.problem}
@@ -98,27 +102,65 @@ def _pass(record, key):
     return keyed_passes(record).get(key)
 
 
+def evaluations(record) -> dict:
+    """A rank's evaluation passes grouped into evaluations: (training epochs begun before it, k-th repeat of a loader
+    line since) -> [(key, pass)]. The passes one evaluation makes between two training epochs (a main pass and
+    an auxiliary one over the tail, a validation and a test set) are one group; a loader line passed over again
+    (an evaluation every N steps) begins the next."""
+    starts = sorted(p.started for p in getattr(record, "passes", []) if p.epoch is not None)
+    out: dict = {}
+    seen: dict = {}
+    for key, p in keyed_passes(record).items():
+        before = sum(1 for t in starts if t and t < p.started)
+        repeat = seen.setdefault(before, {})
+        group = (before, repeat.get(p.made_at, 0))
+        repeat[p.made_at] = group[1] + 1
+        out.setdefault(group, []).append((key, p))
+    return out
+
+
+def _group_examples(per_rank: list, by: str) -> tuple[list, tuple, bool]:
+    """World N's examples of one evaluation: each loader line's passes over the ranks, once where every rank that ran
+    it saw the same examples (replicated: rank 0 alone, or the same tail on every rank), else every rank's; the
+    examples per rank; whether some rank's passes alone hold all of them."""
+    lines: dict = {}
+    for r, passes in enumerate(per_rank):
+        for _, p in passes:
+            lines.setdefault(p.made_at, {}).setdefault(r, []).extend(_examples(p, by))
+    examples, shards = [], [0] * len(per_rank)
+    for ranks in lines.values():
+        sets = [set(v) for v in ranks.values()]
+        replicated = len(ranks) == 1 or all(x == sets[0] for x in sets[1:])
+        for r, v in ranks.items():
+            shards[r] += len(v)
+        examples += next(iter(ranks.values())) if replicated else [i for v in ranks.values() for i in v]
+    return examples, tuple(shards), False
+
+
 def coverage_of(run_n, run_1) -> list[Coverage]:
-    """Each evaluation pass of world 1's rank 0 that world N ran too, counted (the module docstring's rule)."""
+    """Each evaluation of world 1's rank 0 that world N made too, counted (the module docstring's rule)."""
     if run_1 is None or not run_1.ranks or not run_n.ranks:
         return []
     out = []
-    keyed = [keyed_passes(rec) for rec in run_n.ranks]
-    for key, p1 in keyed_passes(run_1.ranks[0]).items():
-        shards = [k.get(key) for k in keyed]
-        present = [s for s in shards if s is not None]
-        if not present or not p1.exhausted or not all(s.exhausted for s in present):
+    groups_n = [evaluations(rec) for rec in run_n.ranks]
+    for number, (group, ref) in enumerate(evaluations(run_1.ranks[0]).items(), 1):
+        per_rank = [g.get(group, []) for g in groups_n]
+        passes = [p for _, p in ref] + [p for rank in per_rank for _, p in rank]
+        if not any(per_rank) or not all(p.exhausted for p in passes):
             continue
-        by = next((b for b in ("input digests", "sampler indices") if _examples(p1, b) and len(set(_examples(p1, b)))
-                   == len(_examples(p1, b)) and all(_examples(s, b) for s in present)), None)
+        by = next((b for b in ("input digests", "sampler indices") if all(_examples(p, b) for p in passes) and
+                   len({i for _, p in ref for i in _examples(p, b)}) == sum(len(_examples(p, b)) for _, p in ref)), None)
         if by is None:   # none, or world 1 itself repeats examples (drawn with replacement, or inputs alike)
             continue
-        whole = set(_examples(p1, by))
-        union = set().union(*(set(_examples(s, by)) for s in present))
-        out.append(Coverage(p1.made_at, key[1], run_n.world, len(whole), p1.dataset_size,
-                            sum(len(_examples(s, by)) for s in present), len(union), len(whole - union),
-                            tuple(len(_examples(s, by)) if s is not None else 0 for s in shards),
-                            any(s.gathered for s in present), by, any(set(_examples(s, by)) >= whole for s in present)))
+        whole = {i for _, p in ref for i in _examples(p, by)}
+        examples, shards, _ = _group_examples(per_rank, by)
+        union = set(examples)
+        lines = ", ".join(dict.fromkeys(p.made_at for _, p in ref))
+        on_a_rank = any(set().union(*(set(_examples(p, by)) for _, p in rank)) >= whole for rank in per_rank if rank)
+        out.append(Coverage(lines, number, run_n.world, len(whole), sum(p.dataset_size or 0 for _, p in ref) or None,
+                            len(examples), len(union), len(whole - union), shards,
+                            any(p.gathered for rank in per_rank for _, p in rank), by, on_a_rank,
+                            tuple(key for key, _ in per_rank[0])))
     return out
 
 
@@ -168,9 +210,13 @@ def figure_evidence(row: FigureRow, run_n, run_1, covered: dict):
     return None
 
 
+_GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_object", "gather", "gather_object")
+
+
 def _reduced_means(c, run_n, sizes: list, row: FigureRow):
-    """A reduction of per-rank means: averaged over unequal shards, or summed (the module docstring)."""
-    if c.reduce not in ("SUM", "AVG") or not c.before:
+    """A reduction of per-rank means (all_reduce, or gathered and reduced by the script): averaged over unequal
+    shards, or summed (the module docstring)."""
+    if not (c.reduce in ("SUM", "AVG") or c.op in _GATHERS) or not c.before:
         return None
     befores = []
     for rec in run_n.ranks:
@@ -188,7 +234,7 @@ def _reduced_means(c, run_n, sizes: list, row: FigureRow):
                     not _matches(fig_n, weighted):
                 return "mean-of-means", {"collective": c, "values": values, "sizes": sizes, "plain": plain,
                                          "weighted": weighted}
-        if c.reduce == "SUM" and _matches(fig_n, total) and abs(fig_n.value - n * fig_1.value) <= \
+        if c.reduce != "AVG" and _matches(fig_n, total) and abs(fig_n.value - n * fig_1.value) <= \
                 0.25 * n * abs(fig_1.value):
             return "sum-of-means", {"collective": c, "values": values, "total": total}
     return None
@@ -216,10 +262,11 @@ def judge_evaluation(runs, by_kind: dict, comparisons: list, findings: list) -> 
     for r in (r for r in done if r.world > 1 and not r.lifted):
         pair = by_kind.get((r.device, r.lifted), {})
         run_1, rerun = pair.get("A"), pair.get("B")
-        covered = {(c.made_at, c.number): c for c in coverage_of(r, run_1)}
-        out.json["coverage"] += [c.to_json() for c in covered.values()]
-        by_loader: dict = {}   # one problem a loader: its passes listed
-        for c in covered.values():
+        counted = coverage_of(r, run_1)
+        covered = {key: c for c in counted for key in c.keys}
+        out.json["coverage"] += [c.to_json() for c in counted]
+        by_loader: dict = {}   # one problem a loader: its evaluations listed
+        for c in counted:
             if c.problem:
                 by_loader.setdefault(c.made_at, []).append(c)
         out.problems += [EpochProblem("coverage", coverage_text(cs[0], [c.number for c in cs]))

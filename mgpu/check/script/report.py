@@ -223,8 +223,8 @@ def _evaluation_lines(evaluation) -> list[str]:
                (" (gather_for_metrics drops the repeats)" if c["gather_for_metrics"] and c["duplicates"] else ""))
         text = (f"world {c['world']} {c['seen']} example(s) ({', '.join(map(str, c['shards']))} per rank) against "
                 f"world 1's {c['world_1']}: {how}")
-        said.setdefault((c["loader"], text), []).append(str(c["pass"]))
-    out = [f"evaluation {loader} pass{'es' if len(passes) > 1 else ''} {', '.join(passes)}: {text}"
+        said.setdefault((c["loader"], text), []).append(str(c["evaluation"]))
+    out = [f"evaluation{'s' if len(passes) > 1 else ''} {', '.join(passes)} ({loader}): {text}"
            for (loader, text), passes in said.items()]
     return out + evaluation.lines
 

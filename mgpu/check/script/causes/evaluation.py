@@ -20,8 +20,8 @@ _FIX = ("shard the evaluation without padding (a sampler over range(rank, len(da
 
 
 def coverage_text(c, passes=()) -> str:
-    """An evaluation pass that repeated examples or left some of world 1's out at world N (and the loader's other
-    passes alike, listed)."""
+    """An evaluation that repeated examples or left some of world 1's out at world N (and the loader's other
+    evaluations alike, listed)."""
     parts = []
     if c.duplicates:
         parts.append(f"{c.duplicates} example(s) evaluated more than once (the sampler pads each rank's shard to "
@@ -32,7 +32,7 @@ def coverage_text(c, passes=()) -> str:
     fix = _FIX if c.duplicates else ("evaluate every example: drop_last=False in the evaluation DataLoader (and its "
                                      "sampler), and a split that gives every example to one rank")
     dataset = f" of a dataset of {c.dataset}" if c.dataset is not None else ""
-    which = f"passes {', '.join(map(str, passes))}" if len(passes) > 1 else f"pass {c.number}"
+    which = f"evaluations {', '.join(map(str, passes))}" if len(passes) > 1 else f"evaluation {c.number}"
     return (f"the evaluation DataLoader made at {c.made_at} ({which}) covered {c.seen} example(s) at world "
             f"{c.world} ({', '.join(map(str, c.shards))} per rank, {c.distinct} distinct) against world 1's "
             f"{c.reference}{dataset}: {'; '.join(parts)} (from the {c.by}); a figure reduced over it counts the "
@@ -55,7 +55,7 @@ def _figure_text(row, world: int, cause: str, facts: dict) -> str:
     c = facts.get("collective")
     if cause == "coverage":
         k = facts["coverage"]
-        return (f"{head}: its evaluation (the DataLoader made at {k.made_at}, pass {k.number}) evaluated "
+        return (f"{head}: its evaluation (the DataLoader made at {k.made_at}, evaluation {k.number}) evaluated "
                 f"{k.duplicates} example(s) more than once and left {k.missing} out (coverage)")
     if cause == "mean-of-means":
         values = ", ".join(f"{v:.6g}" for v in facts["values"])

@@ -118,6 +118,11 @@ def _script_line(frame) -> str | None:
 
 
 def _values(t) -> tuple:
+    """A small tensor's values (or a list of them, or of numbers: an `_object` collective's), else ()."""
+    if isinstance(t, (int, float)) and not isinstance(t, bool):
+        return (float(t),)
+    if isinstance(t, (list, tuple)) and t and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in t):
+        return tuple(float(x) for x in t) if len(t) <= SMALL else ()
     if isinstance(t, (list, tuple)):
         parts = [x for x in t if isinstance(x, torch.Tensor)]
         if not parts or sum(x.numel() for x in parts) > SMALL:
@@ -140,6 +145,12 @@ def _reduce_name(op: str, args, kwargs) -> str:
 
 def _given(op: str, args, kwargs):
     """(the tensor the rank gives, where the result lands) of a collective call."""
+    if op in ("all_gather_object", "gather_object"):
+        obj = args[1] if len(args) > 1 else kwargs.get("obj")
+        out = args[0] if args else kwargs.get("object_list", kwargs.get("object_gather_list"))
+        if op == "gather_object":
+            obj, out = (args[0] if args else kwargs.get("obj")), (args[1] if len(args) > 1 else kwargs.get("object_gather_list"))
+        return obj, out
     if op in ("all_gather", "all_gather_into_tensor"):
         given = args[1] if len(args) > 1 else kwargs.get("tensor", kwargs.get("input_tensor"))
         out = args[0] if args else kwargs.get("tensor_list", kwargs.get("output_tensor"))
