@@ -7,12 +7,14 @@ logging, tqdm's last state; inrank/evaluation.py), and lined up between two runs
 **A figure** is a number in a line, and its label the words before it (else after it). Lines are lined up by
 their template (the line with each number written '#'): the k-th line of a template at world N is the k-th
 at world 1, and in it the i-th number is the i-th. A progress bar (tqdm) gives its postfix's `key=value`
-pairs only. Dates and clock times are taken out before the numbers are read; warnings, tracebacks and lines
-naming a source line (file.py:12) hold no figure.
+pairs only. Dates and clock times are taken out before the numbers are read; warnings, tracebacks, lines
+naming a source line (file.py:12), and lines about one rank, device or shard, or the world size, hold no
+figure to compare (what they say depends on the world size by design).
 
 **Not compared** (`unmeasured`): figures whose label says they measure time, speed, memory, progress
 (epoch, step, iteration, batch counters; a percentage of a bar), or depend on the world size by design
-(a per-rank count, the learning rate, which scripts scale with the world size).
+(a per-rank count, the learning rate, which scripts scale with the world size); a label without a word
+("[640/60000 (1%)]") says nothing of what it counts.
 """
 
 from __future__ import annotations
@@ -29,12 +31,15 @@ _BAR = re.compile(r"\d+%\|.*\||\d+(?:\.\d+)?\s*(?:it/s|s/it)")
 _POSTFIX = re.compile(r"([A-Za-z_][\w ./-]*?)\s*=\s*([-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)")
 _UNMEASURED = re.compile(
     r"\b(?:time|times|timing|sec|secs|second|seconds|ms|min|mins|minutes|hours?|elapsed|eta|took|duration|speed|"
-    r"throughput|it/s|s/it|samples?/s|tokens?/s|img/s|images?/s|per ?sec|fps|mem|memory|gb|mb|gib|mib|kb|bytes|"
+    r"throughput|mfu|tflops|flops|it/s|s/it|samples?/s|tokens?/s|img/s|images?/s|per ?sec|fps|mem|memory|gb|mb|gib|mib|kb|bytes|"
     r"cuda|alloc|allocated|reserved|epoch|epochs|step|steps|iter|iters|iteration|iterations|batch|batches|progress|"
     r"date|data|lr|learning[ _]rate|world|world_size|rank|ranks|gpus?|devices?|nproc|processes|workers|seed|pid|port|"
     r"version|v)\b|[%/]$", re.IGNORECASE)
 
 _NOT_FIGURES = re.compile(r"\w+(?:Warning|Error|Exception)\b|^\s*(?:File \"|Traceback|warnings\.warn)|\.py:\d+")
+# a line about one rank or one device (its shard, its count) holds figures that depend on the world size by design
+_PER_RANK = re.compile(r"\b(?:rank|local[ _]rank|per[ _-]?(?:rank|device|gpu|process|worker)|this (?:rank|process|device)|"
+                       r"shard|world[ _]size|gpus?|devices|processes)\b", re.IGNORECASE)
 _LINKS = {"over", "of", "on", "in", "with", "for", "at", "to", "from", "across", "by"}
 
 
@@ -68,7 +73,7 @@ class FigureRow:
 def unmeasured(label: str, unit: str = "") -> bool:
     """A figure of time, speed, memory, progress or a date, or one that depends on the world size by design: by its
     label, or the unit written after it ("3.2 s", "1.2 GB", "120 samples/s")."""
-    return not label or bool(_UNMEASURED.search(label.strip().lower())) or bool(
+    return not re.search(r"[A-Za-z]", label) or bool(_UNMEASURED.search(label.strip().lower())) or bool(
         unit and re.fullmatch(r"s|ms|us|h|m|min|sec|secs|gb|mb|kb|gib|mib|kib|b|%|\S*/s|\S*/it|it", unit.lower()))
 
 
@@ -80,7 +85,7 @@ def figures_of(lines) -> list[Figure]:
     """Every figure of rank 0's lines (PrintedLine), keyed as the module docstring says."""
     out, counts = [], {}
     for line in lines:
-        if _NOT_FIGURES.search(line.text):
+        if _NOT_FIGURES.search(line.text) or _PER_RANK.search(line.text):
             continue
         text = _CLOCK.sub("<clock>", line.text)
         if _BAR.search(text):   # a progress bar: its postfix only
