@@ -60,7 +60,8 @@ def test_figures_are_labelled_by_the_words_before_them_and_a_bar_gives_its_postf
 
 def test_time_speed_memory_progress_dates_and_world_size_figures_are_not_compared():
     figs = figures_of(_lines("took 3.2 s, 120.5 samples/s, lr 0.1, max mem 1.2 GB",
-                             "2026-11-28 10:15:22,123 step 40 world size 2 accuracy 0.5",
+                             "2026-11-28 10:15:22,123 step 40 [640/60000 (1%)] accuracy 0.5",
+                             "world size 2, rank 0: 27 examples evaluated",
                              "UserWarning: OMP_NUM_THREADS unset, we set it at 2"))
     kept = [f.label for f in figs if not unmeasured(f.label, f.unit)]
     assert kept == ["accuracy"], f"only the accuracy is a figure to compare: {[(f.label, f.unit) for f in figs]}"
