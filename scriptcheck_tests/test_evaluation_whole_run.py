@@ -122,6 +122,15 @@ def test_a_main_pass_without_its_tail_and_the_tail_on_every_rank_make_one_evalua
     assert coverage_of(main_only, world_1)[0].missing == 1, "without the tail, one example left out"
 
 
+def test_random_evaluation_batches_drawn_per_rank_are_counted_but_not_judged():
+    sample = EpochPass(loader=1, made_at="val.py:30", sampler="RandomSampler", shuffles=True, number=1, batches=2,
+                       indices=[5, 9, 2, 40], exhausted=True, started=1, ended=2, dataset_size=53)
+    other = EpochPass(loader=1, made_at="val.py:30", sampler="RandomSampler", shuffles=True, number=1, batches=2,
+                      indices=[7, 9, 31, 11], exhausted=True, started=1, ended=2, dataset_size=53)
+    counted = coverage_of(_world(2, [[sample], [other]]), _world(1, [[sample]]))[0]
+    assert counted.sampled and counted.duplicates == 1 and not counted.problem, counted
+
+
 # -- a figure's evidence (no run) ------------------------------------------------------------------------------
 
 def _row(world_1_line, world_n_line, label, seq=10):

@@ -15,7 +15,9 @@ counted against world 1's: repeated examples (a DistributedSampler's padding, ac
 and world 1's examples no rank evaluated (drop_last, an uneven split). A rank that evaluated world 1's whole
 set (rank 0 alone, or every rank the whole set) is no coverage problem; repeats dropped by accelerate's
 gather_for_metrics (called in the evaluation) are not either. An evaluation world 1 itself repeats examples in (a sampler
-drawing with replacement) or with a pass a rank left early (a fixed number of batches) is not counted.
+drawing with replacement) or with a pass a rank left early (a fixed number of batches) is not counted; one
+whose sampler shuffles and stops short of its dataset (random evaluation batches, drawn per rank) is counted
+and said, not judged: it has no set to cover.
 
 **A figure's evidence** (only for a figure that differs from world 1's while world 1 and its rerun agree): the
 last DataLoader pass rank 0 fetched from before the line must be an evaluation pass P; the collectives rank 0
@@ -23,7 +25,8 @@ called between P's first batch and the line (`CollectiveSeen`, matched across ra
 window. In this order: P's coverage problem; a tensor reduced more than once in the window; a reduction
 whose per-rank values' plain mean is the figure while the ranks' shard sizes differ (a mean of means; the
 mean weighted by the shard sizes is what world 1 computes); a SUM whose total is the figure, about N times
-world 1's (a sum of means); rank 0's shard smaller than world 1's set with no collective in the window.
+world 1's (a sum of means); rank 0's shard smaller than world 1's set with no collective in the window. A
+figure of a random sample drawn per rank is not compared.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Coverage:
     by: str                   # "sampler indices" | "input digests"
     whole_on_a_rank: bool = False   # a rank evaluated world 1's whole set
     keys: tuple = ()          # rank 0's passes in it at world N: (the loader's line, k-th evaluation pass from it)
+    sampled: bool = False     # a random sample of the set (a shuffling sampler short of the dataset): not judged
 
     @property
     def duplicates(self) -> int:
@@ -61,13 +65,14 @@ class Coverage:
 
     @property
     def problem(self) -> bool:
-        return not self.whole_on_a_rank and (self.missing > 0 or (self.duplicates > 0 and not self.gathered))
+        return not self.whole_on_a_rank and not self.sampled and (self.missing > 0 or (self.duplicates > 0 and not self.gathered))
 
     def to_json(self) -> dict:
         return {"loader": self.made_at, "evaluation": self.number, "world": self.world, "world_1": self.reference,
                 "dataset": self.dataset, "seen": self.seen, "distinct": self.distinct, "duplicates": self.duplicates,
                 "missing": self.missing, "shards": list(self.shards), "gather_for_metrics": self.gathered,
-                "by": self.by, "whole_on_a_rank": self.whole_on_a_rank, "problem": self.problem}
+                "by": self.by, "whole_on_a_rank": self.whole_on_a_rank, "random_sample": self.sampled,
+                "problem": self.problem}
 
 
 @dataclass
@@ -157,10 +162,12 @@ def coverage_of(run_n, run_1) -> list[Coverage]:
         union = set(examples)
         lines = ", ".join(dict.fromkeys(p.made_at for _, p in ref))
         on_a_rank = any(set().union(*(set(_examples(p, by)) for _, p in rank)) >= whole for rank in per_rank if rank)
+        # random batches drawn per rank (a shuffling sampler that stops short of its dataset): no set to cover
+        sampled = any(p.shuffles and p.dataset_size and len(_examples(p, by)) < p.dataset_size for _, p in ref)
         out.append(Coverage(lines, number, run_n.world, len(whole), sum(p.dataset_size or 0 for _, p in ref) or None,
                             len(examples), len(union), len(whole - union), shards,
                             any(p.gathered for rank in per_rank for _, p in rank), by, on_a_rank,
-                            tuple(key for key, _ in per_rank[0])))
+                            tuple(key for key, _ in per_rank[0]), sampled))
     return out
 
 
@@ -191,6 +198,8 @@ def figure_evidence(row: FigureRow, run_n, run_1, covered: dict):
     key = next((k for k, q in keyed_passes(rec0).items() if q is p), None)
     if key in covered and covered[key].problem:
         return "coverage", {"coverage": covered[key]}
+    if key in covered and covered[key].sampled:
+        return "random-sample", {"coverage": covered[key]}   # no cause: nothing to compare (judge_evaluation)
     window = _window(rec0, p, seq)
     twice = collections.Counter(c.tensor for c in window if c.reduce and c.tensor)
     again = next((c for c in window if twice[c.tensor] > 1), None)
@@ -299,7 +308,9 @@ def _figures(out: EvaluationJudgement, run_n, run_1, rerun, covered: dict) -> No
             status = "alike"
         else:
             found = figure_evidence(row, run_n, run_1, covered)
-            if found is not None:
+            if found is not None and found[0] == "random-sample":
+                status = "not compared: its evaluation is a random sample drawn per rank"
+            elif found is not None:
                 status = f"failed: {found[0]}"
                 failed.setdefault((row.key[0], row.key[2], found[0]), []).append((row, found))
             else:

@@ -219,6 +219,7 @@ def _evaluation_lines(evaluation) -> list[str]:
     said: dict = {}
     for c in evaluation.json.get("coverage", []):
         how = ("a rank evaluated world 1's whole set" if c["whole_on_a_rank"] else
+               "a random sample of the set, drawn per rank: not judged" if c["random_sample"] else
                f"{c['duplicates']} repeated, {c['missing']} left out" +
                (" (gather_for_metrics drops the repeats)" if c["gather_for_metrics"] and c["duplicates"] else ""))
         text = (f"world {c['world']} {c['seen']} example(s) ({', '.join(map(str, c['shards']))} per rank) against "
