@@ -91,7 +91,7 @@ def figures_not_compared(comparison, finding_names) -> str:
     """Why the figures of a world were not compared ("" where they were): training data world N cannot make
     world 1's (random numbers drawn per rank), or training that did not match."""
     world = f"world {comparison.world}" if comparison is not None else "world N"
-    if "randomness" in finding_names or "same-random-numbers" in finding_names:
+    if "randomness" in finding_names:   # draws beyond dropout (which the check switches off)
         return (f"{world}: the figures rank 0 reported were not compared: the script draws random numbers per rank "
                 "(finding randomness), so world N's training (and any evaluation batch drawn per rank) cannot be "
                 "world 1's")
