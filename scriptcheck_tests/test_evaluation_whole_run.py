@@ -166,11 +166,11 @@ def test_an_accumulator_reduced_twice_and_rank_0s_shard_are_named():
     assert cause == "rank-0-shard" and (facts["shard"], facts["whole"]) == (27, 53), (cause, facts)
 
 
-def test_a_figure_printed_after_training_and_not_an_evaluation_has_no_evidence():
+def test_a_figure_printed_after_training_batches_is_no_evaluations_figure():
     train = EpochPass(loader=0, made_at="t.py:9", sampler="RandomSampler", shuffles=True, number=1, epoch=1,
                       batches=4, started=1, ended=3)
     run = _world(2, [[train], [train]])
-    assert figure_evidence(_row("loss 0.5", "loss 0.6", "loss"), run, _world(1, [[train]]), {}) is None
+    assert figure_evidence(_row("loss 0.5", "loss 0.6", "loss"), run, _world(1, [[train]]), {})[0] == "training"
 
 
 # -- checkpoints (no run) ---------------------------------------------------------------------------------

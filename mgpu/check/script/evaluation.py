@@ -22,7 +22,7 @@ and said, not judged: it has no set to cover.
 **A figure's evidence** (only for a figure that differs from world 1's while world 1 and its rerun agree): the
 last DataLoader pass rank 0 fetched from before the line must be an evaluation pass P; the collectives rank 0
 called between P's first batch and the line (`CollectiveSeen`, matched across ranks by their count) are the
-window. In this order: P's coverage problem; a tensor reduced more than once in the window; a reduction
+window (a line after training batches is no evaluation's figure: rank 0's own batches, noted once). In this order: P's coverage problem; a tensor reduced more than once in the window; a reduction
 whose per-rank values' plain mean is the figure while the ranks' shard sizes differ (a mean of means; the
 mean weighted by the shard sizes is what world 1 computes); a SUM whose total is the figure, about N times
 world 1's (a sum of means); rank 0's shard smaller than world 1's set with no collective in the window. A
@@ -194,7 +194,7 @@ def figure_evidence(row: FigureRow, run_n, run_1, covered: dict):
         return None
     p = max(before, key=lambda q: q.ended)
     if p.epoch is not None or not p.batches:
-        return None   # the line follows training, not an evaluation
+        return "training", {}   # the line follows training batches, not an evaluation: no cause (judge_evaluation)
     key = next((k for k, q in keyed_passes(rec0).items() if q is p), None)
     if key in covered and covered[key].problem:
         return "coverage", {"coverage": covered[key]}
@@ -292,11 +292,11 @@ def judge_evaluation(runs, by_kind: dict, comparisons: list, findings: list) -> 
 
 def _figures(out: EvaluationJudgement, run_n, run_1, rerun, covered: dict) -> None:
     from mgpu.check.script.causes.epochs import EpochProblem
-    from mgpu.check.script.causes.evaluation import figure_text, unexplained_text
+    from mgpu.check.script.causes.evaluation import figure_text, training_figures_text, unexplained_text
 
     rows = line_up(figures_of(run_1.ranks[0].printed), figures_of(rerun.ranks[0].printed),
                    figures_of(run_n.ranks[0].printed))
-    counts, failed = collections.Counter(), {}
+    counts, failed, during = collections.Counter(), {}, []
     for row in rows:
         if unmeasured(row.label, row.unit):
             status = "not compared: time, speed, memory, progress or set by the world size"
@@ -310,6 +310,9 @@ def _figures(out: EvaluationJudgement, run_n, run_1, rerun, covered: dict) -> No
             found = figure_evidence(row, run_n, run_1, covered)
             if found is not None and found[0] == "random-sample":
                 status = "not compared: its evaluation is a random sample drawn per rank"
+            elif found is not None and found[0] == "training":
+                status = "differs, printed during training"   # rank 0's own batches: one note for them all
+                during.append(row)
             elif found is not None:
                 status = f"failed: {found[0]}"
                 failed.setdefault((row.key[0], row.key[2], found[0]), []).append((row, found))
@@ -321,6 +324,8 @@ def _figures(out: EvaluationJudgement, run_n, run_1, rerun, covered: dict) -> No
                                     "world_1": row.world_1.text if row.world_1 else None,
                                     "rerun": row.rerun.text if row.rerun else None,
                                     "world_n": row.world_n.text if row.world_n else None, "status": status})
+    if during:
+        out.notes.append(training_figures_text(during, run_n.world))
     for same in failed.values():   # one problem a figure and cause: its first line, the others counted
         row, (cause, facts) = same[0]
         out.problems.append(EpochProblem("figure", figure_text(row, run_n.world, cause, facts, len(same) - 1)))

@@ -11,7 +11,7 @@ input digests), the script's collectives on the rank's event clock with their sm
 
 from __future__ import annotations
 
-__all__ = ["coverage_text", "figure_text", "unexplained_text", "figures_not_compared"]
+__all__ = ["coverage_text", "figure_text", "unexplained_text", "figures_not_compared", "training_figures_text"]
 
 _FIX = ("shard the evaluation without padding (a sampler over range(rank, len(dataset), world_size), or "
         "DistributedSampler(drop_last=False) over a set the world size divides), sum the correct counts and the "
@@ -85,6 +85,14 @@ def unexplained_text(row, world: int) -> str:
     return (f"{_head(row, world)}: no evidence of a cause (coverage, the reduction across ranks, rank 0's shard): "
             "reported, not failed (an evaluation moves in whole examples: one prediction flipped by rounding moves "
             "it)")
+
+
+def training_figures_text(rows, world: int) -> str:
+    """Figures printed during training (after training batches, no evaluation between) that differ: one note."""
+    first = rows[0]
+    return (f"{len(rows)} figure(s) rank 0 printed during training differ at world {world} (the first: "
+            f"'{first.label}' {first.world_n.text} against world 1's {first.world_1.text}, \"{first.line}\"): "
+            "figures of rank 0's own batches, not of an evaluation: reported (the JSON lists them), not failed")
 
 
 def figures_not_compared(comparison, finding_names) -> str:
