@@ -84,6 +84,7 @@ def _eval(indices, made_at="val.py:30", number=1, started=1, ended=2, gathered=0
 
 def _world(world, passes_per_rank, collectives=None, printed=(), saves=None, state=()):
     ranks = [RankRecord(passes=p, rank=r, world=world, collectives_seen=(collectives or {}).get(r, []),
+                        switches=sorted((q.started, i) for i, q in enumerate(p)),
                         printed=list(printed) if r == 0 else [], saves=(saves or {}).get(r, []),
                         optimizer_state=list(state)) for r, p in enumerate(passes_per_rank)]
     return WorldRun(world, "A" if world == 1 else "", "cpu", [], ranks=ranks)

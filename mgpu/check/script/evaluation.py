@@ -182,6 +182,16 @@ def _matches(figure, x: float) -> bool:
     return any(abs(figure.value - x * s) <= tol * (10 if "e" in figure.text.lower() else 1) for s in (1, 100))
 
 
+def _fetching(record, seq: int):
+    """The pass that delivered the rank's last batch before clock `seq` (RankRecord.switches), or None."""
+    last = None
+    for tick, index in getattr(record, "switches", []):
+        if tick >= seq:
+            break
+        last = index
+    return record.passes[last] if last is not None and last < len(record.passes) else None
+
+
 def _window(rec0, p, seq: int) -> list:
     return [c for c in rec0.collectives_seen if p.started <= c.seq < seq]
 
@@ -189,10 +199,9 @@ def _window(rec0, p, seq: int) -> list:
 def figure_evidence(row: FigureRow, run_n, run_1, covered: dict):
     """(cause, facts) for a figure that differs (the module docstring's evidence, in its order), or None."""
     rec0, seq = run_n.ranks[0], row.world_n.seq
-    before = [p for p in rec0.passes if p.ended and p.ended < seq]
-    if not before:
+    p = _fetching(rec0, seq)
+    if p is None:
         return None
-    p = max(before, key=lambda q: q.ended)
     if p.epoch is not None or not p.batches:
         return "training", {}   # the line follows training batches, not an evaluation: no cause (judge_evaluation)
     key = next((k for k, q in keyed_passes(rec0).items() if q is p), None)

@@ -113,6 +113,7 @@ class EpochWatch:
         self.last_training: EpochPass | None = None
         self.saved: list = []
         self.loaders: dict = {}          # id(loader) -> ordinal
+        self.switches: list = []         # (clock, index in passes) where another pass began to deliver batches
 
     def install(self) -> None:
         from torch.utils.data import dataloader
@@ -179,6 +180,10 @@ class EpochWatch:
         if self.clock is not None:
             p.ended = self.clock()
             p.started = p.started or p.ended
+            if (not self.switches or self.passes[self.switches[-1][1]] is not p) and len(self.switches) < MOST_INDICES:
+                # another pass fetches now: its place in the passes, for the judge's "which pass came last"
+                self.switches.append((p.ended, next(i for i in range(len(self.passes) - 1, -1, -1)
+                                                    if self.passes[i] is p)))
         p.no_grad = (p.batches == 1 or p.no_grad) and not torch.is_grad_enabled()
         if self.digest is not None and p.epoch is None and len(p.digests) < MOST_INDICES:
             p.digests.extend(self.digest(data))

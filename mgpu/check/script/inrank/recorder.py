@@ -384,6 +384,7 @@ class Recorder:
     def result(self) -> RankRecord:
         record = self._record()
         record.passes = list(self.epochs.passes) if self.epochs is not None else []
+        record.switches = list(self.epochs.switches) if self.epochs is not None else []
         if self.evaluation is not None:
             self.evaluation.into(record)
         record.randomness = {**self.draws.evidence(), **self.keyed.evidence(), "dropout": dict(self.mode.calls)}

@@ -160,3 +160,4 @@ class RankRecord:
     printed: list = field(default_factory=list)          # --whole-run, rank 0: PrintedLine, in order
     saves: list = field(default_factory=list)            # --whole-run: SaveCall, in order
     optimizer_state: list = field(default_factory=list)  # --whole-run: the optimizers holding state at the end
+    switches: list = field(default_factory=list)  # --whole-run: (clock, index in passes) where another pass began to fetch
