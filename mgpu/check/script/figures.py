@@ -33,10 +33,12 @@ _UNMEASURED = re.compile(
     r"\b(?:time|times|timing|sec|secs|second|seconds|ms|min|mins|minutes|hours?|elapsed|eta|took|duration|speed|"
     r"throughput|mfu|tflops|flops|it/s|s/it|samples?/s|tokens?/s|img/s|images?/s|per ?sec|fps|mem|memory|gb|mb|gib|mib|kb|bytes|"
     r"cuda|alloc|allocated|reserved|epoch|epochs|step|steps|iter|iters|iteration|iterations|batch|batches|progress|"
+    r"batch[_ ]size|bs|micro[_ ]?batch\w*|grad(?:ient)?[_ ]accum\w*|accum\w*|"
     r"date|data|lr|learning[ _]rate|world|world_size|rank|ranks|gpus?|devices?|nproc|processes|workers|seed|pid|port|"
     r"version|v)\b|[%/]$", re.IGNORECASE)
 
-_NOT_FIGURES = re.compile(r"\w+(?:Warning|Error|Exception)\b|^\s*(?:File \"|Traceback|warnings\.warn)|\.py:\d+")
+_NOT_FIGURES = re.compile(r"\w+(?:Warning|Error|Exception)\b|^\s*(?:File \"|Traceback|warnings\.warn)|\.py:\d+|"
+                          r"Namespace\(")   # and the script's arguments echoed (their sizes follow the world size)
 # a line about one rank or one device (its shard, its count) holds figures that depend on the world size by design
 _PER_RANK = re.compile(r"\b(?:rank|local[ _]rank|per[ _-]?(?:rank|device|gpu|process|worker)|this (?:rank|process|device)|"
                        r"shard|world[ _]size|gpus?|devices|processes)\b", re.IGNORECASE)
