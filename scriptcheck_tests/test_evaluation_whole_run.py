@@ -261,6 +261,7 @@ def test_an_evaluation_padded_by_distributed_sampler_fails_naming_the_loader_the
     assert "gather_for_metrics" in coverage[0] and "all_reduce" in coverage[0], f"what to do: {coverage[0]}"
     figure = problems(report, "figure")
     assert any("'val accuracy'" in t and "(coverage)" in t for t in figure), figure
+    assert report.problems[0].name == "coverage", "the cause first, then the figures it moved"
 
 
 @pytest.mark.timeout(180)
@@ -296,6 +297,14 @@ def test_every_rank_saving_one_path_fails_naming_the_path_and_the_ranks():
 
 
 # -- slow: the other loops and flags ----------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_padding_gathered_and_cut_to_the_datasets_length_passes_with_the_repeat_in_a_note():
+    report = whole_run("eval_padded.py", "--truncate")
+    assert report.exit_code() == 0 and not report.problems, report.text()
+    assert any("1 example(s) evaluated more than once" in n and "Not failed" in n for n in report.notes), report.notes
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)

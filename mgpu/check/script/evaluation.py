@@ -14,7 +14,9 @@ saw the same examples (rank 0 alone; the same tail on every rank), else every ra
 counted against world 1's: repeated examples (a DistributedSampler's padding, accelerate's even_batches)
 and world 1's examples no rank evaluated (drop_last, an uneven split). A rank that evaluated world 1's whole
 set (rank 0 alone, or every rank the whole set) is no coverage problem; repeats dropped by accelerate's
-gather_for_metrics (called in the evaluation) are not either. An evaluation world 1 itself repeats examples in (a sampler
+gather_for_metrics (called in the evaluation) are not either; nor, reported as a note, repeats or gaps that no figure rank 0
+printed shows (every figure printed from the evaluation alike at world 1 and N: dropped before the reduction,
+as a script's own gather-and-truncate does). An evaluation world 1 itself repeats examples in (a sampler
 drawing with replacement) or with a pass a rank left early (a fixed number of batches) is not counted; one
 whose sampler shuffles and stops short of its dataset (random evaluation batches, drawn per rank) is counted
 and said, not judged: it has no set to cover.
@@ -262,7 +264,7 @@ def judge_evaluation(runs, by_kind: dict, comparisons: list, findings: list) -> 
     """Coverage, figures and checkpoints of a whole run's worlds (the module docstring; causes/evaluation.py and
     causes/checkpoints.py word them)."""
     from mgpu.check.script.causes.checkpoints import optimizer_unsaved, shared_paths
-    from mgpu.check.script.causes.evaluation import coverage_text, figures_not_compared
+    from mgpu.check.script.causes.evaluation import coverage_text, coverage_unreached_text, figures_not_compared
     from mgpu.check.script.causes.epochs import EpochProblem
 
     out = EvaluationJudgement(json={"coverage": [], "figures": [], "checkpoints": []})
@@ -283,29 +285,40 @@ def judge_evaluation(runs, by_kind: dict, comparisons: list, findings: list) -> 
         counted = coverage_of(r, run_1)
         covered = {key: c for c in counted for key in c.keys}
         out.json["coverage"] += [c.to_json() for c in counted]
+        comparison = next((c for c in comparisons if c.world == r.world), None)
+        why = figures_not_compared(comparison, [f.name for f in findings])
+        statuses: dict = {}
+        first = len(out.problems)   # this world's coverage problems go before its figures'
+        if run_1 is None or rerun is None or why:
+            if run_1 is not None and figures_of(run_1.ranks[0].printed):
+                out.notes.append(why or f"world {r.world}: the figures were not compared (world 1 failed)")
+        else:
+            statuses = _figures(out, r, run_1, rerun, covered)
         by_loader: dict = {}   # one problem a loader: its evaluations listed
         for c in counted:
             if c.problem:
                 by_loader.setdefault(c.made_at, []).append(c)
-        out.problems += [EpochProblem("coverage", coverage_text(cs[0], [c.number for c in cs]))
-                         for cs in by_loader.values()]
-        comparison = next((c for c in comparisons if c.world == r.world), None)
-        why = figures_not_compared(comparison, [f.name for f in findings])
-        if run_1 is None or rerun is None or why:
-            if run_1 is not None and figures_of(run_1.ranks[0].printed):
-                out.notes.append(why or f"world {r.world}: the figures were not compared (world 1 failed)")
-            continue
-        _figures(out, r, run_1, rerun, covered)
+        for cs in by_loader.values():
+            text = coverage_text(cs[0], [c.number for c in cs])
+            said = [st for c in cs for key in c.keys for st in statuses.get(key, [])]
+            if said and all(st == "alike" for st in said):   # the repeats never reached a figure rank 0 printed
+                out.notes.append(coverage_unreached_text(text, len(said)))
+            else:
+                out.problems.insert(first, EpochProblem("coverage", text))
+                first += 1
     return out
 
 
-def _figures(out: EvaluationJudgement, run_n, run_1, rerun, covered: dict) -> None:
+def _figures(out: EvaluationJudgement, run_n, run_1, rerun, covered: dict) -> dict:
+    """The figures lined up and judged (the module docstring); returns each evaluation pass's key -> the statuses
+    of the figures printed from it (the coverage of an evaluation whose figures are all alike is not failed)."""
     from mgpu.check.script.causes.epochs import EpochProblem
     from mgpu.check.script.causes.evaluation import figure_text, training_figures_text, unexplained_text
 
     rows = line_up(figures_of(run_1.ranks[0].printed), figures_of(rerun.ranks[0].printed),
                    figures_of(run_n.ranks[0].printed))
-    counts, failed, during = collections.Counter(), {}, []
+    counts, failed, during, by_key = collections.Counter(), {}, [], {}
+    keys = {id(p): k for k, p in keyed_passes(run_n.ranks[0]).items()}
     for row in rows:
         if unmeasured(row.label, row.unit):
             status = "not compared: time, speed, memory, progress or set by the world size"
@@ -329,6 +342,9 @@ def _figures(out: EvaluationJudgement, run_n, run_1, rerun, covered: dict) -> No
                 status = "differs, no evidence of a cause"
                 out.notes.append(unexplained_text(row, run_n.world))
         counts[status.split(":")[0]] += 1
+        fetched = _fetching(run_n.ranks[0], row.world_n.seq) if row.world_n is not None else None
+        if fetched is not None and id(fetched) in keys and not status.startswith("not compared"):
+            by_key.setdefault(keys[id(fetched)], []).append(status)
         out.json["figures"].append({"world": run_n.world, "label": row.label, "line": row.line,
                                     "world_1": row.world_1.text if row.world_1 else None,
                                     "rerun": row.rerun.text if row.rerun else None,
@@ -341,3 +357,4 @@ def _figures(out: EvaluationJudgement, run_n, run_1, rerun, covered: dict) -> No
     if rows:
         out.lines.append(f"figures rank 0 reported, world {run_n.world} against world 1: " +
                          ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    return by_key

@@ -11,7 +11,7 @@ input digests), the script's collectives on the rank's event clock with their sm
 
 from __future__ import annotations
 
-__all__ = ["coverage_text", "figure_text", "unexplained_text", "figures_not_compared", "training_figures_text"]
+__all__ = ["coverage_unreached_text", "coverage_text", "figure_text", "unexplained_text", "figures_not_compared", "training_figures_text"]
 
 _FIX = ("shard the evaluation without padding (a sampler over range(rank, len(dataset), world_size), or "
         "DistributedSampler(drop_last=False) over a set the world size divides), sum the correct counts and the "
@@ -37,6 +37,13 @@ def coverage_text(c, passes=()) -> str:
             f"{c.world} ({', '.join(map(str, c.shards))} per rank, {c.distinct} distinct) against world 1's "
             f"{c.reference}{dataset}: {'; '.join(parts)} (from the {c.by}); a figure reduced over it counts the "
             f"repeats and misses the left-out: {fix}")
+
+
+def coverage_unreached_text(coverage: str, alike: int) -> str:
+    """A coverage problem whose figures are all world 1's: said, not failed."""
+    return (f"{coverage}. Not failed: every figure rank 0 printed from it ({alike}) is world 1's, so the repeats or "
+            "gaps did not reach them (dropped before the figure, as gathering and truncating to the dataset's length "
+            "does)")
 
 
 def _head(row, world: int) -> str:
