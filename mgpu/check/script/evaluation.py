@@ -14,9 +14,10 @@ saw the same examples (rank 0 alone; the same tail on every rank), else every ra
 counted against world 1's: repeated examples (a DistributedSampler's padding, accelerate's even_batches)
 and world 1's examples no rank evaluated (drop_last, an uneven split). A rank that evaluated world 1's whole
 set (rank 0 alone, or every rank the whole set) is no coverage problem; repeats dropped by accelerate's
-gather_for_metrics (called in the evaluation) are not either; nor, reported as a note, repeats or gaps that no figure rank 0
-printed shows (every figure printed from the evaluation alike at world 1 and N: dropped before the reduction,
-as a script's own gather-and-truncate does). An evaluation world 1 itself repeats examples in (a sampler
+gather_for_metrics (called in the evaluation) are not either; nor, reported as a note, repeats that no figure rank 0 printed shows
+where rank 0 gathered in the evaluation (every figure printed from it alike at world 1 and N, no example
+left out, an all_gather or gather called: the predictions collected and the padding cut off, as a script's
+own gather-and-truncate does). An evaluation world 1 itself repeats examples in (a sampler
 drawing with replacement) or with a pass a rank left early (a fixed number of batches) is not counted; one
 whose sampler shuffles and stops short of its dataset (random evaluation batches, drawn per rank) is counted
 and said, not judged: it has no set to cover.
@@ -301,12 +302,27 @@ def judge_evaluation(runs, by_kind: dict, comparisons: list, findings: list) -> 
         for cs in by_loader.values():
             text = coverage_text(cs[0], [c.number for c in cs])
             said = [st for c in cs for key in c.keys for st in statuses.get(key, [])]
-            if said and all(st == "alike" for st in said):   # the repeats never reached a figure rank 0 printed
+            if said and all(st == "alike" for st in said) and all(not c.missing and _gathered(r.ranks[0], c)
+                                                                 for c in cs):   # gathered, the repeats cut off
                 out.notes.append(coverage_unreached_text(text, len(said)))
             else:
                 out.problems.insert(first, EpochProblem("coverage", text))
                 first += 1
     return out
+
+
+def _gathered(rec0, coverage: Coverage) -> bool:
+    """Rank 0 gathered (all_gather, gather, their _object forms) after one of the evaluation's passes began and
+    before the next pass: the predictions collected, so that the script could cut the padding off."""
+    passes = keyed_passes(rec0)
+    for key in coverage.keys:
+        p = passes.get(key)
+        if p is None:
+            continue
+        after = min((q.started for q in rec0.passes if q.started > p.ended), default=float("inf"))
+        if any(c.op in _GATHERS and p.started <= c.seq < after for c in rec0.collectives_seen):
+            return True
+    return False
 
 
 def _figures(out: EvaluationJudgement, run_n, run_1, rerun, covered: dict) -> dict:

@@ -41,9 +41,9 @@ def coverage_text(c, passes=()) -> str:
 
 def coverage_unreached_text(coverage: str, alike: int) -> str:
     """A coverage problem whose figures are all world 1's: said, not failed."""
-    return (f"{coverage}. Not failed: every figure rank 0 printed from it ({alike}) is world 1's, so the repeats or "
-            "gaps did not reach them (dropped before the figure, as gathering and truncating to the dataset's length "
-            "does)")
+    return (f"{coverage}. Not failed: rank 0 gathered in the evaluation and every figure it printed from it ({alike}) "
+            "is world 1's: the repeats were cut off before the figures (as gathering and truncating to the dataset's "
+            "length does)")
 
 
 def _head(row, world: int) -> str:
