@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 import sys
 import threading
 
@@ -71,7 +72,8 @@ def _first_tensor(data, depth: int):
         return data
     if depth > 3:
         return None
-    items = data.values() if isinstance(data, dict) else data if isinstance(data, (list, tuple)) else ()
+    # a dict, or a Mapping that is not one (HF's BatchEncoding is a UserDict)
+    items = data.values() if isinstance(data, Mapping) else data if isinstance(data, (list, tuple)) else ()
     for item in items:
         found = _first_tensor(item, depth + 1)
         if found is not None:
