@@ -357,9 +357,17 @@ class EvalWatch:
 
     # -- the record --------------------------------------------------------------------------------------
 
-    def into(self, record) -> None:
-        """The RankRecord's fields; each gather_for_metrics call counted on the pass it fell in."""
+    def epoch_watch(self, epoch_steps: int, batches: list):
+        """The EpochWatch of the rank (epochs.py), its passes on this clock, its evaluations' examples digested."""
+        from mgpu.check.script.inrank.epochs import EpochWatch
+
+        return EpochWatch(epoch_steps, batches, self.tick, batch_digests)
+
+    def into(self, record, switches=()) -> None:
+        """The RankRecord's fields (and the EpochWatch's `switches`); each gather_for_metrics call counted on the
+        pass it fell in."""
         record.collectives_seen, record.printed, record.saves = self.collectives, self.printed, self.saves
+        record.switches = list(switches)
         record.optimizer_state = sorted(set(self.stateful.values()))
         for seq in self.gathered:
             inside = [p for p in record.passes if p.started and p.started <= seq]

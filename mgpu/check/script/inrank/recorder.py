@@ -45,8 +45,8 @@ from mgpu.check.script.inrank.batchnorm import SyncedBatchNorm
 from mgpu.check.script.inrank.collectives import CollectiveWatch
 from mgpu.check.script.inrank.draws import DrawWatch, module_generator
 from mgpu.check.script.inrank.evidence import is_setup_step, process_group_size, suspect_values
-from mgpu.check.script.inrank.epochs import EpochWatch, made_at
-from mgpu.check.script.inrank.evaluation import EvalWatch, batch_digests
+from mgpu.check.script.inrank.epochs import made_at
+from mgpu.check.script.inrank.evaluation import EvalWatch
 from mgpu.check.script.inrank.feeds import FeedWatch
 from mgpu.check.script.inrank.keyed import KeyedData, in_fetch, note
 from mgpu.check.script.inrank.meeting import Meeting
@@ -133,8 +133,7 @@ class Recorder:
         self.whole = job.epoch_steps > 0
         self.trace_step = job.trace_step         # locate.py's traced rerun stops at its step, whole run or not
         self.evaluation = EvalWatch(self.rank) if self.whole else None   # collectives, lines, saves (evaluation.py)
-        self.epochs = EpochWatch(job.epoch_steps, self.batches, self.evaluation.tick, batch_digests) \
-            if self.whole else None
+        self.epochs = self.evaluation.epoch_watch(job.epoch_steps, self.batches) if self.whole else None
         world = int(os.environ.get("WORLD_SIZE", "1"))
         self.meeting = Meeting(job.folder, job.tag, self.rank, world, self._progress) \
             if self.whole and world > 1 else None
@@ -384,9 +383,8 @@ class Recorder:
     def result(self) -> RankRecord:
         record = self._record()
         record.passes = list(self.epochs.passes) if self.epochs is not None else []
-        record.switches = list(self.epochs.switches) if self.epochs is not None else []
         if self.evaluation is not None:
-            self.evaluation.into(record)
+            self.evaluation.into(record, self.epochs.switches)
         record.randomness = {**self.draws.evidence(), **self.keyed.evidence(), "dropout": dict(self.mode.calls)}
         return record
 
