@@ -31,6 +31,7 @@ CATALOGUE = {
     "same-random-numbers": "(s) every rank drew the same random numbers for its examples",
     "uninitialised-memory": "(s) weights that start from uninitialised memory (torch.empty)",
     "collective-without-autograd": "(s) a torch.distributed collective in the step that autograd does not see",
+    "checkpoint-optimizer": "(s) --whole-run: the model's weights saved, never the state of an optimizer that holds some",
 }
 
 

@@ -39,6 +39,7 @@ class Judgement:
     unreproducible: ScriptDivergence | None = None
     comparisons: list[WorldComparison] = field(default_factory=list)
     problems: list = field(default_factory=list)   # --whole-run: the order of the data (causes/epochs.py), failures
+    evaluation: object = None                      # --whole-run: evaluation.EvaluationJudgement (coverage, figures)
 
 
 def judge(plan: ScriptCheckPlan, runs: list[WorldRun]) -> Judgement:
@@ -87,7 +88,13 @@ def judge(plan: ScriptCheckPlan, runs: list[WorldRun]) -> Judgement:
         result.precision = label
         out.comparisons.append(result)
     if options.whole_run:
+        from mgpu.check.script.evaluation import judge_evaluation
+
         out.problems = whole_run_problems(runs, by_kind)
+        out.evaluation = judge_evaluation(runs, by_kind, out.comparisons, out.findings)
+        out.problems += out.evaluation.problems
+        out.notes += out.evaluation.notes
+        out.findings += [Finding(name, text) for name, text in out.evaluation.findings]
     return out
 
 

@@ -33,6 +33,7 @@ class ScriptReport(CheckReport):
     timings: dict = field(default_factory=dict)
     problems: list = field(default_factory=list)     # --whole-run: EpochProblem (causes/epochs.py), failures
     epoch_steps: int = 0                             # --whole-run's --epoch-steps; 0: not a whole run
+    evaluation: object = None                        # --whole-run: evaluation.EvaluationJudgement
 
     @classmethod
     def of(cls, target, options, runs: list, judgement) -> "ScriptReport":
@@ -40,7 +41,8 @@ class ScriptReport(CheckReport):
         return cls(target.label(), list(target.args), options.worlds, options.steps, runs=runs,
                    comparisons=judgement.comparisons, failures=judgement.failures, findings=judgement.findings,
                    notes=judgement.notes, unreproducible=judgement.unreproducible, problems=judgement.problems,
-                   epoch_steps=(options.epoch_steps or 0) if options.whole_run else 0)
+                   epoch_steps=(options.epoch_steps or 0) if options.whole_run else 0,
+                   evaluation=getattr(judgement, "evaluation", None))
 
     # -- verdict -----------------------------------------------------------------------------------
     @property
@@ -188,6 +190,7 @@ class ScriptReport(CheckReport):
         from mgpu.check.script.causes.epochs import epochs_of
 
         return {"epoch_steps": self.epoch_steps, "problems": [p.to_json() for p in self.problems],
+                "evaluation": self.evaluation.json if self.evaluation is not None else {},
                 "runs": [{"run": r.name, "world": r.world, "epochs": epochs_of(r.ranks[0]) if r.ranks else [],
                           "evaluation_passes": _evaluation_passes(r), "exits": r.exits} for r in self.runs]}
 
@@ -207,7 +210,24 @@ class ScriptReport(CheckReport):
                        + (f"; {evaluation} evaluation pass(es) (loaders that fed no step, not cut)" if evaluation else ""))
             if r.exits:
                 out.append(f"  exits: {'; '.join(r.exits)}")
-        return out
+        return out + (_evaluation_lines(self.evaluation) if self.evaluation is not None else [])
+
+
+def _evaluation_lines(evaluation) -> list[str]:
+    """Each evaluation loader's coverage at world N (examples per rank against world 1's; its passes alike in one
+    line), then the figures' tally."""
+    said: dict = {}
+    for c in evaluation.json.get("coverage", []):
+        how = ("a rank evaluated world 1's whole set" if c["whole_on_a_rank"] else
+               "a random sample of the set, drawn per rank: not judged" if c["random_sample"] else
+               f"{c['duplicates']} repeated, {c['missing']} left out" +
+               (" (gather_for_metrics drops the repeats)" if c["gather_for_metrics"] and c["duplicates"] else ""))
+        text = (f"world {c['world']} {c['seen']} example(s) ({', '.join(map(str, c['shards']))} per rank) against "
+                f"world 1's {c['world_1']}: {how}")
+        said.setdefault((c["loader"], text), []).append(str(c["evaluation"]))
+    out = [f"evaluation{'s' if len(passes) > 1 else ''} {', '.join(passes)} ({loader}): {text}"
+           for (loader, text), passes in said.items()]
+    return out + evaluation.lines
 
 
 def _evaluation_passes(run) -> int:

@@ -52,13 +52,26 @@ def _library(path: str) -> bool:
     return path.startswith(_LIBRARIES) or path.startswith(_TORCH) or path.startswith(_MGPU) or path.startswith("<")
 
 
-def made_at(frame) -> str:
-    """The first frame outside torch and mgpu, as file:line (relative to the working folder when inside it)."""
+def made_at(frame, through_libraries: bool = False) -> str:
+    """The first frame outside torch and mgpu, as file:line (relative to the working folder when inside it); with
+    `through_libraries`, where that frame is a library's (accelerate's prepare), the script's line that led there
+    too: "data_loader.py:441 (from train.py:40)"."""
     while frame is not None and (frame.f_code.co_filename.startswith(_TORCH) or
                                  frame.f_code.co_filename.startswith(_MGPU)):
         frame = frame.f_back
     if frame is None:
         return "?"
+    where = _file_line(frame)
+    if through_libraries and _library(frame.f_code.co_filename):
+        outer = frame
+        while outer is not None and _library(outer.f_code.co_filename):
+            outer = outer.f_back
+        if outer is not None:
+            where += f" (from {_file_line(outer)})"
+    return where
+
+
+def _file_line(frame) -> str:
     path = frame.f_code.co_filename
     rel = os.path.relpath(path) if os.path.isabs(path) else path
     return f"{os.path.basename(path) if rel.startswith('..') else rel}:{frame.f_lineno}"
@@ -89,8 +102,10 @@ def shuffling(loader) -> tuple[str, bool | None]:
 class EpochWatch:
     """The module docstring's passes and cut; `epoch_steps` 0 records the passes without cutting."""
 
-    def __init__(self, epoch_steps: int, batches: list):
+    def __init__(self, epoch_steps: int, batches: list, clock=None, digest=None):
         self.k = epoch_steps
+        self.clock = clock               # () -> the rank's event clock (evaluation.py), None: not kept
+        self.digest = digest             # batch -> a digest per example (evaluation.py), None: not kept
         self.batches = batches           # the Recorder's: each delivered batch's dataset indices (keyed.py)
         self.passes: list[EpochPass] = []
         self.epochs = 0                  # training passes so far
@@ -98,6 +113,7 @@ class EpochWatch:
         self.last_training: EpochPass | None = None
         self.saved: list = []
         self.loaders: dict = {}          # id(loader) -> ordinal
+        self.switches: list = []         # (clock, index in passes) where another pass began to deliver batches
 
     def install(self) -> None:
         from torch.utils.data import dataloader
@@ -119,7 +135,7 @@ class EpochWatch:
     def _init(self, original):
         def __init__(loader, *args, **kwargs):
             original(loader, *args, **kwargs)
-            loader.__dict__["_mgpu_made_at"] = made_at(sys._getframe(1))
+            loader.__dict__["_mgpu_made_at"] = made_at(sys._getframe(1), through_libraries=True)
         return __init__
 
     def _iter(self, original):
@@ -151,11 +167,26 @@ class EpochWatch:
                 p.exhausted = True
                 raise
             p.batches += 1
+            watch._evaluation_evidence(p, data)
             if len(watch.batches) > before and len(p.indices) < MOST_INDICES:
-                p.indices.extend(watch.batches[-1][:MOST_INDICES - len(p.indices)])
+                p.indices.extend(_through_subsets(getattr(it, "_dataset", None),
+                                                  watch.batches[-1][:MOST_INDICES - len(p.indices)]))
             watch.since.append((p, torch.is_grad_enabled()))
             return data
         return __next__
+
+    def _evaluation_evidence(self, p: EpochPass, data) -> None:
+        """The pass's place on the event clock, grad mode, and (while it has fed no step) its examples' digests."""
+        if self.clock is not None:
+            p.ended = self.clock()
+            p.started = p.started or p.ended
+            if (not self.switches or self.passes[self.switches[-1][1]] is not p) and len(self.switches) < MOST_INDICES:
+                # another pass fetches now: its place in the passes, for the judge's "which pass came last"
+                self.switches.append((p.ended, next(i for i in range(len(self.passes) - 1, -1, -1)
+                                                    if self.passes[i] is p)))
+        p.no_grad = (p.batches == 1 or p.no_grad) and not torch.is_grad_enabled()
+        if self.digest is not None and p.epoch is None and len(p.digests) < MOST_INDICES:
+            p.digests.extend(self.digest(data))
 
     def _new_pass(self, loader) -> EpochPass | None:
         ordinal = self.loaders.setdefault(id(loader), len(self.loaders))
@@ -165,6 +196,10 @@ class EpochWatch:
         sampler, shuffles = shuffling(loader)
         p = EpochPass(loader=ordinal, made_at=loader.__dict__.get("_mgpu_made_at", "?"), sampler=sampler,
                       shuffles=shuffles, number=number)
+        try:
+            p.dataset_size = len(loader.dataset)
+        except Exception:  # an IterableDataset without a length
+            pass
         self.passes.append(p)
         return p
 
@@ -180,13 +215,32 @@ class EpochWatch:
             return None
         if fed.epoch is None:
             self.epochs += 1
-            fed.epoch = self.epochs
+            fed.epoch, fed.digests = self.epochs, []   # a training pass: no evaluation's digests
         fed.steps += 1
         self.last_training = fed
         return fed.epoch
 
     def current(self) -> int | None:
         return self.last_training.epoch if self.last_training is not None else None
+
+
+def _through_subsets(dataset, indices: list) -> list:
+    """A Subset's indices as the indices of the dataset under it (nested Subsets followed): per-rank Subsets of
+    one dataset then name each example alike at every world size."""
+    from torch.utils.data import Subset
+
+    if not isinstance(dataset, Subset):
+        return indices
+    out = []
+    for i in indices:
+        ds = dataset
+        try:
+            while isinstance(ds, Subset) and isinstance(i, int):
+                i, ds = int(ds.indices[i]), ds.dataset
+        except (IndexError, TypeError, ValueError):
+            pass
+        out.append(i)
+    return out
 
 
 def _a_loop(frame) -> bool:

@@ -46,7 +46,8 @@ from mgpu.check.script.inrank.batchnorm import SyncedBatchNorm
 from mgpu.check.script.inrank.collectives import CollectiveWatch
 from mgpu.check.script.inrank.draws import DrawWatch, module_generator
 from mgpu.check.script.inrank.evidence import is_setup_step, process_group_size, suspect_values
-from mgpu.check.script.inrank.epochs import EpochWatch, made_at
+from mgpu.check.script.inrank.epochs import made_at
+from mgpu.check.script.inrank.evaluation import EvalWatch
 from mgpu.check.script.inrank.feeds import FeedWatch
 from mgpu.check.script.inrank.keyed import KeyedData, in_fetch, note
 from mgpu.check.script.inrank.meeting import Meeting
@@ -133,7 +134,8 @@ class Recorder:
         # published and the watcher that names a rank that left the others waiting (meeting.py)
         self.whole = job.epoch_steps > 0
         self.trace_step = job.trace_step         # locate.py's traced rerun stops at its step, whole run or not
-        self.epochs = EpochWatch(job.epoch_steps, self.batches) if self.whole else None
+        self.evaluation = EvalWatch(self.rank) if self.whole else None   # collectives, lines, saves (evaluation.py)
+        self.epochs = self.evaluation.epoch_watch(job.epoch_steps, self.batches) if self.whole else None
         world = int(os.environ.get("WORLD_SIZE", "1"))
         self.meeting = Meeting(job.folder, job.tag, self.rank, world, self._progress) \
             if self.whole and world > 1 else None
@@ -163,6 +165,7 @@ class Recorder:
         self.keyed.install()
         if self.epochs is not None:
             self.epochs.install()   # outermost: a cut batch is never fetched
+            self.evaluation.install()
         if self.meeting is not None:
             self.meeting.install()
 
@@ -170,6 +173,7 @@ class Recorder:
         if self.meeting is not None:
             self.meeting.uninstall()
         if self.epochs is not None:
+            self.evaluation.uninstall()
             self.epochs.uninstall()
         self.keyed.uninstall()  # the reverse of install: keyed wraps what FeedWatch wrapped
         self.draws.uninstall()
@@ -381,6 +385,8 @@ class Recorder:
     def result(self) -> RankRecord:
         record = self._record()
         record.passes = list(self.epochs.passes) if self.epochs is not None else []
+        if self.evaluation is not None:
+            self.evaluation.into(record, self.epochs.switches)
         record.randomness = {**self.draws.evidence(), **self.keyed.evidence(), "dropout": dict(self.mode.calls)}
         return record
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["ForwardRecord", "StepRecord", "CollectiveCall", "RankTiming", "EpochPass", "RankRecord"]
+__all__ = ["ForwardRecord", "StepRecord", "CollectiveCall", "RankTiming", "EpochPass", "RankRecord", "CollectiveSeen",
+           "PrintedLine", "SaveCall"]
 
 
 @dataclass
@@ -84,6 +85,49 @@ class EpochPass:
     indices: list = field(default_factory=list)   # the sampler's indices, in order (the first MOST_INDICES)
     cut: bool = False          # ended by the check after --epoch-steps steps
     exhausted: bool = False    # ended by its data
+    started: int = 0           # the rank's event clock at its first batch and at its last (evaluation.py)
+    ended: int = 0
+    digests: list = field(default_factory=list)   # an evaluation pass: a digest of each example's input, in order
+    dataset_size: int | None = None   # len(loader.dataset), where it has one
+    gathered: int = 0          # accelerate's gather_for_metrics calls while it ran (the padding dropped there)
+    no_grad: bool = False      # every batch fetched with grad mode off
+
+
+@dataclass(frozen=True)
+class CollectiveSeen:
+    """--whole-run: a torch.distributed collective the script called (evaluation.py): its place on the rank's event
+    clock, its count among the script's collectives (the same on every rank), and a small tensor's values."""
+
+    seq: int
+    number: int                # the script's n-th collective on this rank
+    op: str                    # "all_reduce"
+    reduce: str                # "SUM", "AVG", ... ("" where it reduces nothing)
+    where: str                 # the script's line
+    tensor: int                # id() of the tensor given (an accumulator reduced twice is one id)
+    numel: int
+    before: tuple = ()         # its values before and after (numel <= SMALL), else ()
+    after: tuple = ()
+
+
+@dataclass(frozen=True)
+class PrintedLine:
+    """--whole-run, rank 0: a line the script wrote to stdout or stderr (print, logging, tqdm's last state)."""
+
+    seq: int
+    stream: str                # "stdout" | "stderr"
+    text: str
+
+
+@dataclass(frozen=True)
+class SaveCall:
+    """--whole-run: a torch.save or torch.distributed.checkpoint save: where to, from which line, what it held."""
+
+    seq: int
+    how: str                   # "torch.save" | "dcp"
+    path: str                  # absolute; "" for a buffer (io.BytesIO)
+    where: str
+    optimizer: bool            # holds an optimizer's state (state_dict's "state" and "param_groups")
+    weights: bool              # holds a model's weights (a module, or a dict of tensors)
 
 
 @dataclass
@@ -112,3 +156,8 @@ class RankRecord:
     randomness: dict = field(default_factory=dict)  # the script's draws, seeds and keyed fetches (check/script/augment.py)
     passes: list = field(default_factory=list)      # --whole-run: every DataLoader pass (EpochPass), in order
     exit: str = ""                             # --whole-run: how the script ended ("returned", "SystemExit(0)")
+    collectives_seen: list = field(default_factory=list)  # --whole-run: CollectiveSeen, in order (evaluation.py)
+    printed: list = field(default_factory=list)          # --whole-run, rank 0: PrintedLine, in order
+    saves: list = field(default_factory=list)            # --whole-run: SaveCall, in order
+    optimizer_state: list = field(default_factory=list)  # --whole-run: the optimizers holding state at the end
+    switches: list = field(default_factory=list)  # --whole-run: (clock, index in passes) where another pass began to fetch
