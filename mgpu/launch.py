@@ -5,7 +5,7 @@
 `spawn` runs `torch.distributed.launcher.api.elastic_launch` in this process: one node, no
 restarts, a one-node rendezvous on 127.0.0.1 port 0 (the agent binds free ports itself, for the
 rendezvous and for the ranks' MASTER_PORT, so concurrent runs never race for one; see
-`_OneNodeRendezvous` for why not torch's c10d one), ranks forked
+mgpu/rendezvous.py for why not torch's c10d one), ranks forked
 from multiprocessing's fork server, which has imported torch once (see START_METHOD). The ranks see torchrun's environment variables, so the code they run is the code
 torchrun runs (MASTER_PORT is a store the agent hosts, TORCHELASTIC_USE_AGENT_STORE=True: a rank
 that starts a process group on a port of its own must set that to False). The agent watches the
@@ -206,92 +206,6 @@ def _quiet_agent():
             lg.propagate = propagate
 
 
-# The rendezvous backend `spawn` registers with torch's elastic registry (_OneNodeRendezvous).
-RDZV_BACKEND = "mgpu-one-node"
-# The rendezvous store's read timeout, as torch's c10d backend's default (read_timeout).
-_RDZV_READ_TIMEOUT_S = 60
-
-
-class _OneNodeRendezvous:
-    """torch's rendezvous for the one node `spawn` runs: what the c10d backend with is_host gives a
-    single node (a TCPStore on the endpoint, port 0: one the kernel picks; the ranks' MASTER_PORT, a
-    second store bound to a free port, shared with the ranks as TORCHELASTIC_USE_AGENT_STORE; MASTER_ADDR
-    the host's name), without its multi-node protocol, which a lone node only pays for: a random
-    0-0.3 s sleep before joining (to spread many nodes' first attempts), a heartbeat thread, a store
-    round trip at each of the agent's looks at the ranks, and a call of inspect.stack() for each of
-    its ~9 event records, which walks the caller's every frame and its source (about 0.3 s of CPU a
-    launch under pytest's deep stacks, where `inspect.getmodule` scans sys.modules for each frame).
-    Registered with torch's handler registry (`rendezvous_handler_registry.register`) as RDZV_BACKEND,
-    so the agent and everything it does are torch's own."""
-
-    def __init__(self, params):
-        from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
-
-        self._params = params
-        self._host, self._port = parse_rendezvous_endpoint(params.endpoint, default_port=0)
-        self._stores: list = []   # the rendezvous store, then the ranks' (their MASTER_PORT)
-        self._closed = False
-
-    # torch's RendezvousHandler interface (duck-typed: it is an ABC; subclassed in _handler_class)
-    def get_backend(self) -> str:
-        return RDZV_BACKEND
-
-    @property
-    def use_agent_store(self) -> bool:
-        return True
-
-    def next_rendezvous(self):
-        from datetime import timedelta
-
-        from torch.distributed import PrefixStore, TCPStore
-        from torch.distributed.elastic.rendezvous import RendezvousInfo, RendezvousStoreInfo
-
-        if not self._stores:
-            timeout = timedelta(seconds=_RDZV_READ_TIMEOUT_S)
-            self._stores.append(TCPStore(self._host, self._port, is_master=True, multi_tenant=True, timeout=timeout))
-            addr = self._params.local_addr or socket.getfqdn()  # as torch's c10d node descriptor
-            self._stores.append(TCPStore(addr, 0, is_master=True, multi_tenant=True))
-            self._addr = addr
-        store = PrefixStore(f"torch.rendezvous.{self._params.run_id}.0", self._stores[0])
-        return RendezvousInfo(store, 0, 1, RendezvousStoreInfo(self._addr, self._stores[1].port))
-
-    def is_closed(self) -> bool:
-        return self._closed
-
-    def set_closed(self) -> None:
-        self._closed = True
-
-    def num_nodes_waiting(self) -> int:
-        return 0
-
-    def get_run_id(self) -> str:
-        return self._params.run_id
-
-    def shutdown(self) -> bool:
-        """Release both stores (their ports close when the last reference goes)."""
-        self._closed = True
-        self._stores.clear()
-        return True
-
-
-_HANDLER_CLASS: list = []
-
-
-def _one_node_rendezvous(params):
-    """The creator registered with torch's rendezvous registry (a subclass of torch's handler ABC)."""
-    if not _HANDLER_CLASS:
-        from torch.distributed.elastic.rendezvous import RendezvousHandler
-
-        _HANDLER_CLASS.append(type("OneNodeRendezvous", (_OneNodeRendezvous, RendezvousHandler), {}))
-    return _HANDLER_CLASS[0](params)
-
-
-def _register_rendezvous() -> None:
-    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
-
-    rendezvous_handler_registry.register(RDZV_BACKEND, _one_node_rendezvous)  # the same creator again: a no-op
-
-
 def _server_preload(fn: Callable) -> list[str]:
     """What the fork server imports when it starts: _SERVER_PRELOAD, and the module of the rank function
     when it is mgpu's own (check-script's recorder, `mgpu check`'s ranks, `mgpu train`'s job). Each rank
@@ -323,6 +237,8 @@ def spawn(fn: Callable, cfg: Any, nprocs: int, port: int | None = None, deadline
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from mgpu import rendezvous
+
     if port is not None:
         check_port_free(port)
     end_time = None if deadline_s is None else time.time() + deadline_s
@@ -333,10 +249,10 @@ def spawn(fn: Callable, cfg: Any, nprocs: int, port: int | None = None, deadline
         with tempfile.TemporaryDirectory(prefix="mgpu-ranks-") as logs, _quiet_agent():
             config = LaunchConfig(
                 min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"mgpu-{uuid.uuid4().hex}",
-                rdzv_backend=RDZV_BACKEND, rdzv_endpoint=f"127.0.0.1:{port or 0}",
+                rdzv_backend=rendezvous.BACKEND, rdzv_endpoint=f"127.0.0.1:{port or 0}",
                 max_restarts=0, monitor_interval=poll_s, start_method=START_METHOD, signals_to_handle="SIGTERM",
                 logs_specs=DefaultLogsSpecs(log_dir=logs), **_shutdown_grace(LaunchConfig))
-            _register_rendezvous()
+            rendezvous.register()
             multiprocessing.get_context(START_METHOD).set_forkserver_preload(_server_preload(fn))
             # cfg as bytes: multiprocessing would send each tensor in it as a file descriptor, and the
             # fork server takes at most 253 per process (SCM_RIGHTS): a model's state dict has more.
