@@ -9,7 +9,9 @@
 #     bash docs/notes/measure/paired_command.sh main HEAD 5 -- sh -c '$PY -m pytest examples/test_loops.py -q -p no:cacheprovider'
 #
 # Each run's output goes to $PAIRED_LOGS/pair<i>-<A|B>.log (default a folder under /tmp, named at the start).
-# Take the quiet lock around it for a timing (nothing else running): /tmp/meas/quiet.sh bash ... here.
+# Take the quiet lock around it for a timing (nothing else running): /tmp/meas/quiet.sh bash ... here; or,
+# for runs too long to hold it through a whole pair, around each run: PAIRED_EACH=/tmp/meas/quiet.sh
+# (a command each run is started through; its own waiting is not counted).
 set -euo pipefail
 before=$1 after=$2 rounds=$3
 shift 3
@@ -26,6 +28,13 @@ busy() {  # the machine's busy core-seconds so far
 }
 run_in() {  # run_in TREE LOG COMMAND... -> "seconds exit busy-core-seconds"
   local tree=$1 log=$2 start end code b0 b1; shift 2
+  if [ -n "${PAIRED_EACH:-}" ]; then  # the wrapper's wait is outside the figures: timed inside it
+    (cd "$tree" && LOG="$log" PYTHONPATH="$tree" PY="$root/.venv/bin/python" $PAIRED_EACH bash -c '
+      b() { awk -v hz="$(getconf CLK_TCK)" "/^cpu /{print (\$2+\$3+\$4+\$7+\$8+\$9)/hz}" /proc/stat; }
+      s=$(date +%s.%N); b0=$(b); "$@" > "$LOG" 2>&1; c=$?; e=$(date +%s.%N); b1=$(b)
+      echo "$(echo "$e - $s" | bc) $c $(echo "$b1 - $b0" | bc)" > "$LOG.fig"' _ "$@") > "$log.wait" 2>&1 || true
+    cat "$log.fig"; return
+  fi
   start=$(date +%s.%N); b0=$(busy)
   (cd "$tree" && PYTHONPATH="$tree" PY="$root/.venv/bin/python" "$@" > "$log" 2>&1) && code=0 || code=$?
   end=$(date +%s.%N); b1=$(busy)
