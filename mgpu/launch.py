@@ -3,8 +3,9 @@
     >>> spawn(worker, cfg, nprocs=2)    # worker(cfg) runs in each rank with RANK, WORLD_SIZE, ... set
 
 `spawn` runs `torch.distributed.launcher.api.elastic_launch` in this process: one node, no
-restarts, a c10d rendezvous on 127.0.0.1 port 0 (the agent binds free ports itself, for the
-rendezvous and for the ranks' MASTER_PORT, so concurrent runs never race for one), ranks forked
+restarts, a one-node rendezvous on 127.0.0.1 port 0 (the agent binds free ports itself, for the
+rendezvous and for the ranks' MASTER_PORT, so concurrent runs never race for one; see
+mgpu/rendezvous.py for why not torch's c10d one), ranks forked
 from multiprocessing's fork server, which has imported torch once (see START_METHOD). The ranks see torchrun's environment variables, so the code they run is the code
 torchrun runs (MASTER_PORT is a store the agent hosts, TORCHELASTIC_USE_AGENT_STORE=True: a rank
 that starts a process group on a port of its own must set that to False). The agent watches the
@@ -72,6 +73,7 @@ DEADLINE_EXIT = errors.EXIT_RANK_DEADLINE
 # single-threaded process that never touched CUDA, so forking it is safe.
 START_METHOD = "forkserver"
 # torch._dynamo: DDP's constructor and the optimizers import it (about 1 s of a rank's start).
+# `_server_preload` adds the module of the first spawn's rank function where it is mgpu's own.
 _SERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "mgpu.launch"]
 # The environment this module was imported with. In a rank forked from the server it is the
 # server's (the launcher's when the server started), before the agent added RANK, WORLD_SIZE, ...
@@ -204,6 +206,18 @@ def _quiet_agent():
             lg.propagate = propagate
 
 
+def _server_preload(fn: Callable) -> list[str]:
+    """What the fork server imports when it starts: _SERVER_PRELOAD, and the module of the rank function
+    when it is mgpu's own (check-script's recorder, `mgpu check`'s ranks, `mgpu train`'s job). Each rank
+    imports that module anyway, to unpickle `fn`; imported in the server, the ranks forked from it
+    inherit it (check-script's recorder and its modules: 20-80 ms of CPU a rank). mgpu's modules only:
+    they start no thread and touch no CUDA at import, which the server must not (another package's
+    module, a test's, might: a `torch.cuda.is_available()` in a skip mark). Only the spawn that starts
+    the server decides; later ones with another function import theirs in each rank, as before."""
+    module = getattr(fn, "__module__", None) or ""
+    return _SERVER_PRELOAD + ([module] if module.startswith("mgpu.") and module not in _SERVER_PRELOAD else [])
+
+
 def _shutdown_grace(launch_config: type) -> dict:
     """LaunchConfig's grace for ranks between SIGTERM and SIGKILL, where this torch has the field
     (newer than 2.11, which found it missing on the H200 machine); older ones keep their default."""
@@ -223,6 +237,8 @@ def spawn(fn: Callable, cfg: Any, nprocs: int, port: int | None = None, deadline
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from mgpu import rendezvous
+
     if port is not None:
         check_port_free(port)
     end_time = None if deadline_s is None else time.time() + deadline_s
@@ -233,10 +249,11 @@ def spawn(fn: Callable, cfg: Any, nprocs: int, port: int | None = None, deadline
         with tempfile.TemporaryDirectory(prefix="mgpu-ranks-") as logs, _quiet_agent():
             config = LaunchConfig(
                 min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"mgpu-{uuid.uuid4().hex}",
-                rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{port or 0}", rdzv_configs={"is_host": True},
+                rdzv_backend=rendezvous.BACKEND, rdzv_endpoint=f"127.0.0.1:{port or 0}",
                 max_restarts=0, monitor_interval=poll_s, start_method=START_METHOD, signals_to_handle="SIGTERM",
                 logs_specs=DefaultLogsSpecs(log_dir=logs), **_shutdown_grace(LaunchConfig))
-            multiprocessing.get_context(START_METHOD).set_forkserver_preload(_SERVER_PRELOAD)
+            rendezvous.register()
+            multiprocessing.get_context(START_METHOD).set_forkserver_preload(_server_preload(fn))
             # cfg as bytes: multiprocessing would send each tensor in it as a file descriptor, and the
             # fork server takes at most 253 per process (SCM_RIGHTS): a model's state dict has more.
             return elastic_launch(config, _rank_main)(fn, pickle.dumps(cfg), os.getpid(), end_time, dict(os.environ))[0]
