@@ -54,12 +54,12 @@ def confirm_in_float64(plan, runs: list, judgement) -> float:
     """Each world N that `_wanted` picks, confirmed in float64 (the module docstring); the seconds it took
     (0.0 where none was picked: nothing runs)."""
     from mgpu.check.script.compare import compare_world, reproducibility
-    from mgpu.check.script.judge import findings_of, world_1_references
+    from mgpu.check.script.judge import compared_runs, findings_of, world_1_references
     from mgpu.check.script.launch import run_world
     from mgpu.check.script.plan import PlannedRun
 
     started = time.time()
-    compared = [r for r in runs if r.world > 1 and r.failure is None]  # the judge's order: one comparison each
+    compared = compared_runs(runs)
     if len(compared) != len(judgement.comparisons) or judgement.unreproducible is not None:
         return 0.0
     by_kind = world_1_references(runs)

@@ -23,7 +23,7 @@ from mgpu.check.script.compare import ScriptFacts, WorldComparison, compare_worl
 from mgpu.check.script.launch import RankFailure, WorldRun
 from mgpu.check.script.plan import ScriptCheckPlan, ScriptCheckError, Target
 
-__all__ = ["Judgement", "judge", "findings_of", "world_1_references"]
+__all__ = ["Judgement", "judge", "findings_of", "world_1_references", "compared_runs"]
 
 ZERO_GRADIENT_WORDS = ZeroGradientWords("world 1 recorded", "step(s)", "passes any comparison of gradients, so this "
                                         "one checked little")
@@ -53,7 +53,7 @@ def judge(plan: ScriptCheckPlan, runs: list[WorldRun]) -> Judgement:
     if a_runs and not a_runs[0].ranks[0].steps:
         _nothing_stepped(target, a_runs[0])
     out.notes = _world_1_notes(a_runs, options.steps if not options.whole_run else 0)  # a whole run asks no count
-    compared = [r for r in runs if r.world > 1 and r.failure is None]
+    compared = compared_runs(runs)
     labels = [_precision_label(r) for r in compared]
     out.findings, facts = findings_of(runs)
     if keyed_note(facts.randomness):
@@ -96,6 +96,12 @@ def judge(plan: ScriptCheckPlan, runs: list[WorldRun]) -> Judgement:
         out.notes += out.evaluation.notes
         out.findings += [Finding(name, text) for name, text in out.evaluation.findings]
     return out
+
+
+def compared_runs(runs: list[WorldRun]) -> list[WorldRun]:
+    """The world-N runs that were compared with world 1, in the order of Judgement.comparisons (one each):
+    what the stages after the judge (confirm.py, locate.py) pair with the comparisons."""
+    return [r for r in runs if r.world > 1 and r.failure is None]
 
 
 def whole_run_problems(runs: list[WorldRun], by_kind: dict) -> list:

@@ -75,7 +75,9 @@ def locate_failures(plan, runs: list, comparisons: list) -> float:
     where there are two): where the divergence enters, as `comparison.entered`. The seconds it took
     (0.0 where nothing failed so: nothing runs)."""
     started = time.time()
-    compared = [r for r in runs if r.world > 1 and r.failure is None]  # the judge's order: one comparison each
+    from mgpu.check.script.judge import compared_runs
+
+    compared = compared_runs(runs)
     if len(compared) != len(comparisons):
         return 0.0
     chosen: dict = {}
