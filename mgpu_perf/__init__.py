@@ -16,7 +16,7 @@ Layout, one job a module:
                          comparison (the result), stats (the estimate, verdicts, Holm), sizing
                          (rounds needed, the floor, the plan), baseline (REF to a tree), report
                          (table, ab.json), run (one gate run), session (pytest hooks), command
-                         (`python -m mgpu gate`)
+                         (`python -m mgpu gate`), counted (the counted verdict in both arms)
     lab/                 tools that measure the gate itself: validate_gate, validate_counts (the
                          measured rates), calibrate (this machine's noise); the gate never imports them
     errors.py            GateError (an mgpu.errors.MgpuError: one line on the command line)
@@ -24,6 +24,8 @@ Layout, one job a module:
                          (rank pools), peers (collective peers), interleave (interleaving, speed-ups),
                          workloads (the gated workload of a spec)
     gated.py             mgpu's own gated benchmark set, defined once
-    baseline_counts.py   the counted baseline in the repository: pytest --counts-save / --counts-check FILE
+    counts/              what a step does, counted: step (the counter), judge (two counts compared,
+                         the verdicts), workload, ahead, and the counted baseline in the repository,
+                         pytest --counts-save / --counts-check FILE: baseline (the file), options, plugin
     sweep.py, scaling.py, clocks.py, bench.py, commands.py
 """

@@ -1,6 +1,6 @@
 """`python -m mgpu bench MODULE:FUNCTION`: your model's training step under every strategy and
 device count, timed interleaved, with samples/s, speed-up, efficiency and (CUDA) peak memory; then
-one more step of each counted (mgpu_perf/counting.py): FLOPs, achieved FLOP/s (and on a GPU whose
+one more step of each counted (mgpu_perf/counts/step.py): FLOPs, achieved FLOP/s (and on a GPU whose
 peak is known, the model-FLOPs utilisation), collectives and bytes communicated, host reads.
 
     python -m mgpu bench examples/tiny_lm.py:spec
@@ -63,7 +63,7 @@ def run_bench(model: str, options: BenchOptions, log: Callable[[str], None] = la
     import torch
 
     from mgpu.devices import torch_threads, usable_cores
-    from mgpu_perf.counting import count_session
+    from mgpu_perf.counts.step import count_session
     from mgpu_perf.harness.interleave import interleaved_step_times
     from mgpu_perf.harness.models import ModelBench
     from mgpu_perf.harness.ranks import StrategyRankPool, spawns_ranks

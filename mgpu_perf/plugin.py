@@ -18,13 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_perf.gate.options import add_counts_baseline_options, add_gate_options
+from mgpu_perf.counts.options import add_counts_baseline_options
+from mgpu_perf.gate.options import add_gate_options
 from mgpu_perf.markers import MARKER, MARKER_HELP
 
 ENV_OUT = "MGPU_PERF_OUT"
 DEFAULT_OUT = "perf-results"
 GATE_PLUGIN = "mgpu-ab-gate"
-COUNTS_PLUGIN = "mgpu-counts-baseline"  # baseline_counts.PLUGIN (not imported: it imports torch lazily, pytest)
+COUNTS_PLUGIN = "mgpu-counts-baseline"  # counts/plugin.PLUGIN (not imported: it imports mgpu and the harness)
 
 
 def pytest_addoption(parser):
@@ -38,7 +39,7 @@ def pytest_addoption(parser):
     add_gate_options(group.addoption, prefix="ab-")  # threshold, rounds, workers, budgets, ... (gate/options.py)
     group.addoption("--perf-out", default=None, metavar="DIR",
                     help=f"folder for ab.json and the perf suite's outputs (default ${ENV_OUT} or {DEFAULT_OUT}/)")
-    add_counts_baseline_options(group.addoption)  # --counts-save/--counts-check FILE (baseline_counts.py)
+    add_counts_baseline_options(group.addoption)  # --counts-save/--counts-check FILE (counts/options.py)
 
 
 def gate_requested(config) -> bool:
@@ -56,7 +57,7 @@ def pytest_configure(config):
 
         config.pluginmanager.register(ABGate(config, out_dir(config)), GATE_PLUGIN)
     if config.getoption("counts_save") or config.getoption("counts_check"):
-        from mgpu_perf.baseline_counts import register  # bad input: a UsageError, nothing started
+        from mgpu_perf.counts.plugin import register  # bad input: a UsageError, nothing started
 
         register(config, config.getoption("counts_save"), config.getoption("counts_check"),
                  bool(config.getoption("counts_strict") or config.getoption("strict", False)))

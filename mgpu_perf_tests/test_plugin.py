@@ -117,9 +117,10 @@ def test_without_its_options_the_installed_plugin_costs_nothing(pytester):
 
         def test_nothing_heavy_was_imported(pytestconfig):
             assert pytestconfig.pluginmanager.has_plugin("mgpu_perf.plugin"), "the entry point did not load"
-            table = ("mgpu_perf.gate", "mgpu_perf.gate.options")  # the option table only: no torch, no gate code
+            # the option tables only: no torch, no gate or counting code
+            table = ("mgpu_perf.gate", "mgpu_perf.gate.options", "mgpu_perf.counts", "mgpu_perf.counts.options")
             heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "mgpu")
-                           or (m.startswith("mgpu_perf.gate") and m not in table))
+                           or (m.startswith(("mgpu_perf.gate", "mgpu_perf.counts")) and m not in table))
             assert not heavy, f"imported without being asked: {heavy[:5]}"
         ''')
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")

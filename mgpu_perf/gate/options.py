@@ -14,8 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["GateOption", "GATE_OPTIONS", "DEFAULTS", "GRAPH_MODES", "add_gate_options", "COUNTS_BASELINE_OPTIONS",
-           "add_counts_baseline_options"]
+__all__ = ["GateOption", "GATE_OPTIONS", "DEFAULTS", "GRAPH_MODES", "add_gate_options"]
 
 GRAPH_MODES = ("auto", "on", "off")  # --ab-graphs (harness/graphs.py takes them from here)
 
@@ -88,24 +87,3 @@ def add_gate_options(add: Callable, prefix: str = "", defaults: dict | None = No
         add(f"--{prefix}{option.name}", default=default, metavar=option.metavar,
             help=f"{text} (default {default})" if show_defaults and default else text)
 
-
-# The counted baseline in the repository (mgpu_perf/baseline_counts.py): pytest only, independent of the
-# A/B gate and of --ab-counts; its own names, since it checks out nothing and times nothing.
-COUNTS_BASELINE_OPTIONS = (
-    GateOption("counts-save", None, "FILE",
-               "write the counted step of each gated benchmark (tests marked mgpu_gate) to FILE, a JSON file "
-               "kept in the repository; an entry per workload and torch version/device kind (docs/guide/gate.md)"),
-    GateOption("counts-check", None, "FILE",
-               "count the step of each gated benchmark (no timing, no baseline checkout) and fail where a guarded "
-               "count grew or fell against FILE; an entry of another torch or device: not comparable (exit 6)"),
-    GateOption("counts-strict", None, "", "with --counts-check: not comparable and no entry fail the run too"),
-)
-
-
-def add_counts_baseline_options(add: Callable) -> None:
-    """--counts-save FILE, --counts-check FILE, --counts-strict through pytest's addoption."""
-    for option in COUNTS_BASELINE_OPTIONS:
-        if option.metavar:
-            add(f"--{option.name}", default=None, metavar=option.metavar, help=option.help)
-        else:
-            add(f"--{option.name}", action="store_true", help=option.help)

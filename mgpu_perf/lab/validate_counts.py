@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from mgpu_perf.counts.judge import SAME, SLOWER_COUNTED
 from mgpu_perf.errors import GateError
 from mgpu_perf.gate.options import DEFAULTS
 from mgpu_perf.gate.settings import OptionValues, Settings, parse_settings
@@ -233,10 +234,10 @@ def measure_overhead(copies: dict, pairs: int, tmp: Path, settings: Settings) ->
 def summarise(results: dict, overhead: dict | None, settings: Settings, total: float) -> dict:
     plants = {n: rs for n, rs in results.items() if n != "A/A" and rs}
     aa = results.get("A/A", [])
-    caught = {n: sum(d["counted"] == "slower (counted)" for d in rs) for n, rs in plants.items()}
+    caught = {n: sum(d["counted"] == SLOWER_COUNTED for d in rs) for n, rs in plants.items()}
     timed = {n: {v: sum(d["verdict"] == v for d in rs) for v in sorted({d["verdict"] for d in rs})}
              for n, rs in {**plants, **({"A/A": aa} if aa else {})}.items()}
-    aa_clean = sum(d["counted"] == "same" and not d["count_changes"] for d in aa)
+    aa_clean = sum(d["counted"] == SAME and not d["count_changes"] for d in aa)
     shares = [d["count_s"] / d["seconds"] for rs in results.values() for d in rs if d["seconds"]]
     return {
         "settings": {"threshold": settings.threshold, "max_rounds": settings.max_rounds, "workers": settings.workers},
