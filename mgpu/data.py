@@ -31,7 +31,7 @@ from mgpu.errors import one_line as _one_line
 from mgpu.validators import positive_int
 
 __all__ = ["ImageDataset", "BatchLoader", "load_fashion_mnist", "synthetic_fashion_mnist", "FASHION_MNIST_FILES",
-           "make_loaders", "check_data_fits"]
+           "make_loaders", "dataset_bytes", "check_data_fits"]
 
 # The files torchvision's FashionMNIST reads from ROOT/FashionMNIST/raw/ (each may also be there as NAME.gz only).
 FASHION_MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
@@ -327,9 +327,14 @@ def make_loaders(cfg) -> tuple[BatchLoader, BatchLoader]:
     return train_loader, test_loader
 
 
+def dataset_bytes(loaders) -> int:
+    """Bytes the loaders' datasets hold: what --data-on-device puts on a device."""
+    return sum(loader.dataset.nbytes for loader in loaders)
+
+
 def check_data_fits(loaders, devices) -> None:
     """--data-on-device: DeviceError unless every dataset fits in each CUDA device's free memory
     (no-op for CPU devices, where the data already is)."""
-    nbytes = sum(loader.dataset.nbytes for loader in loaders)
+    nbytes = dataset_bytes(loaders)
     for device in devices:
         check_fits(nbytes, device)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from mgpu import checkpoint, launch, results
 from mgpu import devices as devmod
 from mgpu.config import StrategySettings, TrainConfig
-from mgpu.data import make_loaders
+from mgpu.data import dataset_bytes, make_loaders
 from mgpu.models import check_takes_images
 from mgpu.strategies import Strategy
 
@@ -39,10 +39,10 @@ def check_before_launch(cfg: TrainConfig, strategy_cls: type[Strategy], settings
         # where every rank runs train, each finds it for itself): missing, corrupt or too few Fashion-MNIST
         # files; the size of what --data-on-device puts on each rank's device; the devices themselves.
         loaders = make_loaders(cfg) if cfg.data == "fashion-mnist" or cfg.data_on_device else ()
-        dataset_bytes = sum(loader.dataset.nbytes for loader in loaders)
+        data_bytes = dataset_bytes(loaders)
         node = devmod.devices(cfg.devices, require_gpus=cfg.require_gpus, kind=cfg.device)  # the ranks' devices
         devmod.check_amp(cfg.amp, node)
         if cfg.data_on_device:
             for device in node:  # every rank holds the datasets on its own device
-                devmod.check_fits(dataset_bytes, device)
+                devmod.check_fits(data_bytes, device)
     strategy_cls.preflight(cfg.devices, settings)
