@@ -109,7 +109,8 @@ def check_takes_images(name: str, width: int, resize: int | None) -> None:
 
     Runs the model once on a blank image on the CPU (a fraction of a second for ResNet-18 at
     28x28), leaving the caller's RNG state as it was. The arguments come checked by
-    TrainConfig.validate, so the model is built unchecked (and uninitialised: only its shapes matter).
+    TrainConfig.validate, so the model is built unchecked (and without the chapter's initialisation:
+    only its shapes matter).
     """
     side = resize or 28
     try:
