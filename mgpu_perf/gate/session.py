@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from mgpu_perf.clocks import gpu_clocks
+from mgpu.errors import MgpuError
 from mgpu_perf.errors import GateError
 from mgpu_perf.gate import settings
 from mgpu_perf.gate.baseline import repository_root
@@ -43,8 +44,8 @@ class ABGate:
             self.run = GateRun(settings_from(config), repository_root(Path(config.invocation_params.dir)),
                                config.getoption("ab_baseline"), config.getoption("ab_baseline_python"),
                                gpu_clocks=gpu_clocks())
-        except GateError as e:
-            raise pytest.UsageError(str(e)) from None
+        except MgpuError as e:  # GateError and every other bad input; MgpuError, since pytester's in-process
+            raise pytest.UsageError(str(e)) from None  # runs can leave mgpu_perf.errors imported twice
 
     def pytest_collection_modifyitems(self, config, items):
         self.specs.update(keep_gated(config, items))
