@@ -119,8 +119,9 @@ def test_without_its_options_the_installed_plugin_costs_nothing(pytester):
             assert pytestconfig.pluginmanager.has_plugin("mgpu_perf.plugin"), "the entry point did not load"
             # The option declarations only (gate/settings.py's Settings and the leaves they import): no
             # torch, no gate code.
-            declared = ("mgpu", "mgpu.options", "mgpu.errors", "mgpu.validators", "mgpu.config",
-                        "mgpu.option_groups", "mgpu_perf.gate", "mgpu_perf.gate.options", "mgpu_perf.gate.settings")
+            declared = ("mgpu", "mgpu.options", "mgpu.errors", "mgpu.validators", "mgpu.config", "mgpu.jsonsafe",
+                        "mgpu.option_groups", "mgpu_perf.gate", "mgpu_perf.gate.options", "mgpu_perf.gate.settings",
+                        "mgpu_perf.gate.sizing", "mgpu_perf.gate.stats")  # the auto worker count's rule
             heavy = sorted(m for m in sys.modules if m not in declared and (m.split(".")[0] in ("torch", "mgpu")
                            or m.startswith("mgpu_perf.gate")))
             assert not heavy, f"imported without being asked: {heavy[:5]}"

@@ -11,8 +11,8 @@ Bad option text raises mgpu_perf.errors.GateError, one line naming the option as
 spells it (--ab-threshold in the plugin, --threshold in `mgpu gate`). `workers` "auto" becomes the
 count sizing.workers_for the threshold and pair bias gives when the object is made.
 
-Light: mgpu.options, mgpu.config and mgpu_perf.errors (no torch; the plugin imports it in every run);
-gate/sizing.py is imported only to resolve `auto` and check a count.
+Light: mgpu.options, mgpu.config, mgpu_perf.errors and gate/sizing.py (no torch, no scipy at import:
+the plugin imports it in every run).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from mgpu.options import Options, number_in, option, options_group, percent, per
 from mgpu.validators import positive_int
 from mgpu_perf.errors import GateError
 from mgpu_perf.gate.options import GRAPH_MODES
+from mgpu_perf.gate.sizing import MAX_WORKERS, PAIR_BIAS, workers_for
 
 __all__ = ["Settings", "GateOptions", "GRAPH_MODES", "AMP_MODES", "COUNT_MODES"]
 
@@ -57,14 +58,10 @@ def _workers_text(text: str, flag: str, error: type[Exception]):
 
 
 def _workers_what() -> str:
-    from mgpu_perf.gate.sizing import MAX_WORKERS
-
     return f"an integer from 1 to {MAX_WORKERS} or auto"
 
 
 def _workers_check(value, flag: str, error: type[Exception]):
-    from mgpu_perf.gate.sizing import MAX_WORKERS
-
     if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORKERS):
         raise error(f"{flag} must be {_workers_what()}, got {value!r}")
     return value
@@ -107,7 +104,7 @@ class Settings(Options):
                                  text=number_in("a number of seconds >= 0 (0: no limit)", lambda x: x >= 0),
                                  help="seconds a whole gate run may take, shared among the benchmarks not yet run "
                                       "(each gets at most --{prefix}budget-s); 0: no limit")
-    pair_bias: float = option(0.015, metavar="PERCENT", show=percent_shown,
+    pair_bias: float = option(PAIR_BIAS, metavar="PERCENT", show=percent_shown,
                               text=percent("a percentage in [0, 50)", lambda x: 0 <= x < 50),
                               help="sd of the bias between two worker processes of one tree (`python -m mgpu_perf "
                                    "calibrate` measures it): a threshold under the floor it sets is `undecidable`")
@@ -130,8 +127,6 @@ class Settings(Options):
 
     def __post_init__(self):
         if self.workers == "auto":  # as many as the threshold needs at this pair bias (sizing.workers_for)
-            from mgpu_perf.gate.sizing import workers_for
-
             object.__setattr__(self, "workers", workers_for(self.threshold, self.pair_bias))
 
     def validate(self) -> "Settings":
