@@ -90,3 +90,66 @@ def test_the_pytest_form_has_the_prefix_in_flags_messages_and_text_and_no_argume
 def test_typed_values_given_directly_are_checked_the_same_way():
     with pytest.raises(DemoError, match="--batch must be an integer >= 1, got True"):
         Demo.read(lambda name: {"model": "m", "batch": True}.get(name, Demo.default_of(name)))
+
+
+# -- what the gate and history need (issue 58): a group of options inside another class, an optional
+# argument with its default, the prefix in a help line, and percentages as fractions -----------------
+
+from mgpu.options import number_in, options_group, percent, percent_shown, shortest  # noqa: E402
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inner(Options):
+    error = DemoError
+    threshold: float = option(0.10, metavar="PERCENT", show=percent_shown,
+                              text=percent("a percentage in (0, 100)", lambda x: 0 < x < 100),
+                              help="catch this, within --{prefix}budget-s")
+    budget_s: float = option(120.0, show=shortest, text=number_in("a number of seconds > 0", lambda x: x > 0),
+                             help="seconds")
+    strict: bool = option(False, help="strict")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outer(Options):
+    error = DemoError
+    storage: str = option(".benchmarks", positional=True, nargs="?", metavar="STORAGE", help="the runs")
+    baseline: str | None = option(None, metavar="REF", help="the baseline")
+    inner: Inner = options_group(Inner)
+    out: str = option("out", help="the folder")
+
+
+def test_a_group_is_offered_read_and_written_in_its_place_with_the_prefix_in_its_help():
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    Outer.add_to(parser.add_argument, show_defaults=True)
+    flags = [a.option_strings[0] if a.option_strings else a.dest for a in parser._actions if a.dest != "help"]
+    assert flags == ["storage", "--baseline", "--threshold", "--budget-s", "--strict", "--out"], flags
+    assert "within --budget-s (default 10)" in " ".join(parser.format_help().split())
+    assert "the runs (default .benchmarks)" in " ".join(parser.format_help().split())
+    options = Outer.from_namespace(parser.parse_args(["--threshold", "5%", "--budget-s", "60", "--strict"]))
+    assert options == Outer(inner=Inner(threshold=0.05, budget_s=60.0, strict=True)), options
+    assert options.to_argv() == [".benchmarks", "--threshold", "5", "--budget-s", "60", "--strict"], options.to_argv()
+    assert Outer.from_namespace(parser.parse_args(options.to_argv())) == options
+    with pytest.raises(DemoError, match=r"^--threshold must be a percentage in \(0, 100\), got '100'$"):
+        Outer.from_namespace(parser.parse_args(["--threshold", "100"]))
+    pytest_form = argparse.ArgumentParser()
+    Inner.add_to(pytest_form.add_argument, prefix="ab-", pytest=True, show_defaults=True)
+    assert "within --ab-budget-s" in " ".join(pytest_form.format_help().split())
+    with pytest.raises(DemoError, match=r"^--ab-budget-s must be a number of seconds > 0, got '0'$"):
+        Inner.from_namespace(pytest_form.parse_args(["--ab-budget-s", "0"]), prefix="ab-")
+
+
+def test_only_leave_out_and_defaults_reach_into_the_group():
+    parser = argparse.ArgumentParser()
+    Outer.add_to(parser.add_argument, only=("baseline", "threshold"), defaults={"threshold": "20"}, show_defaults=True)
+    flags = [a.option_strings[0] for a in parser._actions if a.option_strings and a.dest != "help"]
+    assert flags == ["--baseline", "--threshold"], flags
+    options = Outer.from_namespace(parser.parse_args([]), only=("baseline", "threshold"))
+    assert options.inner == Inner(threshold=0.20), options
+
+
+def test_values_without_a_parser_and_numbers_shown_as_they_read_back():
+    assert Inner.from_values({"threshold": "7.5"}) == Inner(threshold=0.075)
+    assert Inner.from_values() == Inner()
+    for fraction in (0.05, 0.1, 0.015, 0.073456789, 0.2):  # each a percentage as typed, over 100
+        assert float(percent_shown(fraction)) / 100 == fraction, fraction
+    assert (percent_shown(0.05), shortest(120.0), shortest(0.25), shortest(7)) == ("5", "120", "0.25", "7")

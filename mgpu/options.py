@@ -31,13 +31,14 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable, ClassVar
 
 from mgpu.errors import ConfigError
-from mgpu.validators import is_int
+from mgpu.validators import is_int, number
 
-__all__ = ["Option", "option", "Options", "comma_list", "whole_number", "number_text", "choice", "at_least",
-           "REMAINDER"]
+__all__ = ["Option", "option", "options_group", "Options", "comma_list", "whole_number", "number_text", "choice",
+           "at_least", "number_in", "percent", "shortest", "percent_shown", "REMAINDER"]
 
 REMAINDER = argparse.REMAINDER
 _KEY = "mgpu.option"
+_GROUP = "mgpu.options_group"
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,17 @@ def option(default: Any = MISSING, *, default_factory: Any = MISSING, **declarat
     return field(default=default, default_factory=default_factory, metadata={_KEY: spec})
 
 
+def options_group(group: type) -> Any:
+    """A field holding another Options class's object, whose options this class offers in the field's
+    place (declared once, in `group`): add_to adds them there, read reads them (the group's converters,
+    checks and validate()) into the field, to_argv writes them there. Its options take the same prefix,
+    `leave_out`, `only` and `defaults` (by the group's field names); a group has no positional argument.
+
+        settings: Settings = options_group(Settings)      # the gate's options inside `mgpu gate`'s
+    """
+    return field(default_factory=group, metadata={_GROUP: group})
+
+
 class Options:
     """The options of one command, a dataclass whose option fields were declared with `option(...)`.
     Fields without `option(...)` are the object's own (derived or fixed values, not on a command line)."""
@@ -81,7 +93,7 @@ class Options:
     # -- the declaration, read back --------------------------------------------------------------
     @classmethod
     def declared(cls, leave_out=(), only=None) -> list[tuple[dataclasses.Field, Option]]:
-        """(field, Option) of each option field, in declaration order."""
+        """(field, Option) of each option field, in declaration order (a group's own options aside)."""
         chosen = []
         for f in fields(cls):
             spec = f.metadata.get(_KEY)
@@ -89,6 +101,17 @@ class Options:
                 continue
             chosen.append((f, spec))
         return chosen
+
+    @classmethod
+    def _members(cls, leave_out=(), only=None) -> list[tuple[dataclasses.Field, Option | None, type | None]]:
+        """(field, Option, None) of each option field and (field, None, group class) of each group, in order."""
+        members = []
+        for f in fields(cls):
+            if _GROUP in f.metadata:
+                members.append((f, None, f.metadata[_GROUP]))
+            elif _KEY in f.metadata and f.name not in leave_out and (only is None or f.name in only):
+                members.append((f, f.metadata[_KEY], None))
+        return members
 
     @classmethod
     def flag_of(cls, name: str, prefix: str = "") -> str:
@@ -114,13 +137,24 @@ class Options:
         (argparse's ArgumentDefaultsHelpFormatter does it itself); `pytest`: only the options the plugin
         offers, and no positional arguments."""
         defaults = defaults or {}
-        for f, spec in cls.declared(leave_out, only):
+        for f, spec, group in cls._members(leave_out, only):
+            if group is not None:
+                group.add_to(add, prefix=prefix, leave_out=leave_out, only=only, defaults=defaults,
+                             show_defaults=show_defaults, pytest=pytest)
+                continue
             if pytest and (not spec.pytest or spec.positional):
                 continue
             default = defaults.get(f.name, cls.default_of(f.name))
-            kwargs: dict[str, Any] = {"help": spec.help}
+            kwargs: dict[str, Any] = {"help": spec.help.replace("{prefix}", prefix)}
             if spec.positional:
-                add(f.name, metavar=spec.metavar, help=spec.help, **({"nargs": spec.nargs} if spec.nargs else {}))
+                if spec.nargs:
+                    kwargs["nargs"] = spec.nargs
+                if default is not MISSING:  # an optional argument (nargs "?"): its default, as text
+                    shown = _as_text(default, spec)
+                    kwargs["default"] = shown
+                    if show_defaults and shown not in (None, ""):
+                        kwargs["help"] += f" (default {shown})"
+                add(f.name, metavar=spec.metavar, **kwargs)
                 continue
             name = cls.flag_of(f.name, prefix)
             if default is False or spec.store_false:
@@ -129,7 +163,7 @@ class Options:
                 continue
             shown = _as_text(default, spec)
             if show_defaults and shown not in (None, ""):
-                kwargs["help"] = f"{spec.help} (default {shown})"
+                kwargs["help"] += f" (default {shown})"
             if spec.nargs:
                 kwargs["nargs"] = spec.nargs
             add(name, dest=prefix.replace("-", "_") + f.name, default=shown if isinstance(shown, str) else default,
@@ -137,14 +171,18 @@ class Options:
 
     # -- from a command line ---------------------------------------------------------------------
     @classmethod
-    def read(cls, get: Callable[[str], Any], prefix: str = "", leave_out=(), **fixed):
+    def read(cls, get: Callable[[str], Any], prefix: str = "", leave_out=(), only=None, **fixed):
         """The options from a front end's values: get(name) gives the value of field `name` (its text
-        as typed, or its default); fields left out keep their defaults; `fixed` sets some directly.
-        Each text goes through its option's converter, then its check, naming the flag with `prefix`;
-        then the class's validate(). Raises cls.error, one line."""
+        as typed, or its default); fields left out (or not in `only`) keep their defaults; `fixed` sets
+        some directly. Each text goes through its option's converter, then its check, naming the flag
+        with `prefix`; a group's options are read by its class, in the group's place; then the class's
+        validate(). Raises cls.error, one line."""
         values = {}
-        for f, spec in cls.declared(leave_out):
+        for f, spec, group in cls._members(leave_out, only):
             if f.name in fixed:
+                continue
+            if group is not None:
+                values[f.name] = group.read(get, prefix=prefix, leave_out=leave_out, only=only)
                 continue
             values[f.name] = cls._value(f.name, spec, get(f.name), prefix)
         made = cls(**values, **fixed)
@@ -152,10 +190,18 @@ class Options:
         return validate() if validate is not None else made
 
     @classmethod
-    def from_namespace(cls, args: argparse.Namespace, prefix: str = "", leave_out=(), **fixed):
+    def from_namespace(cls, args: argparse.Namespace, prefix: str = "", leave_out=(), only=None, **fixed):
         """`read` from argparse's namespace (the dests `add_to` gave)."""
         dest = prefix.replace("-", "_")
-        return cls.read(lambda name: getattr(args, dest + name), prefix=prefix, leave_out=leave_out, **fixed)
+        return cls.read(lambda name: getattr(args, dest + name), prefix=prefix, leave_out=leave_out, only=only,
+                        **fixed)
+
+    @classmethod
+    def from_values(cls, values: dict | None = None, prefix: str = "", **fixed):
+        """`read` from values by field name, as a command line would give them (text, such as
+        threshold="5%", or typed values); the others their defaults. For a caller without a parser."""
+        values = values or {}
+        return cls.read(lambda name: values.get(name, cls.default_of(name)), prefix=prefix, **fixed)
 
     @classmethod
     def _value(cls, name: str, spec: Option, value: Any, prefix: str):
@@ -172,10 +218,16 @@ class Options:
         the options that differ from their defaults (every one with `every`), positional arguments
         first (argparse takes them in order)."""
         flags, positionals = [], []
-        for f, spec in self.declared(leave_out):
+        for f, spec, group in self._members(leave_out):
             value = getattr(self, f.name)
+            if group is not None:
+                flags += value.to_argv(prefix=prefix, leave_out=leave_out, every=every)
+                continue
             if spec.positional:
-                positionals += list(value) if spec.nargs else [_as_text(value, spec)]
+                if isinstance(value, (list, tuple)) and spec.nargs not in (None, "?"):
+                    positionals += [str(v) for v in value]  # nargs "*", "+", N: one argument each
+                elif value is not None:
+                    positionals.append(_as_text(value, spec))
                 continue
             if not every and value == self.default_of(f.name):
                 continue
@@ -191,8 +243,9 @@ class Options:
 
 
 def _as_text(value, spec: Option):
-    """A value as command-line text: its option's `show`, a sequence comma-joined; None and bools as they are."""
-    if value is None or isinstance(value, bool):
+    """A value as command-line text: its option's `show`, a sequence comma-joined; None and bools as they are,
+    and text too (a default given as text, `defaults={"workers": "2"}`)."""
+    if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, (tuple, list)) and spec.show is str:
         return ",".join(map(str, value))
@@ -247,3 +300,38 @@ def at_least(lowest: int) -> Callable:
             raise error(f"{flag} must be an integer >= {lowest}, got {value!r}")
         return value
     return check
+
+
+def number_in(what: str, ok: Callable[[float], bool]) -> Callable:
+    """A converter: a finite number from text that `ok` accepts, else '{flag} must be {what}, got '...''."""
+    def convert(text: str, flag: str, error: type[Exception]) -> float:
+        return number(text, flag, what, ok, error=error)
+    return convert
+
+
+def percent(what: str, ok: Callable[[float], bool]) -> Callable:
+    """A converter: a percentage as text ("5%" or "5") that `ok` accepts, as a fraction (0.05); else
+    '{flag} must be {what}, got '...''. Its `show` is percent_shown."""
+    def convert(text: str, flag: str, error: type[Exception]) -> float:
+        return number(str(text).strip().rstrip("%"), flag, what, ok, error=error) / 100
+    return convert
+
+
+def shortest(value) -> str:
+    """A number as the shortest text that reads back equal: 120.0 -> '120', 0.25 -> '0.25'."""
+    if isinstance(value, float):
+        for digits in range(6, 18):
+            text = f"{value:.{digits}g}"
+            if float(text) == value:
+                return text
+        return repr(value)
+    return str(value)
+
+
+def percent_shown(fraction: float) -> str:
+    """A fraction as the percentage text `percent` reads back to it: 0.05 -> '5'."""
+    for digits in range(6, 18):
+        text = f"{fraction * 100:.{digits}g}"
+        if float(text) / 100 == fraction:
+            return text
+    return repr(fraction * 100)

@@ -10,7 +10,7 @@ copies this package whole into each worker's folder and puts it first on the wor
 
 Layout, one job a module:
     plugin.py            pytest options, markers, the `mgpu_workload` fixture (imports nothing heavy)
-    gate/                the A/B gate: options (the option table), settings (Settings, parsed),
+    gate/                the A/B gate: settings (Settings: each option declared once, checked),
                          worker (protocol), arm (its process), rounds (a round in both arms),
                          compare (the loop), looks (its looks and state), buffer (the rounds taken),
                          comparison (the result), stats (the estimate, verdicts, Holm), sizing

@@ -28,17 +28,18 @@ def add_commands(commands) -> dict:
 
 
 def _add_history_parser(commands) -> None:
-    """`mgpu history`: its options from history/options.py's table; the gate's, for --confirm, from gate's."""
-    from mgpu_perf.gate.options import add_gate_options
-    from mgpu_perf.history.options import add_history_options
+    """`mgpu history`: its options from history/settings.py's HistorySettings; the gate's, for --confirm, from
+    gate/settings.py's Settings (as `mgpu gate` spells them)."""
+    from mgpu_perf.gate.settings import Settings
+    from mgpu_perf.history.settings import CONFIRM_LEAVES_OUT, HistorySettings
 
     h = commands.add_parser("history", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
                             help="saved benchmark runs over the branch's commits, per machine, with change points",
                             description="Exit codes: 0 no slowdown, 1 a slowdown the gate confirmed (--confirm), "
                                         "2 bad input, 4 a suspected slowdown (docs/guide/history.md).")
-    add_history_options(h.add_argument)
-    add_gate_options(h.add_argument_group("the A/B gate, with --confirm (as `mgpu gate` takes them)").add_argument,
-                     leave_out=("markdown",))  # a pull request's summary: confirming writes none
+    HistorySettings.add_to(h.add_argument, show_defaults=True)
+    Settings.add_to(h.add_argument_group("the A/B gate, with --confirm (as `mgpu gate` takes them)").add_argument,
+                    leave_out=CONFIRM_LEAVES_OUT, show_defaults=True)  # no Markdown: confirming is no pull request's
 
 
 def _history_main(parser: argparse.ArgumentParser, args) -> int:
@@ -78,22 +79,12 @@ def _speed_arguments(p) -> None:
 
 
 def _add_gate_parser(commands) -> None:
+    """`mgpu gate`: its options from gate/settings.py's GateOptions (the gate's own declared in Settings, once)."""
+    from mgpu_perf.gate.settings import GateOptions
 
     g = commands.add_parser("gate", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             help="the A/B regression gate on your model's step: this working tree against a baseline")
-    _model_arguments(g)
-    g.add_argument("--baseline", default=None, metavar="REF",
-                   help="a git revision of this repository, or another checkout of it")
-    g.add_argument("--baseline-python", default=None, metavar="PATH",
-                   help="run the baseline with this Python (another torch/CUDA/NCCL)")
-    g.add_argument("--strategies", default="single", metavar="S[,S...]",
-                   help=f"strategies to gate, from {','.join(STRATEGY_NAMES)}")
-    g.add_argument("--devices", default="1", metavar="N[,N...]", help="device counts (emulated on the CPU without GPUs)")
-    g.add_argument("--batch", type=int_or_text, default=32, help="examples per device")
-    from mgpu_perf.gate.options import add_gate_options  # the plugin's --ab-* options, without the prefix
-
-    add_gate_options(g.add_argument, show_defaults=False)
-    g.add_argument("--out", default="perf-results", help="folder for ab.json, ab-baseline.json, ab-candidate.json")
+    GateOptions.add_to(g.add_argument)
 
 
 def _names_and_counts(parser, args) -> None:
@@ -147,9 +138,12 @@ def _bench_main(parser: argparse.ArgumentParser, args) -> int:
 
 
 def _gate_main(parser: argparse.ArgumentParser, args) -> int:
-    _names_and_counts(parser, args)
-    if not args.baseline and not args.baseline_python:
-        parser.error("gate needs --baseline REF (a revision of this repository, or another checkout) or --baseline-python")
+    from mgpu_perf.errors import GateError
     from mgpu_perf.gate.command import run_gate_command
+    from mgpu_perf.gate.settings import GateOptions
 
-    return run_gate_command(args, parser.error)
+    try:
+        options = GateOptions.from_namespace(args)
+    except GateError as e:
+        parser.error(one_line(e))
+    return run_gate_command(options, parser.error)

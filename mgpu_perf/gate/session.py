@@ -18,7 +18,7 @@ import pytest
 from mgpu_perf.clocks import gpu_clocks
 from mgpu.errors import MgpuError
 from mgpu_perf.errors import GateError
-from mgpu_perf.gate import settings
+from mgpu_perf.gate.settings import Settings
 from mgpu_perf.gate.baseline import repository_root
 from mgpu_perf.gate.run import GateRun
 from mgpu_perf.markers import keep_gated
@@ -26,9 +26,10 @@ from mgpu_perf.markers import keep_gated
 __all__ = ["ABGate"]
 
 
-def settings_from(config):
-    return settings.settings_from(lambda dest: config.getoption("ab_" + dest),
-                                  smoke=bool(config.getoption("benchmark_disable", False)))
+def settings_from(config) -> Settings:
+    """The plugin's --ab-* options (declared in Settings), read back; GateError naming a bad one."""
+    return Settings.read(lambda name: config.getoption("ab_" + name), prefix="ab-",
+                         smoke=bool(config.getoption("benchmark_disable", False)))
 
 
 class ABGate:

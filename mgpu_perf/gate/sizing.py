@@ -22,7 +22,6 @@ import statistics
 from dataclasses import dataclass
 
 from mgpu.jsonsafe import finite_or_none
-from mgpu_perf.gate.options import DEFAULTS
 from mgpu_perf.gate.stats import Estimate, degrees_of_freedom, t_quantile
 
 __all__ = ["early_level", "PAIR_BIAS", "POWER_Z", "FLOOR_SDS", "BIAS_SHARE", "MAX_WORKERS", "SPARE", "round_noise", "noise_low",
@@ -30,7 +29,7 @@ __all__ = ["early_level", "PAIR_BIAS", "POWER_Z", "FLOOR_SDS", "BIAS_SHARE", "MA
            "pair_spread", "Plan", "Budget", "plan", "percent"]
 
 POWER_Z = 1.2816   # the power asked of a change of exactly the threshold: 90 % (one-sided normal quantile)
-PAIR_BIAS = float(DEFAULTS["pair_bias"]) / 100  # sd of one pair of worker processes' bias: --ab-pair-bias's default
+PAIR_BIAS = 0.015  # sd of one pair of worker processes' bias: --ab-pair-bias's default (gate/settings.py declares it so)
 FLOOR_SDS = 2.0    # T/2 must be this many sds of the (averaged) pair bias: else the bias alone can reach it
 BIAS_SHARE = 0.5   # the auto worker count keeps the pairs' bias, at the power asked, within this share of the margin
 MAX_WORKERS = 8    # worker processes an arm at most (each holds the workload: a model, a pool of ranks)

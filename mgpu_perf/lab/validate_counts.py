@@ -39,8 +39,7 @@ from pathlib import Path
 
 from mgpu_perf.counts.judge import SAME, SLOWER_COUNTED
 from mgpu_perf.errors import GateError
-from mgpu_perf.gate.options import DEFAULTS
-from mgpu_perf.gate.settings import OptionValues, Settings, parse_settings
+from mgpu_perf.gate.settings import Settings
 from mgpu_perf.lab.validate_gate import copy_tree, one_decision
 
 
@@ -279,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plants", default=",".join(PLANTS), help=f"which plants, comma-separated: {', '.join(PLANTS)}")
     parser.add_argument("--overhead", type=int, default=0, metavar="PAIRS",
                         help="also time PAIRS A/A decisions with counting on and off, interleaved")
-    parser.add_argument("--threshold", type=float, default=float(DEFAULTS["threshold"]), help="the gate's --ab-threshold")
+    Settings.add_to(parser.add_argument, only=("threshold",), show_defaults=True)  # the gate's, declared there
     parser.add_argument("--out", default="perf-results", help="folder for count-validation.json")
     parser.add_argument("--tree", default=".", help="the checkout of mgpu to plant in (default: this folder)")
     return parser
@@ -295,9 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.runs, args.aa_runs, args.overhead) < 0 or args.runs + args.aa_runs + args.overhead == 0:
         parser.error("--runs, --aa-runs and --overhead must be at least 0, and one of them positive")
     try:
-        settings = parse_settings(OptionValues(threshold=args.threshold))
+        settings = Settings.from_namespace(args, only=("threshold",))
     except GateError as e:
-        parser.error(str(e).replace("--ab-", "--"))
+        parser.error(str(e))
     from mgpu_perf.gate.baseline import is_mgpu_checkout
 
     root = Path(args.tree).resolve()
