@@ -142,8 +142,8 @@ class RoundsDone:
     early: dict | None           # a refusal look whose rounds already showed `slower`: where, at what level
     estimate: abstats.Estimate   # from the rounds in hand (not those set aside)
     round_s: float               # seconds a round took (both arms), over every round taken
-    counted: object
-    count_s: float
+    counted: object              # what the loop's `count` returned (gate/counted.py: a Counted)
+    count_s: float               # the seconds it took
 
 
 @dataclass
