@@ -144,6 +144,19 @@ def test_a_few_rounds_hit_by_a_burst_do_not_hide_a_slowdown():
     assert abstats.verdict(est, 0.10, LEVEL) == "slower", est.interval(LEVEL)
 
 
+def test_one_look_says_what_the_separate_rules_say():
+    """stats.look, the loop's one call a look: the estimate, its interval, verdict and settled at its level."""
+    rng = np.random.default_rng(3)
+    for ratio in (0.85, 1.0, 1.03, 1.2):
+        base = list(0.1 * np.exp(rng.normal(0, 0.02, 30)))
+        cand = [b * ratio * math.exp(rng.normal(0, 0.02)) for b in base]
+        seen = abstats.look(base, cand, 0.10, 0.05 / 7)
+        est = abstats.estimate(base, cand, 0.10)
+        assert seen.estimate == est and seen.interval == est.interval(0.05 / 7), (ratio, seen)
+        assert seen.verdict == abstats.verdict(est, 0.10, 0.05 / 7), (ratio, seen)
+        assert seen.settled == abstats.settled(est, 0.10, 0.05 / 7), (ratio, seen)
+
+
 def test_holm_levels_step_down_and_stop_at_the_first_acceptance():
     levels = abstats.holm_levels([0.04, 0.001, 0.5, 0.02], alpha=0.05)
     # sorted: 0.001 <= 0.05/4 rejected; 0.02 > 0.05/3 accepted: it and every later one keep 0.05/3.
