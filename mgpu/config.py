@@ -213,22 +213,36 @@ def _micro_steps_even(batch: int, devices: int, micro_steps: int) -> bool:
 
 
 @dataclass(frozen=True)
-class CheckOptions:
-    """Settings of a parity check (mgpu/check/model/check.py), validated like TrainConfig."""
+class CheckOptions(Options):
+    """Settings of a parity check (mgpu/check/model/check.py), validated like TrainConfig; each declared
+    once, as `mgpu check`'s option too (lr, momentum and weight_decay are the API's only)."""
 
-    strategies: tuple[str, ...] = ("manual", "dataparallel", "ddp", "fsdp")
-    devices: tuple[int, ...] = (2, 3)
-    batch_size: int = 12           # global batch of the plain and accumulation runs
-    steps: int = 3                 # optimizer steps per run
-    seed: int = 0                  # weights (rank 0; other ranks differ) and batches
-    accumulate: int = 2            # micro-steps of the accumulation check
-    step_timeout: float | None = 60.0  # seconds a step may take before the model counts as hanging
+    # --strategies and --devices as mgpu_perf's bench and gate take them (mgpu/option_groups.py: the one
+    # converter, comma_list), checked by validate() below: check's own messages.
+    strategies: tuple[str, ...] = option(("manual", "dataparallel", "ddp", "fsdp"), metavar="S[,S...]",
+                                         text=comma_list(str, empty_ok=True),
+                                         help=f"strategies to check, from {','.join(CHECK_STRATEGIES)}")
+    devices: tuple[int, ...] = option((2, 3), metavar="N[,N...]",
+                                      text=comma_list(int, "comma-separated integers such as 2,3"),
+                                      help="device counts (emulated on the CPU when GPUs are short)")
+    batch_size: int = option(12, text=whole_number, help="global batch size of each step")  # also the accumulation runs'
+    steps: int = option(3, text=whole_number, help="optimizer steps per run")
+    seed: int = option(0, text=whole_number, help="weights (rank 0; other ranks differ) and batches")
+    accumulate: int = option(2, text=whole_number, metavar="K", help="micro-steps of the gradient accumulation check")
+    step_timeout: float | None = option(60.0, text=number_text, metavar="S",
+                                        help="seconds a step may take before the model counts as hanging")
     lr: float = 0.05               # the default optimizer (when the spec brings none): SGD with momentum
     momentum: float = 0.9
     weight_decay: float = 1e-3
-    device: str = "auto"           # auto | cpu | cuda: where every run of the check goes (mgpu.devices.place)
-    amp: str = "off"               # off | bf16: every run's forward under bfloat16 autocast (the float64 reference not)
-    compile: bool = False          # every strategy's model under torch.compile, against the eager references
+    device: str = option("auto", metavar=choices_metavar(DEVICE_KINDS),
+                         help="auto: GPUs when there are enough for a device count, else the CPU; cpu: every run on "
+                              "the CPU; cuda: GPUs or an error")
+    amp: str = option("off", metavar=choices_metavar(AMP_MODES),
+                      help="bf16: every run's forward and loss under bfloat16 autocast, as train --amp bf16 runs them; "
+                           "the allowance comes from the single-device bf16 step (docs/design/check-tolerance.md)")
+    compile: bool = option(False, help="every strategy's model under torch.compile (inductor), against the eager "
+                                       "single-device reference; a compiled run that diverges from eager fails with "
+                                       "its first divergence")
 
     def validate(self) -> "CheckOptions":
         _choice("device", self.device, DEVICE_KINDS)
@@ -253,7 +267,8 @@ class CheckOptions:
         if self.batch_size < most * self.accumulate:
             raise ConfigError(f"batch size {self.batch_size} is smaller than {most} devices x {self.accumulate} "
                               "micro-steps (--accumulate): each device needs an example per micro-step")
-        if self.step_timeout is not None and not self.step_timeout > 0:
+        if self.step_timeout is not None and not (isinstance(self.step_timeout, (int, float))
+                                                  and not isinstance(self.step_timeout, bool) and self.step_timeout > 0):
             raise ConfigError(f"step timeout must be a positive number of seconds, got {self.step_timeout!r}")
         return self
 
