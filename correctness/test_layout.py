@@ -188,6 +188,16 @@ def test_no_module_is_longer_than_400_lines():
     assert not long, f"modules over 400 lines (split them by job): {long}"
 
 
+def test_an_option_is_declared_once_mgpus_commands_call_add_argument_only_through_the_mechanism():
+    """mgpu's commands declare their options on their options classes' fields (mgpu/options.py's `option`):
+    no module of mgpu/ but the mechanism calls argparse's add_argument itself."""
+    calls = [f"{p.relative_to(ROOT)}:{node.lineno}" for p in sorted((ROOT / "mgpu").rglob("*.py"))
+             if p != ROOT / "mgpu" / "options.py"
+             for node in ast.walk(_parsed(p))
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"]
+    assert not calls, f"add_argument called outside mgpu/options.py (declare the option on a field): {calls}"
+
+
 def test_no_import_circles():
     cycle = _cycle(_without_package_inits(_imports()))
     assert cycle is None, f"an import circle: {' -> '.join(cycle)}"
