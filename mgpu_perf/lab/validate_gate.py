@@ -58,6 +58,7 @@ from mgpu_perf.gate.settings import Settings
 from mgpu_perf.gate.stats import verdict
 # The plants and the tree's copies live in lab/plants.py; imported from here too (validate_counts, notes' scripts).
 from mgpu_perf.lab.plants import PLANTED, PLANTED_FORWARD, copy_tree, project_files  # noqa: F401
+from mgpu_perf.lab.validate_gate_options import GATE_OPTIONS, ValidateGateOptions  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -154,43 +155,12 @@ def rate(decisions: list[dict], verdict: str) -> str:
     return f"{hits}/{len(decisions)}"
 
 
-GATE_OPTIONS = ("threshold", "max_rounds", "sample_s", "workers")  # the gate's options validate-gate takes
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mgpu_perf validate-gate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="5 runs per kind and 1 whole-set run each (~5 min)")
-    parser.add_argument("--runs", type=int, default=None, help="single-benchmark runs per kind (default 20)")
-    parser.add_argument("--set-runs", type=int, default=None, help="whole gated set runs per kind (default 3)")
-    parser.add_argument("--out", default="perf-results", help="folder for gate-validation.json")
-    # The gate's own (gate/settings.py's Settings); --threshold is also the slowdown the gate must catch.
-    Settings.add_to(parser.add_argument, only=GATE_OPTIONS, show_defaults=True)
-    parser.add_argument("--without-half", action="store_true",
-                        help="leave out the T/2 candidate (it is reported, not judged): a third less time")
-    parser.add_argument("--set-forward", type=float, default=None, metavar="PERCENT",
-                        help="the whole set's slowed candidate has a forward PERCENT slower (the model's, in every "
-                             "process) instead of a step --threshold slower")
-    parser.add_argument("--plant", type=float, default=None, metavar="PERCENT",
-                        help="the slowed candidate's slowdown in percent (default: --threshold); at or above the "
-                             "threshold an `unchanged` for it is a wrong `unchanged`, counted apart")
-    parser.add_argument("--plant-on", choices=("host", "gpu"), default="host",
-                        help="host: a busy-wait in the step (or forward); gpu: a spin kernel inside ResNet-18's "
-                             "forward that CUDA-graph replays run too, sized to the plant's share of an eager "
-                             "training step's GPU time (needs CUDA)")
-    parser.add_argument("--set-slowed-only", action="store_true",
-                        help="the whole gated set from the slowed candidate only (no same-tree set runs)")
-    parser.add_argument("--stop-starting-after-min", type=float, default=None, metavar="MINUTES",
-                        help="start no run after this many minutes; the summary holds the runs done")
-    parser.add_argument("--tree", default=".", help="the checkout of mgpu to validate (default: this folder)")
+    from mgpu.errors import OneLineParser
+
+    parser = OneLineParser(prog="python -m mgpu_perf validate-gate", description=__doc__.split("\n\n")[0])
+    ValidateGateOptions.add_all(parser.add_argument)
     return parser
-
-
-def _settings(args, parser) -> Settings:
-    """The gate's settings for these options, read and checked by their declaration (gate/settings.py)."""
-    try:
-        return Settings.from_namespace(args, only=GATE_OPTIONS)
-    except GateError as e:
-        parser.error(str(e))
 
 
 def single_decisions(experiment: Experiment, copies: dict, tmp: Path, partial: Path) -> dict[str, list[dict]]:
@@ -330,17 +300,16 @@ def print_summary(summary: dict, experiment: Experiment, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mgpu.errors import one_line
+
     parser = build_parser()
-    args = parser.parse_args(argv)
-    settings = _settings(args, parser)
+    try:
+        args = ValidateGateOptions.from_args(parser.parse_args(argv))
+    except GateError as e:
+        parser.error(one_line(e))
+    settings = args.settings
     threshold = float(percent_shown(settings.threshold))  # percent: the gate's, and the slowdown it must catch
-    runs = args.runs if args.runs is not None else (5 if args.quick else 20)
-    plant = args.plant if args.plant is not None else threshold
-    if not 0 < plant < 100:
-        parser.error(f"--plant must be a percentage in (0, 100), got {plant:g}")
-    set_runs = args.set_runs if args.set_runs is not None else (1 if args.quick else 3)
-    if runs < 0 or set_runs < 0 or runs + set_runs == 0:
-        parser.error("--runs and --set-runs must be at least 0, and one of them positive")
+    runs, set_runs, plant = args.runs, args.set_runs, args.plant
     from mgpu_perf.gate.baseline import is_mgpu_checkout
 
     root = Path(args.tree).resolve()
@@ -352,8 +321,6 @@ def main(argv: list[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             parser.error("--plant-on gpu: no CUDA device visible to torch (the plant is a kernel on the GPU)")
-        if args.set_forward:
-            parser.error("--plant-on gpu and --set-forward: one plant at a time (the GPU plant is in the forward)")
     full, half = plant / 100, threshold / 200
     where = " (GPU kernel)" if on_gpu else ""
     big, small = f"{plant:g}% slower{where}", f"{threshold / 2:g}% slower{where}"
