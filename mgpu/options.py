@@ -124,6 +124,13 @@ class Options:
         return "--" + prefix + (spec.flag or name.replace("_", "-")).lstrip("-")
 
     @classmethod
+    def option_of(cls, name: str, default: Any = MISSING, **changes) -> Any:
+        """Field `name`'s option declared again, for a subclass that gives it another default (or
+        changes some keywords of Option): `model: str | None = ModelOptions.option_of("model", None)`."""
+        spec = dict((f.name, s) for f, s in cls.declared())[name]
+        return option(default, **{**dataclasses.asdict(spec), **changes})
+
+    @classmethod
     def default_of(cls, name: str):
         f = next(f for f in fields(cls) if f.name == name)
         return f.default_factory() if f.default_factory is not MISSING else f.default
