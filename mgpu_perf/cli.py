@@ -56,18 +56,11 @@ def _model_arguments(p) -> None:
 
 
 def _add_bench_parser(commands) -> None:
+    from mgpu_perf.bench import BenchOptions  # no torch: its options, declared once
 
     b = commands.add_parser("bench", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             help="time your model's training step under each strategy and device count")
-    _model_arguments(b)
-    b.add_argument("--strategies", default="single,manual,ddp,fsdp", metavar="S[,S...]",
-                   help=f"strategies to time, from {','.join(STRATEGY_NAMES)}")
-    b.add_argument("--devices", default="1,2", metavar="N[,N...]", help="device counts (emulated on the CPU without GPUs)")
-    b.add_argument("--batch", type=int_or_text, default=32, help="examples per device (weak scaling)")
-    b.add_argument("--rounds", type=int_or_text, default=10, help="interleaved rounds: one step of every case each")
-    b.add_argument("--warmup", type=int_or_text, default=2, help="untimed steps of every case first")
-    _speed_arguments(b)
-    b.add_argument("--out", default="perf-results", help="folder for bench.json and bench.png")
+    BenchOptions.add_to(b.add_argument)
 
 
 def _speed_arguments(p) -> None:
@@ -109,22 +102,19 @@ def _names_and_counts(parser, args) -> None:
 def _bench_main(parser: argparse.ArgumentParser, args) -> int:
     from pathlib import Path
 
-    _names_and_counts(parser, args)
-    for name in ("rounds", "warmup"):
-        value = getattr(args, name)
-        if not isinstance(value, int) or value < (1 if name == "rounds" else 0):
-            parser.error(f"--{name} must be an integer >= {1 if name == 'rounds' else 0}, got {value!r}")
-    if args.amp not in AMP_MODES:
-        parser.error(f"--amp must be one of {', '.join(AMP_MODES)}, got {args.amp!r}")
+    from mgpu_perf.bench import BenchOptions
+
+    try:
+        options = BenchOptions.from_namespace(args)  # converted and checked: one line, exit 2 on a bad value
+    except BenchOptions.error as e:
+        parser.error(one_line(e))
     from mgpu.spec import load_spec, validate_spec
-    from mgpu_perf.bench import BenchOptions, format_table, run_bench, write_outputs
+    from mgpu_perf.bench import format_table, run_bench, write_outputs
     from mgpu_perf.harness.ranks import RankPoolError
 
     try:
-        validate_spec(load_spec(args.model, input_shape=args.input_shape, classes=args.classes), batch_size=2)
-        options = BenchOptions(args.strategies, args.devices, args.batch, args.rounds, args.warmup, args.input_shape,
-                               args.classes, amp=args.amp, compile=args.compile)
-        result = run_bench(args.model, options, log=lambda line: print(f"mgpu bench: {line}", file=sys.stderr, flush=True))
+        validate_spec(load_spec(options.model, input_shape=options.input_shape, classes=options.classes), batch_size=2)
+        result = run_bench(options.model, options, log=lambda line: print(f"mgpu bench: {line}", file=sys.stderr, flush=True))
     except (MgpuError, ValueError) as e:
         print(f"mgpu: error: {one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
@@ -132,7 +122,7 @@ def _bench_main(parser: argparse.ArgumentParser, args) -> int:
         print(f"mgpu: error: {one_line(e)}", file=sys.stderr)
         return EXIT_FAILED
     print("\n".join(format_table(result)))
-    for path in write_outputs(result, Path(args.out)):
+    for path in write_outputs(result, Path(options.out)):
         print(f"wrote {path}")
     return EXIT_OK
 
