@@ -168,3 +168,12 @@ def test_a_subclass_declares_an_inherited_option_again_with_another_default_and_
         parser.parse_args([])
     assert Later.from_namespace(parser.parse_args(["m:f"])) == Later(model="m:f")
     assert [f.name for f, _ in Later.declared()] == [f.name for f, _ in Demo.declared()], "the field moved"
+
+
+def test_a_list_converter_may_word_its_whole_message():
+    counts = comma_list(int, message="argument {flag}: expected rank counts like 1,2, got {text!r}", empty_ok=True)
+    assert counts("2, 1", "--devices", DemoError) == (2, 1) and counts(",", "--devices", DemoError) == ()
+    with pytest.raises(DemoError, match=r"^argument --devices: expected rank counts like 1,2, got '1,x'$"):
+        counts("1,x", "--devices", DemoError)
+    with pytest.raises(DemoError, match=r"^argument --ranks: expected rank counts like 1,2, got ''$"):
+        comma_list(int, message="argument {flag}: expected rank counts like 1,2, got {text!r}")("", "--ranks", DemoError)
