@@ -11,10 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mgpu.validators import choices_metavar, int_or_text
-from mgpu.config import AMP_MODES, STRATEGY_NAMES
 from mgpu.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, MgpuError, one_line
-from mgpu.validators import positive_int
 
 __all__ = ["add_commands"]
 
@@ -48,27 +45,12 @@ def _history_main(parser: argparse.ArgumentParser, args) -> int:
     return run_history_command(args, parser.error)
 
 
-def _model_arguments(p) -> None:
-    p.add_argument("model", metavar="MODULE:FUNCTION",
-                   help="a function (in a module, or a .py file) returning an nn.Module or an mgpu.ModelSpec")
-    p.add_argument("--input-shape", default=None, metavar="C,H,W", help="one input image, for a function returning an nn.Module")
-    p.add_argument("--classes", type=int_or_text, default=None, help="class count (default: read off the model's output)")
-
-
 def _add_bench_parser(commands) -> None:
     from mgpu_perf.bench import BenchOptions  # no torch: its options, declared once
 
     b = commands.add_parser("bench", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             help="time your model's training step under each strategy and device count")
     BenchOptions.add_to(b.add_argument)
-
-
-def _speed_arguments(p) -> None:
-    """--amp and --compile of bench and gate: time the step as you train it."""
-    p.add_argument("--amp", metavar=choices_metavar(AMP_MODES), default="off",
-                   help="bf16: the forward and loss under bfloat16 autocast (weights and optimizer fp32)")
-    p.add_argument("--compile", action="store_true",
-                   help="the model under torch.compile (inductor); its compilation happens in the untimed warm-up")
 
 
 def _add_gate_parser(commands) -> None:
@@ -78,25 +60,6 @@ def _add_gate_parser(commands) -> None:
     g = commands.add_parser("gate", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             help="the A/B regression gate on your model's step: this working tree against a baseline")
     GateOptions.add_to(g.add_argument)
-
-
-def _names_and_counts(parser, args) -> None:
-    """--strategies and --devices of bench and gate as tuples, checked (one line, exit 2 on a bad one)."""
-    args.strategies = tuple(p.strip() for p in args.strategies.split(",") if p.strip())
-    unknown = [s for s in args.strategies if s not in STRATEGY_NAMES]
-    if unknown or not args.strategies:
-        parser.error(f"--strategies: unknown strategy {unknown[0] if unknown else args.strategies!r}: choose from "
-                     f"{', '.join(STRATEGY_NAMES)}")
-    try:
-        args.devices = tuple(int(p) for p in args.devices.split(","))
-    except ValueError:
-        parser.error(f"--devices must be comma-separated positive integers such as 1,2, got {args.devices!r}")
-    if any(n < 1 for n in args.devices):
-        parser.error(f"--devices must be positive, got {args.devices}")
-    try:
-        positive_int(args.batch, "--batch", error=ValueError)
-    except ValueError as e:
-        parser.error(str(e))
 
 
 def _bench_main(parser: argparse.ArgumentParser, args) -> int:
