@@ -153,3 +153,27 @@ def test_values_without_a_parser_and_numbers_shown_as_they_read_back():
     for fraction in (0.05, 0.1, 0.015, 0.073456789, 0.2):  # each a percentage as typed, over 100
         assert float(percent_shown(fraction)) / 100 == fraction, fraction
     assert (percent_shown(0.05), shortest(120.0), shortest(0.25), shortest(7)) == ("5", "120", "0.25", "7")
+
+
+def test_a_subclass_declares_an_inherited_option_again_with_another_default_and_nothing_else():
+    @dataclass(frozen=True, kw_only=True)
+    class Later(Demo):
+        model: str | None = Demo.option_of("model", None)  # the same argument, help and metavar
+
+    assert Later(batch=8).model is None, "constructed without the model"
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    Later.add_to(parser.add_argument)
+    assert [a.metavar for a in parser._actions if a.dest == "model"] == ["MODULE:FUNCTION"]
+    with pytest.raises(SystemExit):  # still a required argument on the command line
+        parser.parse_args([])
+    assert Later.from_namespace(parser.parse_args(["m:f"])) == Later(model="m:f")
+    assert [f.name for f, _ in Later.declared()] == [f.name for f, _ in Demo.declared()], "the field moved"
+
+
+def test_a_list_converter_may_word_its_whole_message():
+    counts = comma_list(int, message="argument {flag}: expected rank counts like 1,2, got {text!r}", empty_ok=True)
+    assert counts("2, 1", "--devices", DemoError) == (2, 1) and counts(",", "--devices", DemoError) == ()
+    with pytest.raises(DemoError, match=r"^argument --devices: expected rank counts like 1,2, got '1,x'$"):
+        counts("1,x", "--devices", DemoError)
+    with pytest.raises(DemoError, match=r"^argument --ranks: expected rank counts like 1,2, got ''$"):
+        comma_list(int, message="argument {flag}: expected rank counts like 1,2, got {text!r}")("", "--ranks", DemoError)

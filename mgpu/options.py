@@ -124,6 +124,13 @@ class Options:
         return "--" + prefix + (spec.flag or name.replace("_", "-")).lstrip("-")
 
     @classmethod
+    def option_of(cls, name: str, default: Any = MISSING, **changes) -> Any:
+        """Field `name`'s option declared again, for a subclass that gives it another default (or
+        changes some keywords of Option): `model: str | None = ModelOptions.option_of("model", None)`."""
+        spec = dict((f.name, s) for f, s in cls.declared())[name]
+        return option(default, **{**dataclasses.asdict(spec), **changes})
+
+    @classmethod
     def default_of(cls, name: str):
         f = next(f for f in fields(cls) if f.name == name)
         return f.default_factory() if f.default_factory is not MISSING else f.default
@@ -254,17 +261,25 @@ def _as_text(value, spec: Option):
 
 # -- converters (text -> value) and checks, each (value, flag, error) ---------------------------------
 
-def comma_list(item: Callable[[str], Any] = str, what: str | None = None, empty_ok: bool = False) -> Callable:
+def comma_list(item: Callable[[str], Any] = str, what: str | None = None, empty_ok: bool = False,
+               message: str | None = None) -> Callable:
     """The one list converter: "1,2" -> (1, 2) with `item` applied to each part (blank parts dropped);
-    `what` names the expected text in the message: '--devices must be {what}, got '1,x''."""
+    `what` names the expected text in the message: '--devices must be {what}, got '1,x''; `message`,
+    where given, is the whole message instead, a format string of {flag} and {text}
+    ("argument {flag}: expected rank counts like 1,2, got {text!r}")."""
     def convert(text: str, flag: str, error: type[Exception]) -> tuple:
+        def bad() -> Exception:
+            if message is not None:
+                return error(message.format(flag=flag, text=text))
+            return error(f"{flag} must be {what or 'a comma-separated list'}, got {text!r}")
+
         parts = [p.strip() for p in text.split(",") if p.strip()]
         try:
             values = tuple(item(p) for p in parts)
         except ValueError:
-            raise error(f"{flag} must be {what or 'a comma-separated list'}, got {text!r}") from None
+            raise bad() from None
         if not values and not empty_ok:
-            raise error(f"{flag} must be {what or 'a comma-separated list'}, got {text!r}")
+            raise bad()
         return values
     return convert
 
