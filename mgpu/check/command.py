@@ -40,8 +40,9 @@ def run_check_command(parser: argparse.ArgumentParser, report_options: ReportOpt
     def report_and_exit() -> int:
         report = run()
         print(report.text())
+        code = report.exit_code(strict=report_options.strict, accept_not_verified=report_options.accept_not_verified)
         if report_options.json is not None:
             report.write_json(report_options.json)
-        return report.exit_code(strict=report_options.strict, accept_not_verified=report_options.accept_not_verified)
+        return code
 
     return end_command(report_and_exit)

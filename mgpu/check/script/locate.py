@@ -2,7 +2,7 @@
 from world 1's, each module's output per example and the gradient that reaches the model's output,
 world N against world 1.
 
-    seconds = locate_failures(plan, runs, comparisons)              # sets WorldComparison.entered
+    seconds = locate_failures(judgement, rerun)                      # sets WorldComparison.entered
     entered = locate(traced_a, traced_b, traced_n, kind)             # {"sentence": ..., "where": ...}
 
 Only a comparison that failed at a gradient or a weight is located, so a passing check costs nothing:
@@ -53,10 +53,10 @@ LOCATED = ("gradient", "update", "weight")
 
 # -- the traced runs ---------------------------------------------------------------------------------------
 
-def traced_runs(plan, run_n, step: int, cache: dict) -> tuple:
-    """World 1's A and B and world N (as `run_n` ran: device, lifted) again up to `step`, traced; world
-    1's runs shared through `cache` between world sizes that failed at the same step."""
-    from mgpu.check.script.launch import run_world
+def traced_runs(rerun, run_n, step: int, cache: dict) -> tuple:
+    """World 1's A and B and world N (as `run_n` ran: device, lifted) again up to `step`, traced, by `rerun`
+    (launch.run_world for the plan); world 1's runs shared through `cache` between world sizes that failed at
+    the same step."""
     from mgpu.check.script.plan import PlannedRun
 
     out = []
@@ -65,19 +65,17 @@ def traced_runs(plan, run_n, step: int, cache: dict) -> tuple:
                         PlannedRun(run_n.world, "", run_n.device, run_n.lifted)):
             key = (planned, step)
             if key not in cache:
-                cache[key] = run_world(plan, planned, folder, trace_step=step)
+                cache[key] = rerun(planned, folder, trace_step=step)
             out.append(cache[key])
     return tuple(out)
 
 
-def locate_failures(plan, runs: list, comparisons: list) -> float:
+def locate_failures(judgement, rerun) -> float:
     """For each world size whose comparison failed at a gradient or a weight (its float32 comparison
-    where there are two): where the divergence enters, as `comparison.entered`. The seconds it took
-    (0.0 where nothing failed so: nothing runs)."""
+    where there are two): where the divergence enters, as `comparison.entered`, from traced runs made by
+    `rerun` (launch.run_world for the plan). The seconds it took (0.0 where nothing failed so: nothing runs)."""
     started = time.time()
-    from mgpu.check.script.judge import compared_runs
-
-    compared = compared_runs(runs)
+    compared, comparisons = judgement.compared, judgement.comparisons
     if len(compared) != len(comparisons):
         return 0.0
     chosen: dict = {}
@@ -89,7 +87,7 @@ def locate_failures(plan, runs: list, comparisons: list) -> float:
         return 0.0
     cache: dict = {}
     for run, c in chosen.values():
-        a, b, n = traced_runs(plan, run, c.first.step, cache)
+        a, b, n = traced_runs(rerun, run, c.first.step, cache)
         failed = next((r for r in (a, b, n) if r.failure is not None), None)
         if failed is not None:
             c.entered = {"sentence": f"not located: the traced run of {failed.name} failed: {failed.failure.message}",
