@@ -105,5 +105,6 @@ def locate(run_a, run_b, run_n, kind: str = "gradient") -> dict:
     digests = forward_digests([f.data for f in a_fw], [[f.data for f in fs] for fs in n_fw], run_n.world,
                               [f.data for f in b_fw])
     truncated = any(r.trace is not None and r.trace.truncated for run in (run_a, run_n) for r in run.ranks)
-    record = entered(figures_of((a_fw, b_fw, n_fw), digests, (run_a, run_n), kind, truncated))
+    figures = figures_of((a_fw, b_fw, n_fw), digests, (run_a, run_n), kind, truncated)
+    record = entered(figures)
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
