@@ -2,10 +2,10 @@
 error, Ctrl-C, the report on stdout, `--json`, `--strict` and `--accept-not-verified`.
 
     ReportOptions.add_to(parser.add_argument)                       # --json, --strict, --accept-not-verified
-    return run_check_command(parser, args, lambda: run_check(spec, options, progress=say))
+    return run_check_command(parser, ReportOptions.from_namespace(args), lambda: run_check(spec, options, progress=say))
 
-`args` is the parsed namespace (ReportOptions, mgpu/option_groups.py, reads its --json, --strict and
---accept-not-verified) or a ReportOptions itself; `run` raises an MgpuError for bad input and returns
+`report_options` is the command's ReportOptions (mgpu/option_groups.py: --json, --strict and
+--accept-not-verified), read once by the command; `run` raises an MgpuError for bad input and returns
 a CheckReport.
 """
 
@@ -30,18 +30,19 @@ def check_json_path(parser: argparse.ArgumentParser, path: str | None) -> None:
             parser.error(f"cannot write --json {path}: folder {folder} does not exist or is not writable")
 
 
-def run_check_command(parser: argparse.ArgumentParser, args, run: Callable[[], CheckReport]) -> int:
+def run_check_command(parser: argparse.ArgumentParser, report_options: ReportOptions,
+                      run: Callable[[], CheckReport]) -> int:
     """Run the check; print its text; write --json; exit by its verdict (check.report.exit_code: 0,
     1, or 3 for NOT VERIFIED unless --accept-not-verified; --strict fails findings), 2 for bad input
     (one line), 128 + the signal for Ctrl-C or SIGTERM (every rank stopped)."""
-    report_options = args if isinstance(args, ReportOptions) else ReportOptions.from_namespace(args)
     check_json_path(parser, report_options.json)
 
     def report_and_exit() -> int:
         report = run()
         print(report.text())
+        code = report.exit_code(strict=report_options.strict, accept_not_verified=report_options.accept_not_verified)
         if report_options.json is not None:
             report.write_json(report_options.json)
-        return report.exit_code(strict=report_options.strict, accept_not_verified=report_options.accept_not_verified)
+        return code
 
     return end_command(report_and_exit)

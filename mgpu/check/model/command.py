@@ -41,6 +41,7 @@ def run_main(parser, args) -> int:
     try:
         model = CheckedModel.from_namespace(args)
         options = CheckOptions.from_namespace(args)
+        report_options = ReportOptions.from_namespace(args)
     except ConfigError as e:
         parser.error(one_line(e))
     from mgpu.check.model.check import run_check
@@ -53,4 +54,4 @@ def run_main(parser, args) -> int:
             spec = load_spec(model.model, input_shape=model.input_shape, classes=model.classes)
         return run_check(spec, options, progress=lambda line: print(line, file=sys.stderr, flush=True))
 
-    return run_check_command(parser, ReportOptions.from_namespace(args), run)
+    return run_check_command(parser, report_options, run)

@@ -60,12 +60,12 @@ def run_main(parser, args) -> int:
     try:
         options = ScriptCheckOptions.from_namespace(args)
         target = ScriptArguments.from_namespace(args).target()
+        report_options = ReportOptions.from_namespace(args)
     except ScriptCheckError as e:
         parser.error(one_line(e))
     from mgpu.check.script.check import check_with  # imports torch: after the options are read
 
-    return run_check_command(parser, ReportOptions.from_namespace(args),
-                             lambda: check_with(target, options, progress=_progress))
+    return run_check_command(parser, report_options, lambda: check_with(target, options, progress=_progress))
 
 
 def _progress(run) -> None:
