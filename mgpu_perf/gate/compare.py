@@ -36,7 +36,7 @@ from mgpu_perf.gate.arm import Arm, ArmError
 from mgpu_perf.gate.comparison import Comparison
 from mgpu_perf.gate.counted import Counted, count_in_both
 from mgpu_perf.gate.health import RoundFacts, check_rounds
-from mgpu_perf.gate.loop import REFUSAL_LOOKS, run_rounds
+from mgpu_perf.gate.loop import REFUSAL_LOOKS, Stopwatch, run_rounds
 from mgpu_perf.gate.rounds import set_up
 from mgpu_perf.gate.settings import Settings
 
@@ -62,8 +62,8 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
         return Comparison(name, spec, status="not comparable", reason=f"the baseline cannot run it: {ready.lacking}",
                           budget_s=settings.budget_s)
     count = partial(count_in_both, pools) if settings.counts != "off" else partial(Counted, reason="--ab-counts off")
-    done = run_rounds(name, pools, ready, settings, settings.alpha / family_size, start, count,
-                      log)  # the workers closed, whatever happened
+    done = run_rounds(name, pools, ready, settings, settings.alpha / family_size, Stopwatch(time.perf_counter, start),
+                      count, log)  # the workers closed, whatever happened
     result = Comparison(
         name, spec, status=done.status, reason=done.reason, ops_per_sample=done.ops_per_sample, samples=done.samples,
         host_samples=done.host_samples, pairs=done.pairs, clock=done.clock, clock_reason=ready.clock_reason,

@@ -3,7 +3,7 @@ set_up), its counted step, its rounds in phases, the looks at them that size, re
 the workers' check and close; what it found comes out frozen. gate/compare.py starts it and reads
 the result; nothing else holds or changes the loop's state.
 
-    done = run_rounds(name, pools, ready, settings, strictest, start, count, log)
+    done = run_rounds(name, pools, ready, settings, strictest, Stopwatch(time.perf_counter, start), count, log)
     done.status, done.estimate.ratio, done.samples["baseline"], done.plans, done.pilot   # a RoundsDone
 
 A phase is the rounds taken since the start, or since the rounds before were set aside (a second
@@ -335,15 +335,22 @@ class RoundLoop:
             round_s=round_s, counted=counted, count_s=count_s)
 
 
-def run_rounds(name: str, pools: Pools, ready: SetUp, settings: Settings, strictest: float, start: float,
+@dataclass(frozen=True)
+class Stopwatch:
+    """When a benchmark's budget began, on the clock that compare reads (a test's simulated one)."""
+
+    timer: Callable[[], float]
+    start: float
+
+
+def run_rounds(name: str, pools: Pools, ready: SetUp, settings: Settings, strictest: float, watch: Stopwatch,
                count: Callable[[], object], log=lambda _: None) -> RoundsDone:
     """One benchmark's loop, after the warm-up (`ready`, gate/rounds.py set_up): the step counted in
     both arms (`count`, timed, outside the rounds), the rounds (RoundLoop.take_rounds), then every
     worker's check of its results (a wrong result fails the run, in either arm); every worker is
     closed at the end, whatever happened. `strictest`: the strictest Holm level of the run;
-    `start`: when the benchmark's budget began, by time.perf_counter (looked up at the call: a test's
-    simulated clock replaces it)."""
-    timer = time.perf_counter
+    `watch`: when the benchmark's budget began, and the clock it is read on."""
+    timer, start = watch.timer, watch.start
     loop = RoundLoop(name, pools, settings, strictest, start, timer=timer, clock=ready.clock, ops=ready.ops,
                      op_s=ready.op_s, cpu_applies=ready.cpu_applies)
     try:
