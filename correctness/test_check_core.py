@@ -16,7 +16,7 @@ from mgpu.check.model.check import ZERO_GRADIENT_WORDS as MODEL_WORDS
 from mgpu.check.model.compare import ModelDivergence
 from mgpu.check.report import CheckReport, Verdict
 from mgpu.check.script.divergence import ScriptDivergence
-from mgpu.check.script.judge import ZERO_GRADIENT_WORDS as SCRIPT_WORDS
+from mgpu.check.script.findings import ZERO_GRADIENT_WORDS as SCRIPT_WORDS
 from mgpu.errors import ConfigError, LaunchError, NonFiniteLossError, end_command
 
 WORDS = ZeroGradientWords("of the steps", "step(s)", "agrees")

@@ -188,6 +188,42 @@ def test_no_module_is_longer_than_400_lines():
     assert not long, f"modules over 400 lines (split them by job): {long}"
 
 
+OPTION_ADDERS = ("add_argument", "addoption")  # argparse's and pytest's
+
+
+def _option_adder_calls(path: Path, root: Path = ROOT) -> list[str]:
+    """Each call of a function or method named add_argument or addoption in the module, as path:line
+    (a name in a string, such as scriptargs.py's matching of a user's script, is no call)."""
+    calls = []
+    for node in ast.walk(_parsed(path)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+            if name in OPTION_ADDERS:
+                calls.append(f"{path.relative_to(root)}:{node.lineno}")
+    return calls
+
+
+def test_an_option_is_declared_once_only_the_mechanism_calls_add_argument_or_addoption():
+    """mgpu's and mgpu_perf's commands, the lab tools and the pytest plugin declare their options on
+    their options classes' fields (mgpu/options.py's `option`): no module of mgpu/ or mgpu_perf/ but
+    the mechanism calls argparse's add_argument or pytest's addoption itself (examples and conftests
+    aside: they are not in these packages)."""
+    calls = [call for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))
+             if p != ROOT / "mgpu" / "options.py" for call in _option_adder_calls(p)]
+    assert not calls, f"add_argument/addoption called outside mgpu/options.py (declare the option on a field): {calls}"
+
+
+def test_the_option_call_finder_finds_a_call_and_not_a_string(tmp_path):
+    """The finder above: a method call and a bare call count; the names in a string do not."""
+    module = tmp_path / "m.py"
+    module.write_text("parser.add_argument('--a')\n"
+                      "addoption('--b')\n"
+                      "text = 'parser.add_argument(\"--c\")'\n"
+                      "group.addoption\n")
+    assert _option_adder_calls(module, root=tmp_path) == ["m.py:1", "m.py:2"]
+
+
 def test_no_import_circles():
     cycle = _cycle(_without_package_inits(_imports()))
     assert cycle is None, f"an import circle: {' -> '.join(cycle)}"

@@ -31,7 +31,7 @@ from mgpu.errors import CheckpointError, OutputDirError, one_line
 from mgpu.results import atomic_write
 
 __all__ = ["CHECKPOINT_NAME", "FINGERPRINT_FIELDS", "fingerprint", "checkpoint_path", "save", "load",
-           "load_for", "rng_state", "set_rng_state"]
+           "load_for", "check_before_run", "rng_state", "set_rng_state"]
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT = "mgpu-checkpoint"
@@ -139,3 +139,14 @@ def load_for(cfg) -> dict | None:
         raise CheckpointError(f"checkpoint {path} was written with other settings ({'; '.join(differ)}): "
                               "resume with the same settings, or use another --checkpoint-dir")
     return ckpt
+
+
+def check_before_run(cfg) -> None:
+    """CheckpointError now, before any rank starts, when a run with a checkpoint folder could not use
+    it: the checkpoint to resume from is corrupt, truncated or written with other settings (each rank
+    would fail on it), or, without resume, one is there that the run would overwrite."""
+    if cfg.resume:
+        load_for(cfg)
+    elif checkpoint_path(cfg.checkpoint_dir).exists():
+        raise CheckpointError(f"{checkpoint_path(cfg.checkpoint_dir)} already exists: pass --resume "
+                              "to continue that run, or choose an empty --checkpoint-dir")

@@ -32,9 +32,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mgpu.config import (AMP_MODES, DATA_NAMES, DEVICE_KINDS, EXACT_GPU_MATH_ENV, MODEL_NAMES,
-                         NONFINITE_POLICIES, RESHARD_MODES, SHARD_MODES, STRATEGY_NAMES, TrainConfig)
-from mgpu.validators import choices_metavar, float_or_text, int_or_text
+from mgpu.config import TrainConfig
 from mgpu.errors import EXIT_OK, ConfigError, LaunchError, NonFiniteLossError, OneLineParser, end_command, one_line
 
 # Commands other packages add (mgpu_perf adds `bench` and `gate`): modules named by the entry-point
@@ -75,59 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_train_parser(commands) -> None:
     t = commands.add_parser("train", allow_abbrev=False, help="train a model and print the chapter's line",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    d = TrainConfig()
-    t.add_argument("--strategy", metavar=choices_metavar(STRATEGY_NAMES), default=d.strategy, help="how to spread the work")
-    t.add_argument("--devices", type=int_or_text, default=d.devices,
-                   help="devices (replicas, or ranks for ddp and fsdp); emulated on the CPU when GPUs are short")
-    t.add_argument("--require-gpus", action="store_true", help="fail instead of emulating missing GPUs")
-    t.add_argument("--device", metavar=choices_metavar(DEVICE_KINDS), default=d.device,
-                   help="auto: GPUs when there are --devices of them, else the CPU; cpu: the CPU even beside GPUs; "
-                        "cuda: GPUs or an error (as --require-gpus)")
-    t.add_argument("--exact-gpu-math", action="store_true",
-                   help=f"TF32 off and cuDNN's deterministic algorithms in every process of the run, for results "
-                        f"another run can be compared with (also: {EXACT_GPU_MATH_ENV}=1); no effect on the CPU")
-    t.add_argument("--epochs", type=int_or_text, default=d.epochs)
-    t.add_argument("--batch-size", type=int_or_text, default=d.batch_size, help="global batch size")
-    t.add_argument("--lr", type=float_or_text, default=d.lr, help="learning rate")
-    t.add_argument("--momentum", type=float_or_text, default=d.momentum)
-    t.add_argument("--weight-decay", type=float_or_text, default=d.weight_decay)
-    t.add_argument("--model", metavar=choices_metavar(MODEL_NAMES), default=d.model)
-    t.add_argument("--width", type=int_or_text, default=d.width, help="ResNet-18 base width")
-    t.add_argument("--data", metavar=choices_metavar(DATA_NAMES), default=d.data)
-    t.add_argument("--data-dir", default=d.data_dir, help="folder with FashionMNIST/raw/ (torchvision layout)")
-    t.add_argument("--download", action="store_true", help="download Fashion-MNIST if it is missing")
-    t.add_argument("--resize", type=int_or_text, default=None, help="resize images to this side")
-    t.add_argument("--train-size", type=int_or_text, default=None, help="use the first N training examples")
-    t.add_argument("--test-size", type=int_or_text, default=None, help="use the first N test examples")
-    t.add_argument("--seed", type=int_or_text, default=d.seed)
-    t.add_argument("--out", default=d.out, help="folder for results.json, accuracy.png and model.pt")
-    t.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
-    t.add_argument("--on-nonfinite", metavar=choices_metavar(NONFINITE_POLICIES), default=d.on_nonfinite,
-                   help="on a NaN/Inf loss: stop with an error, or skip that step's update")
-    t.add_argument("--port", type=int_or_text, default=None,
-                   help="ddp rendezvous port (default: a free one, chosen per run)")
-    t.add_argument("--timeout", type=float_or_text, default=d.timeout,
-                   help="ddp: seconds a rank waits for the others")
-    t.add_argument("--sync-bn", action="store_true", help="ddp: use SyncBatchNorm (CUDA only)")
-    t.add_argument("--checkpoint-dir", default=None, metavar="DIR",
-                   help="save model, optimizer, RNG states and epoch to DIR/checkpoint.pt after every epoch")
-    t.add_argument("--amp", metavar=choices_metavar(AMP_MODES), default=d.amp,
-                   help="bf16: autocast forward and loss to bfloat16 (weights and SGD stay fp32)")
-    t.add_argument("--channels-last", action="store_true", help="channels-last memory layout for images and convolutions")
-    t.add_argument("--compile", action="store_true",
-                   help="the training forward under torch.compile (inductor; the DDP or FSDP wrapper compiled with it)")
-    t.add_argument("--data-on-device", action="store_true",
-                   help="CUDA: hold the whole dataset on the first device, shuffle and gather there (no-op on the CPU)")
-    t.add_argument("--accumulate", type=int_or_text, default=d.accumulate, metavar="K",
-                   help="gradient accumulation: each global batch in K micro-steps per device, gradients synchronised "
-                        "on the last (under ddp: no_sync before it)")
-    t.add_argument("--shard", metavar=choices_metavar(SHARD_MODES), default=d.shard,
-                   help="fsdp: fully_shard each block (residual block, layer) then the root, or the whole model as one")
-    t.add_argument("--reshard-after-forward", metavar=choices_metavar(RESHARD_MODES), default=d.reshard_after_forward,
-                   help="fsdp: free the gathered weights after forward and gather them again for backward (less "
-                        "memory), or keep them (less communication)")
-    t.add_argument("--resume", action="store_true",
-                   help="continue from the checkpoint in --checkpoint-dir (starts afresh, saying so, if there is none)")
+    TrainConfig.add_to(t.add_argument)  # every option declared once, on TrainConfig's fields (mgpu/config.py)
 
 
 def _add_check_script_parser(commands) -> None:
@@ -189,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     command_main = args.command_mains.get(args.command)
     if command_main is not None:
         return command_main(parser, args)
-    cfg = config_or_exit(parser, **{k: v for k, v in vars(args).items() if k not in ("command", "command_mains")})
+    try:
+        cfg = TrainConfig.from_namespace(args)  # text -> numbers -> validate(): its rules and messages
+    except ConfigError as e:
+        parser.error(one_line(e))
     from mgpu.run import train  # after checking: `--help`, typos and bad values answer without importing torch
 
     def run() -> int:

@@ -1,7 +1,9 @@
 """Settings of one training run, shared by the CLI, the API and every strategy.
 
-`TrainConfig.validate` holds every rule a setting must follow, and its messages: the CLI only
-turns text into numbers and reports `validate`'s ConfigError as its one-line error. A run hands
+`TrainConfig.validate` holds every rule a setting must follow, and its messages. Each setting is
+declared once, as a field with `option(...)` (mgpu/options.py): `mgpu train`'s flags are made from
+the fields (`TrainConfig.add_to`), and the CLI only turns their text into numbers
+(`TrainConfig.from_namespace`) and reports `validate`'s ConfigError as its one-line error. A run hands
 its parts only what they use: the strategy its `StrategySettings` (`cfg.strategy_settings()`),
 the Trainer its `LoopSettings` (`cfg.loop_settings()`).
 
@@ -14,7 +16,8 @@ import os
 from dataclasses import asdict, dataclass
 
 from mgpu.errors import ConfigError
-from mgpu.validators import finite_number, is_int, non_negative_int, positive_int
+from mgpu.options import Options, comma_list, number_text, option, whole_number
+from mgpu.validators import choices_metavar, finite_number, is_int, non_negative_int, positive_int
 
 STRATEGY_NAMES = ("single", "manual", "dataparallel", "ddp", "fsdp")
 MODEL_NAMES = ("resnet18", "lenet")
@@ -61,42 +64,64 @@ class LoopSettings:
         positive_int(self.accumulate, "accumulate")
 
 
-@dataclass
-class TrainConfig:
-    strategy: str = "single"          # how the work is spread: single | manual | dataparallel | ddp | fsdp
-    devices: int = 1                  # devices (replicas for manual, processes for ddp and fsdp); emulated on CPU if GPUs are short
-    require_gpus: bool = False        # fail instead of emulating when fewer GPUs than `devices` exist
-    device: str = "auto"              # auto | cpu | cuda: where the devices are (mgpu.devices.place)
-    exact_gpu_math: bool = False      # TF32 off and cuDNN deterministic in every process of the run (GPUs only)
-    epochs: int = 10                  # passes over the training set
-    batch_size: int = 256             # global batch: split over the devices, never per device
-    lr: float = 0.1                   # SGD learning rate for the mean loss of a global batch
-    momentum: float = 0.0             # SGD momentum (torch.optim.SGD semantics)
-    weight_decay: float = 0.0         # L2 penalty added to the gradient by SGD
-    model: str = "resnet18"           # resnet18 | lenet
-    width: int = 64                   # ResNet-18 base width (64 is the chapter's; smaller is faster)
-    data: str = "synthetic"           # synthetic (offline) | fashion-mnist (torchvision's files)
-    data_dir: str = "data"            # folder holding FashionMNIST/raw/ (torchvision's layout)
-    download: bool = False            # fetch Fashion-MNIST into data_dir if it is missing
-    resize: int | None = None         # resize images to this square side (the chapter uses 28)
-    train_size: int | None = None     # use only the first N training examples (None: all)
-    test_size: int | None = None      # use only the first N test examples (None: all)
-    seed: int = 0                     # seeds the weights, the synthetic data and the batch order
-    out: str | None = "runs/latest"   # folder for results.json, accuracy.png, model.pt (None: write nothing)
-    progress: bool = True             # show a tqdm bar per epoch on stderr
-    on_nonfinite: str = "error"       # NaN/Inf loss: stop with an error, or skip that step's update
-    port: int | None = None           # ddp: rendezvous port for the launched ranks (None: pick a free one)
-    timeout: float = 60.0             # ddp: seconds a rank waits for the others before giving up
-    sync_bn: bool = False             # ddp: convert BatchNorm to SyncBatchNorm (needs CUDA)
-    checkpoint_dir: str | None = None  # save a checkpoint here after every epoch (None or "": none)
-    resume: bool = False              # continue from the last checkpoint in checkpoint_dir
-    amp: str = "off"                  # off | bf16: autocast forward and loss to bfloat16 (fp32 weights, same SGD)
-    channels_last: bool = False       # images and convolution weights in channels-last memory layout
-    compile: bool = False             # the training forward under torch.compile (inductor), the wrapper included
-    data_on_device: bool = False      # CUDA: the whole dataset on the first device once (no-op on the CPU)
-    accumulate: int = 1               # micro-steps per global batch, gradients synchronised on the last only
-    shard: str = "block"              # fsdp: block (fully_shard each block, then the root) | model (the root only)
-    reshard_after_forward: str = "on"  # fsdp: on (free gathered weights after forward) | off (keep them for backward)
+@dataclass(frozen=True)
+class TrainConfig(Options):
+    """Every setting of a training run, each declared once: its default, and as `mgpu train`'s option
+    (flag, help, text converter). The converters only turn text into numbers; `validate` holds every
+    rule and message, so that `--epochs 2.5` and TrainConfig(epochs=2.5) are told the same."""
+
+    strategy: str = option("single", metavar=choices_metavar(STRATEGY_NAMES), help="how to spread the work")
+    devices: int = option(1, text=whole_number, help="devices (replicas, or ranks for ddp and fsdp); emulated on the "
+                                                     "CPU when GPUs are short")
+    require_gpus: bool = option(False, help="fail instead of emulating missing GPUs")
+    device: str = option("auto", metavar=choices_metavar(DEVICE_KINDS),
+                         help="auto: GPUs when there are --devices of them, else the CPU; cpu: the CPU even beside "
+                              "GPUs; cuda: GPUs or an error (as --require-gpus)")
+    exact_gpu_math: bool = option(False, help=f"TF32 off and cuDNN's deterministic algorithms in every process of "
+                                              f"the run, for results another run can be compared with (also: "
+                                              f"{EXACT_GPU_MATH_ENV}=1); no effect on the CPU")
+    epochs: int = option(10, text=whole_number, help="passes over the training set")
+    batch_size: int = option(256, text=whole_number, help="global batch size")
+    lr: float = option(0.1, text=number_text, help="learning rate")
+    momentum: float = option(0.0, text=number_text, help="SGD momentum")
+    weight_decay: float = option(0.0, text=number_text, help="L2 penalty added to the gradient by SGD")
+    model: str = option("resnet18", metavar=choices_metavar(MODEL_NAMES), help="the model trained")
+    width: int = option(64, text=whole_number, help="ResNet-18 base width")
+    data: str = option("synthetic", metavar=choices_metavar(DATA_NAMES),
+                       help="synthetic (offline) or Fashion-MNIST (torchvision's files)")
+    data_dir: str = option("data", help="folder with FashionMNIST/raw/ (torchvision layout)")
+    download: bool = option(False, help="download Fashion-MNIST if it is missing")
+    resize: int | None = option(None, text=whole_number, help="resize images to this side")
+    train_size: int | None = option(None, text=whole_number, help="use the first N training examples")
+    test_size: int | None = option(None, text=whole_number, help="use the first N test examples")
+    seed: int = option(0, text=whole_number, help="seeds the weights, the synthetic data and the batch order")
+    out: str | None = option("runs/latest", help="folder for results.json, accuracy.png and model.pt")
+    progress: bool = option(True, flag="--no-progress", store_false=True, help="hide the progress bar")
+    on_nonfinite: str = option("error", metavar=choices_metavar(NONFINITE_POLICIES),
+                               help="on a NaN/Inf loss: stop with an error, or skip that step's update")
+    port: int | None = option(None, text=whole_number, help="ddp rendezvous port (default: a free one, chosen per run)")
+    timeout: float = option(60.0, text=number_text, help="ddp: seconds a rank waits for the others")
+    sync_bn: bool = option(False, help="ddp: use SyncBatchNorm (CUDA only)")
+    checkpoint_dir: str | None = option(None, metavar="DIR", help="save model, optimizer, RNG states and epoch to "
+                                                                  "DIR/checkpoint.pt after every epoch")
+    resume: bool = option(False, help="continue from the checkpoint in --checkpoint-dir (starts afresh, saying so, "
+                                      "if there is none)")
+    amp: str = option("off", metavar=choices_metavar(AMP_MODES),
+                      help="bf16: autocast forward and loss to bfloat16 (weights and SGD stay fp32)")
+    channels_last: bool = option(False, help="channels-last memory layout for images and convolutions")
+    compile: bool = option(False, help="the training forward under torch.compile (inductor; the DDP or FSDP wrapper "
+                                       "compiled with it)")
+    data_on_device: bool = option(False, help="CUDA: hold the whole dataset on the first device, shuffle and gather "
+                                              "there (no-op on the CPU)")
+    accumulate: int = option(1, text=whole_number, metavar="K",
+                             help="gradient accumulation: each global batch in K micro-steps per device, gradients "
+                                  "synchronised on the last (under ddp: no_sync before it)")
+    shard: str = option("block", metavar=choices_metavar(SHARD_MODES),
+                        help="fsdp: fully_shard each block (residual block, layer) then the root, or the whole model "
+                             "as one")
+    reshard_after_forward: str = option("on", metavar=choices_metavar(RESHARD_MODES),
+                                        help="fsdp: free the gathered weights after forward and gather them again for "
+                                             "backward (less memory), or keep them (less communication)")
 
     def validate(self) -> "TrainConfig":
         """Raise ConfigError naming the first bad setting; return self when all are fine."""
@@ -188,22 +213,36 @@ def _micro_steps_even(batch: int, devices: int, micro_steps: int) -> bool:
 
 
 @dataclass(frozen=True)
-class CheckOptions:
-    """Settings of a parity check (mgpu/check/model/check.py), validated like TrainConfig."""
+class CheckOptions(Options):
+    """Settings of a parity check (mgpu/check/model/check.py), validated like TrainConfig; each declared
+    once, as `mgpu check`'s option too (lr, momentum and weight_decay are the API's only)."""
 
-    strategies: tuple[str, ...] = ("manual", "dataparallel", "ddp", "fsdp")
-    devices: tuple[int, ...] = (2, 3)
-    batch_size: int = 12           # global batch of the plain and accumulation runs
-    steps: int = 3                 # optimizer steps per run
-    seed: int = 0                  # weights (rank 0; other ranks differ) and batches
-    accumulate: int = 2            # micro-steps of the accumulation check
-    step_timeout: float | None = 60.0  # seconds a step may take before the model counts as hanging
+    # --strategies and --devices as mgpu_perf's bench and gate take them (mgpu/option_groups.py: the one
+    # converter, comma_list), checked by validate() below: check's own messages.
+    strategies: tuple[str, ...] = option(("manual", "dataparallel", "ddp", "fsdp"), metavar="S[,S...]",
+                                         text=comma_list(str, empty_ok=True),
+                                         help=f"strategies to check, from {','.join(CHECK_STRATEGIES)}")
+    devices: tuple[int, ...] = option((2, 3), metavar="N[,N...]",
+                                      text=comma_list(int, "comma-separated integers such as 2,3"),
+                                      help="device counts (emulated on the CPU when GPUs are short)")
+    batch_size: int = option(12, text=whole_number, help="global batch size of each step")  # also the accumulation runs'
+    steps: int = option(3, text=whole_number, help="optimizer steps per run")
+    seed: int = option(0, text=whole_number, help="weights (rank 0; other ranks differ) and batches")
+    accumulate: int = option(2, text=whole_number, metavar="K", help="micro-steps of the gradient accumulation check")
+    step_timeout: float | None = option(60.0, text=number_text, metavar="S",
+                                        help="seconds a step may take before the model counts as hanging")
     lr: float = 0.05               # the default optimizer (when the spec brings none): SGD with momentum
     momentum: float = 0.9
     weight_decay: float = 1e-3
-    device: str = "auto"           # auto | cpu | cuda: where every run of the check goes (mgpu.devices.place)
-    amp: str = "off"               # off | bf16: every run's forward under bfloat16 autocast (the float64 reference not)
-    compile: bool = False          # every strategy's model under torch.compile, against the eager references
+    device: str = option("auto", metavar=choices_metavar(DEVICE_KINDS),
+                         help="auto: GPUs when there are enough for a device count, else the CPU; cpu: every run on "
+                              "the CPU; cuda: GPUs or an error")
+    amp: str = option("off", metavar=choices_metavar(AMP_MODES),
+                      help="bf16: every run's forward and loss under bfloat16 autocast, as train --amp bf16 runs them; "
+                           "the allowance comes from the single-device bf16 step (docs/design/check-tolerance.md)")
+    compile: bool = option(False, help="every strategy's model under torch.compile (inductor), against the eager "
+                                       "single-device reference; a compiled run that diverges from eager fails with "
+                                       "its first divergence")
 
     def validate(self) -> "CheckOptions":
         _choice("device", self.device, DEVICE_KINDS)
@@ -228,7 +267,8 @@ class CheckOptions:
         if self.batch_size < most * self.accumulate:
             raise ConfigError(f"batch size {self.batch_size} is smaller than {most} devices x {self.accumulate} "
                               "micro-steps (--accumulate): each device needs an example per micro-step")
-        if self.step_timeout is not None and not self.step_timeout > 0:
+        if self.step_timeout is not None and not (isinstance(self.step_timeout, (int, float))
+                                                  and not isinstance(self.step_timeout, bool) and self.step_timeout > 0):
             raise ConfigError(f"step timeout must be a positive number of seconds, got {self.step_timeout!r}")
         return self
 

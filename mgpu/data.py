@@ -31,7 +31,7 @@ from mgpu.errors import one_line as _one_line
 from mgpu.validators import positive_int
 
 __all__ = ["ImageDataset", "BatchLoader", "load_fashion_mnist", "synthetic_fashion_mnist", "FASHION_MNIST_FILES",
-           "make_loaders", "check_data_fits"]
+           "make_loaders", "dataset_bytes", "check_data_fits"]
 
 # The files torchvision's FashionMNIST reads from ROOT/FashionMNIST/raw/ (each may also be there as NAME.gz only).
 FASHION_MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
@@ -86,12 +86,13 @@ class BatchLoader:
     """Global batches over an ImageDataset, reshuffled each epoch from (seed, epoch).
 
     drop_last drops a final batch smaller than batch_size (training does, so that every step of
-    every strategy sees exactly batch_size examples); evaluation keeps every example.
+    every strategy sees exactly batch_size examples); evaluation keeps every example. batch_size is
+    taken as given: the functions that make loaders from a caller's numbers check it (a run's,
+    `make_loaders`, gets it checked by TrainConfig.validate).
     """
 
     def __init__(self, dataset: ImageDataset, batch_size: int, shuffle: bool = False,
                  seed: int = 0, drop_last: bool = False):
-        positive_int(batch_size, "batch size")
         if len(dataset) == 0:
             raise DataError("the dataset is empty")
         self.dataset, self.batch_size, self.shuffle = dataset, batch_size, shuffle
@@ -237,7 +238,15 @@ def load_fashion_mnist(batch_size: int, root: str | Path = "data", download: boo
     (NAME.gz, as downloaded). With download=False and files missing, raises DataNotFoundError
     naming the folder; a corrupt, truncated, empty or mismatched file is a DataError naming it.
     """
-    root = Path(root)
+    positive_int(batch_size, "batch size")
+    if resize is not None:
+        positive_int(resize, "resize")
+    train, test = _fashion_mnist_splits(Path(root), download)
+    return _loaders(train, test, batch_size, seed, resize)
+
+
+def _fashion_mnist_splits(root: Path, download: bool) -> tuple[ImageDataset, ImageDataset]:
+    """(train, test) read from root/FashionMNIST/raw/ (fetched first when download and missing)."""
     raw_dir = root / "FashionMNIST" / "raw"
     if download and _missing(raw_dir):
         _download(root, raw_dir)
@@ -246,10 +255,13 @@ def load_fashion_mnist(batch_size: int, root: str | Path = "data", download: boo
         raise DataNotFoundError(
             f"Fashion-MNIST not found in {raw_dir} (missing {', '.join(m + '[.gz]' for m in missing)}); "
             "pass --download (download=True) to fetch it, or use the synthetic data")
-    if resize is not None:
-        positive_int(resize, "resize")
     with _torchvision_root(root, raw_dir) as (tv_root, sources):
-        train, test = _load_split(tv_root, sources, train=True), _load_split(tv_root, sources, train=False)
+        return _load_split(tv_root, sources, train=True), _load_split(tv_root, sources, train=False)
+
+
+def _loaders(train: ImageDataset, test: ImageDataset, batch_size: int, seed: int,
+             resize: int | None) -> tuple[BatchLoader, BatchLoader]:
+    """The training loader (shuffled, full batches only) and the test loader (in order, every example)."""
     train.resize = test.resize = resize
     return (BatchLoader(train, batch_size, shuffle=True, seed=seed, drop_last=True),
             BatchLoader(test, batch_size, shuffle=False))
@@ -281,38 +293,48 @@ def synthetic_fashion_mnist(batch_size: int, train_size: int = 60_000, test_size
 
     Same arguments give bitwise the same data. The batch order seed is `seed` too.
     """
-    for name, value in (("train_size", train_size), ("test_size", test_size)):
+    for name, value in (("train_size", train_size), ("test_size", test_size), ("batch size", batch_size)):
         positive_int(value, name)
+    train, test = _synthetic_splits(train_size, test_size, seed)
+    return _loaders(train, test, batch_size, seed, resize)
+
+
+def _synthetic_splits(train_size: int, test_size: int, seed: int) -> tuple[ImageDataset, ImageDataset]:
+    """(train, test) drawn from ten seeded class templates: coarse 7x7 blobs smoothed to 28x28."""
     g = torch.Generator().manual_seed(seed)
     coarse = (torch.rand(10, 1, 7, 7, generator=g) > 0.5).float()
     templates = F.interpolate(coarse, size=(28, 28), mode="bilinear", align_corners=False)
-    train = _draw_examples(templates, train_size, g)
-    test = _draw_examples(templates, test_size, g)
-    train.resize = test.resize = resize
-    return (BatchLoader(train, batch_size, shuffle=True, seed=seed, drop_last=True),
-            BatchLoader(test, batch_size, shuffle=False))
+    return _draw_examples(templates, train_size, g), _draw_examples(templates, test_size, g)
 
 
 # -- what a run needs of its data ----------------------------------------------------------------
 
 def make_loaders(cfg) -> tuple[BatchLoader, BatchLoader]:
-    """Train and test loaders for a TrainConfig: its data, sizes, batch size, resize and seed."""
+    """Train and test loaders for a validated TrainConfig: its data, sizes, batch size, resize and seed.
+
+    Its values are taken as TrainConfig.validate left them (`python -m mgpu train` reads its data
+    through here once before any rank starts, and once in each process), so none is checked again.
+    """
     if cfg.data == "synthetic":
-        return synthetic_fashion_mnist(cfg.batch_size, train_size=cfg.train_size or 60_000,
-                                       test_size=cfg.test_size or 10_000, seed=cfg.seed, resize=cfg.resize)
-    train_loader, test_loader = load_fashion_mnist(cfg.batch_size, root=cfg.data_dir, download=cfg.download,
-                                                   resize=cfg.resize, seed=cfg.seed)
-    train_loader.dataset = train_loader.dataset.head(cfg.train_size)
-    test_loader.dataset = test_loader.dataset.head(cfg.test_size)
+        train, test = _synthetic_splits(cfg.train_size or 60_000, cfg.test_size or 10_000, cfg.seed)
+        return _loaders(train, test, cfg.batch_size, cfg.seed, cfg.resize)
+    train, test = _fashion_mnist_splits(Path(cfg.data_dir), cfg.download)
+    train_loader, test_loader = _loaders(train.head(cfg.train_size), test.head(cfg.test_size), cfg.batch_size,
+                                         cfg.seed, cfg.resize)
     if len(train_loader) == 0:
         raise ConfigError(f"{len(train_loader.dataset)} training examples do not fill one global batch "
                           f"of {cfg.batch_size}")
     return train_loader, test_loader
 
 
+def dataset_bytes(loaders) -> int:
+    """Bytes the loaders' datasets hold: what --data-on-device puts on a device."""
+    return sum(loader.dataset.nbytes for loader in loaders)
+
+
 def check_data_fits(loaders, devices) -> None:
     """--data-on-device: DeviceError unless every dataset fits in each CUDA device's free memory
     (no-op for CPU devices, where the data already is)."""
-    nbytes = sum(loader.dataset.nbytes for loader in loaders)
+    nbytes = dataset_bytes(loaders)
     for device in devices:
         check_fits(nbytes, device)

@@ -24,7 +24,7 @@ from mgpu.memory import keep_freed_memory  # torch-free, re-exported here
 
 __all__ = ["DeviceList", "DEVICE_KINDS", "try_gpu", "try_all_gpus", "place", "devices", "rank_placement", "shared_gpus",
            "comparison_kind", "gpu_count", "synchronize", "describe",
-           "usable_cores", "torch_threads", "exact_gpu_math", "set_exact_gpu_math", "keep_freed_memory", "to_device", "supports_bf16", "check_fits"]
+           "usable_cores", "torch_threads", "exact_gpu_math", "set_exact_gpu_math", "keep_freed_memory", "to_device", "supports_bf16", "check_amp", "check_fits"]
 
 
 class DeviceList(list):
@@ -144,6 +144,14 @@ def supports_bf16(device) -> bool:
     """Whether autocast to bfloat16 runs on this device (CPUs: always; GPUs: compute capability 8.0+)."""
     device = torch.device(device)
     return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def check_amp(amp: str, devices) -> None:
+    """DeviceError when --amp bf16 is asked for on a device without bfloat16 support."""
+    if amp == "bf16":
+        for device in dict.fromkeys(devices):
+            if not supports_bf16(device):
+                raise DeviceError(f"--amp bf16 needs bfloat16 support, which {device} lacks: use --amp off")
 
 
 def free_memory(device) -> int:

@@ -12,10 +12,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from mgpu.config import MODEL_NAMES
-from mgpu.errors import ConfigError
+from mgpu.errors import ConfigError, ShapeError
 from mgpu.validators import positive_int
 
-__all__ = ["Residual", "resnet18", "lenet", "init_chapter_weights", "build_model"]
+__all__ = ["Residual", "resnet18", "lenet", "init_chapter_weights", "build_model", "check_takes_images"]
 
 
 class Residual(nn.Module):
@@ -48,6 +48,11 @@ def resnet18(num_classes: int = 10, in_channels: int = 1, width: int = 64) -> nn
     """d2l's ResNet-18 variant: 3x3 stride-1 stem and no max-pool, since the images are tiny."""
     for name, value in (("num_classes", num_classes), ("in_channels", in_channels), ("width", width)):
         positive_int(value, f"resnet18 {name}")
+    return _resnet18(num_classes, in_channels, width)
+
+
+def _resnet18(num_classes: int, in_channels: int, width: int) -> nn.Sequential:
+    """`resnet18` with its arguments taken as given (checked by the caller)."""
     w = width
     return nn.Sequential(
         nn.Conv2d(in_channels, w, kernel_size=3, stride=1, padding=1),  # (B, w, H, W)
@@ -97,3 +102,25 @@ def build_model(name: str, width: int = 64, num_classes: int = 10, seed: int | N
     if name == "lenet":
         return lenet(num_classes=num_classes)
     raise ConfigError(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)}")
+
+
+def check_takes_images(name: str, width: int, resize: int | None) -> None:
+    """ShapeError when the named model cannot take a run's images (e.g. LeNet and --resize 32).
+
+    Runs the model once on a blank image on the CPU (a fraction of a second for ResNet-18 at
+    28x28), leaving the caller's RNG state as it was. The arguments come checked by
+    TrainConfig.validate, so the model is built unchecked (and without the chapter's initialisation:
+    only its shapes matter).
+    """
+    side = resize or 28
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            net = _resnet18(10, 1, width) if name == "resnet18" else lenet()
+            out = net.eval()(torch.zeros(1, 1, side, side))
+    except (RuntimeError, ValueError) as e:
+        how = f"--resize {resize}" if resize else "the data"
+        raise ShapeError(f"model {name} cannot take 1x{side}x{side} images (from {how}): "
+                         f"{str(e).strip().splitlines()[0]}") from None
+    if tuple(out.shape) != (1, 10):
+        raise ShapeError(f"model {name} gives outputs of shape {tuple(out.shape[1:])} for 1x{side}x{side} "
+                         "images, not 10 class scores")

@@ -7,12 +7,13 @@
     >>> result.summary_line()
     'test acc: 0.93, 1.9 sec/epoch on [cpu (emulated 0), cpu (emulated 1)]'
 
-`train` validates the settings once, checks once what every rank would find for itself (the
-data, and what it needs of the ranks' devices), lets the strategy check what it alone needs
-(`Strategy.preflight`) and start its processes (`Strategy.launch`); in each process it builds
-the strategy (from `cfg.strategy_settings()`), data, model and optimizer, resumes from a
-checkpoint if asked, runs the `Trainer` (mgpu/trainer.py, with `cfg.loop_settings()`) with its
-callbacks, and writes the results. It never names a strategy.
+`train` validates the settings once (`TrainConfig.validate`), makes every check of the run once, in
+order, before anything starts (`check_before_launch`, mgpu/preflight.py: the model, the folders and
+checkpoint, what every rank would find for itself, and what the strategy alone needs,
+`Strategy.preflight`), and lets the strategy start its processes (`Strategy.launch`); in each
+process it builds the strategy (from `cfg.strategy_settings()`), data, model and optimizer, resumes
+from a checkpoint if asked, runs the `Trainer` (mgpu/trainer.py, with `cfg.loop_settings()`) with
+its callbacks, and writes the results. It never names a strategy.
 """
 
 from __future__ import annotations
@@ -25,20 +26,19 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from mgpu import checkpoint, launch, results
+from mgpu import checkpoint, results
 from mgpu import devices as devmod
 from mgpu.config import EXACT_GPU_MATH_ENV, TrainConfig
 from mgpu.data import BatchLoader, check_data_fits, make_loaders
-from mgpu.errors import CheckpointError, ConfigError, ShapeError
+from mgpu.errors import CheckpointError, ConfigError
 from mgpu.faults import FAULT_ENV, Fault
-from mgpu.models import build_model
-from mgpu.spec import builtin_spec
+from mgpu.preflight import check_before_launch
 from mgpu.results import EpochStats, RunResult
+from mgpu.spec import builtin_spec
 from mgpu.strategies import Strategy, get_strategy
-from mgpu.strategies.base import check_amp
 from mgpu.trainer import Callback, Trainer
 
-__all__ = ["train", "make_optimizer_factory", "check_model_input", "CheckpointSaver"]
+__all__ = ["train", "make_optimizer_factory", "CheckpointSaver"]
 
 
 def make_optimizer_factory(cfg: TrainConfig) -> Callable[[list], torch.optim.Optimizer]:
@@ -136,65 +136,20 @@ def _run_in_process(cfg: TrainConfig, fault: Fault | None = None) -> RunResult |
         strategy.teardown()
 
 
-def check_model_input(cfg: TrainConfig) -> None:
-    """ShapeError when the model cannot take the run's images (e.g. LeNet and --resize 32).
-
-    Runs the model once on a blank image on the CPU (a fraction of a second for ResNet-18 at
-    28x28), leaving the caller's RNG state as it was.
-    """
-    side = cfg.resize or 28
-    try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            out = build_model(cfg.model, width=cfg.width).eval()(torch.zeros(1, 1, side, side))
-    except (RuntimeError, ValueError) as e:
-        how = f"--resize {cfg.resize}" if cfg.resize else "the data"
-        raise ShapeError(f"model {cfg.model} cannot take 1x{side}x{side} images (from {how}): "
-                         f"{str(e).strip().splitlines()[0]}") from None
-    if tuple(out.shape) != (1, 10):
-        raise ShapeError(f"model {cfg.model} gives outputs of shape {tuple(out.shape[1:])} for 1x{side}x{side} "
-                         "images, not 10 class scores")
-
-
 def train(cfg: TrainConfig) -> RunResult:
-    """Validate the settings, check data, output folders and checkpoint, and run the job with its strategy.
+    """Validate the settings, check the run once before it starts, and run the job with its strategy.
 
     Every bad input is found here, before any rank starts, as an MgpuError subclass (see
     docs/guide/failures.md); a failing rank then is a LaunchError, a NaN/Inf loss a NonFiniteLossError.
     """
     if not isinstance(cfg, TrainConfig):
         raise ConfigError(f"train() needs a TrainConfig, got {type(cfg).__name__}")
-    cfg.validate()
+    cfg.validate()  # the one check of the values: everything after takes them as they are
     strategy_cls = get_strategy(cfg.strategy)
-    fault = Fault.from_env()  # the MGPU_FAULT test hook: a malformed value fails here, once
-    check_model_input(cfg)
-    writes = launch.is_global_rank_0()  # under torchrun every rank runs this; only global rank 0 writes files
-    if cfg.out and writes:
-        results.check_writable(cfg.out)
-    if cfg.checkpoint_dir and writes:
-        results.check_writable(cfg.checkpoint_dir, what="checkpoint folder")
-        if cfg.resume:
-            checkpoint.load_for(cfg)  # corrupt, truncated or foreign: fail now, not in every rank
-        elif checkpoint.checkpoint_path(cfg.checkpoint_dir).exists():
-            raise CheckpointError(f"{checkpoint.checkpoint_path(cfg.checkpoint_dir)} already exists: pass --resume "
-                                  "to continue that run, or choose an empty --checkpoint-dir")
-    if strategy_cls.spawns_ranks and not launch.under_launcher():
-        _check_before_ranks(cfg)
     settings = cfg.strategy_settings()
-    strategy_cls.preflight(cfg.devices, settings)
+    fault = Fault.from_env()  # the MGPU_FAULT test hook: a malformed value fails here, once
+    check_before_launch(cfg, strategy_cls, settings)
     return strategy_cls.launch(_Job(cfg, fault), cfg, cfg.devices, settings)
-
-
-def _check_before_ranks(cfg: TrainConfig) -> None:
-    """What each rank of a strategy that starts ranks (`spawns_ranks`) would find for itself, found
-    here once, before they start: missing, corrupt or too few Fashion-MNIST files (or their download),
-    --amp bf16 on devices without bfloat16, and --data-on-device datasets too large for a rank's GPU
-    (every rank holds them on its own device). Under torchrun, where every rank runs `train`, nothing."""
-    loaders = make_loaders(cfg) if cfg.data == "fashion-mnist" else None
-    # The devices the ranks will take:
-    node = devmod.devices(cfg.devices, require_gpus=cfg.require_gpus, kind=cfg.device)
-    check_amp(cfg.amp, node)
-    if cfg.data_on_device and node[0].type == "cuda":
-        check_data_fits(loaders or make_loaders(cfg), node)
 
 
 class _Job:

@@ -10,13 +10,13 @@ copies this package whole into each worker's folder and puts it first on the wor
 
 Layout, one job a module:
     plugin.py            pytest options, markers, the `mgpu_workload` fixture (imports nothing heavy)
-    gate/                the A/B gate: options (the option table), settings (Settings, parsed),
-                         worker (protocol), arm (its process), rounds (a round in both arms),
-                         compare (the loop), looks (its looks and state), buffer (the rounds taken),
-                         comparison (the result), stats (the estimate, verdicts, Holm), sizing
-                         (rounds needed, the floor, the plan), baseline (REF to a tree), report
-                         (table, ab.json), run (one gate run), session (pytest hooks), command
-                         (`python -m mgpu gate`)
+    gate/                the A/B gate: settings (Settings: each option declared once, checked),
+                         worker (protocol), arm (its process), rounds (set-up, a round in both
+                         arms), compare (one benchmark, start to result), loop (its rounds, state
+                         and looks), comparison (the result), stats (the estimate, verdicts, Holm),
+                         sizing (rounds needed, the floor, the plan), baseline (REF to a tree),
+                         report (table, ab.json), run (one gate run), session (pytest hooks),
+                         command (`python -m mgpu gate`), counted (the counted verdict in both arms)
     lab/                 tools that measure the gate itself: validate_gate, validate_counts (the
                          measured rates), calibrate (this machine's noise); the gate never imports them
     errors.py            GateError (an mgpu.errors.MgpuError: one line on the command line)
@@ -24,6 +24,8 @@ Layout, one job a module:
                          (rank pools), peers (collective peers), interleave (interleaving, speed-ups),
                          workloads (the gated workload of a spec)
     gated.py             mgpu's own gated benchmark set, defined once
-    baseline_counts.py   the counted baseline in the repository: pytest --counts-save / --counts-check FILE
+    counts/              what a step does, counted: step (the counter), judge (two counts compared,
+                         the verdicts), workload, ahead, and the counted baseline in the repository,
+                         pytest --counts-save / --counts-check FILE: baseline (the file), options, plugin
     sweep.py, scaling.py, clocks.py, bench.py, commands.py
 """

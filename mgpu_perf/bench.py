@@ -1,6 +1,6 @@
 """`python -m mgpu bench MODULE:FUNCTION`: your model's training step under every strategy and
 device count, timed interleaved, with samples/s, speed-up, efficiency and (CUDA) peak memory; then
-one more step of each counted (mgpu_perf/counting.py): FLOPs, achieved FLOP/s (and on a GPU whose
+one more step of each counted (mgpu_perf/counts/step.py): FLOPs, achieved FLOP/s (and on a GPU whose
 peak is known, the model-FLOPs utilisation), collectives and bytes communicated, host reads.
 
     python -m mgpu bench examples/tiny_lm.py:spec
@@ -27,20 +27,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from mgpu.config import AMP_MODES, STRATEGY_NAMES
+from mgpu.option_groups import ModelOptions, device_counts, strategy_names
+from mgpu.options import at_least, option, whole_number
+from mgpu.validators import positive_int
+
 __all__ = ["BenchOptions", "plan_cases", "run_bench", "format_table", "write_outputs"]
 
 
-@dataclass(frozen=True)
-class BenchOptions:
-    strategies: tuple[str, ...] = ("single", "manual", "ddp", "fsdp")
-    devices: tuple[int, ...] = (1, 2)
-    batch: int = 32          # per device
-    rounds: int = 10
-    warmup: int = 2
-    input_shape: str | None = None
-    classes: int | None = None
-    amp: str = "off"         # --amp bf16: the forward under bfloat16 autocast
-    compile: bool = False    # --compile: the model under torch.compile (compiled in the warm-up steps)
+def _positive(value, flag: str, error: type[Exception]) -> int:
+    return positive_int(value, flag, error=error)  # '--batch must be a positive integer, got ...'
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchOptions(ModelOptions):
+    """`mgpu bench`'s options, declared once: its flags (mgpu_perf/cli.py) and what run_bench reads."""
+
+    model: str | None = ModelOptions.option_of("model", None)  # run_bench takes the model on its own too
+    strategies: tuple[str, ...] = strategy_names(("single", "manual", "ddp", "fsdp"),
+                                                 help=f"strategies to time, from {','.join(STRATEGY_NAMES)}")
+    devices: tuple[int, ...] = device_counts((1, 2))
+    batch: int = option(32, text=whole_number, check=_positive, help="examples per device (weak scaling)")
+    rounds: int = option(10, text=whole_number, check=at_least(1),
+                         help="interleaved rounds: one step of every case each")
+    warmup: int = option(2, text=whole_number, check=at_least(0), help="untimed steps of every case first")
+    amp: str = option("off", choices=AMP_MODES,
+                      help="bf16: the forward and loss under bfloat16 autocast (weights and optimizer fp32)")
+    compile: bool = option(False, help="the model under torch.compile (inductor); its compilation happens in the "
+                                       "untimed warm-up")
+    out: str = option("perf-results", help="folder for bench.json and bench.png")
 
 
 def plan_cases(options: BenchOptions, gpus: int) -> tuple[list[tuple[str, int]], list[str]]:
@@ -63,7 +78,7 @@ def run_bench(model: str, options: BenchOptions, log: Callable[[str], None] = la
     import torch
 
     from mgpu.devices import torch_threads, usable_cores
-    from mgpu_perf.counting import count_session
+    from mgpu_perf.counts.step import count_session
     from mgpu_perf.harness.interleave import interleaved_step_times
     from mgpu_perf.harness.models import ModelBench
     from mgpu_perf.harness.ranks import StrategyRankPool, spawns_ranks

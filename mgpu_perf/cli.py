@@ -11,10 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mgpu.validators import choices_metavar, int_or_text
-from mgpu.config import AMP_MODES, STRATEGY_NAMES
 from mgpu.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, MgpuError, one_line
-from mgpu.validators import positive_int
 
 __all__ = ["add_commands"]
 
@@ -28,17 +25,18 @@ def add_commands(commands) -> dict:
 
 
 def _add_history_parser(commands) -> None:
-    """`mgpu history`: its options from history/options.py's table; the gate's, for --confirm, from gate's."""
-    from mgpu_perf.gate.options import add_gate_options
-    from mgpu_perf.history.options import add_history_options
+    """`mgpu history`: its options from history/settings.py's HistorySettings; the gate's, for --confirm, from
+    gate/settings.py's Settings (as `mgpu gate` spells them)."""
+    from mgpu_perf.gate.settings import Settings
+    from mgpu_perf.history.settings import CONFIRM_LEAVES_OUT, HistorySettings
 
     h = commands.add_parser("history", allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
                             help="saved benchmark runs over the branch's commits, per machine, with change points",
                             description="Exit codes: 0 no slowdown, 1 a slowdown the gate confirmed (--confirm), "
                                         "2 bad input, 4 a suspected slowdown (docs/guide/history.md).")
-    add_history_options(h.add_argument)
-    add_gate_options(h.add_argument_group("the A/B gate, with --confirm (as `mgpu gate` takes them)").add_argument,
-                     leave_out=("markdown",))  # a pull request's summary: confirming writes none
+    HistorySettings.add_to(h.add_argument, show_defaults=True)
+    Settings.add_to(h.add_argument_group("the A/B gate, with --confirm (as `mgpu gate` takes them)").add_argument,
+                    leave_out=CONFIRM_LEAVES_OUT, show_defaults=True)  # no Markdown: confirming is no pull request's
 
 
 def _history_main(parser: argparse.ArgumentParser, args) -> int:
@@ -47,93 +45,39 @@ def _history_main(parser: argparse.ArgumentParser, args) -> int:
     return run_history_command(args, parser.error)
 
 
-def _model_arguments(p) -> None:
-    p.add_argument("model", metavar="MODULE:FUNCTION",
-                   help="a function (in a module, or a .py file) returning an nn.Module or an mgpu.ModelSpec")
-    p.add_argument("--input-shape", default=None, metavar="C,H,W", help="one input image, for a function returning an nn.Module")
-    p.add_argument("--classes", type=int_or_text, default=None, help="class count (default: read off the model's output)")
-
-
 def _add_bench_parser(commands) -> None:
+    from mgpu_perf.bench import BenchOptions  # no torch: its options, declared once
 
     b = commands.add_parser("bench", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             help="time your model's training step under each strategy and device count")
-    _model_arguments(b)
-    b.add_argument("--strategies", default="single,manual,ddp,fsdp", metavar="S[,S...]",
-                   help=f"strategies to time, from {','.join(STRATEGY_NAMES)}")
-    b.add_argument("--devices", default="1,2", metavar="N[,N...]", help="device counts (emulated on the CPU without GPUs)")
-    b.add_argument("--batch", type=int_or_text, default=32, help="examples per device (weak scaling)")
-    b.add_argument("--rounds", type=int_or_text, default=10, help="interleaved rounds: one step of every case each")
-    b.add_argument("--warmup", type=int_or_text, default=2, help="untimed steps of every case first")
-    _speed_arguments(b)
-    b.add_argument("--out", default="perf-results", help="folder for bench.json and bench.png")
-
-
-def _speed_arguments(p) -> None:
-    """--amp and --compile of bench and gate: time the step as you train it."""
-    p.add_argument("--amp", metavar=choices_metavar(AMP_MODES), default="off",
-                   help="bf16: the forward and loss under bfloat16 autocast (weights and optimizer fp32)")
-    p.add_argument("--compile", action="store_true",
-                   help="the model under torch.compile (inductor); its compilation happens in the untimed warm-up")
+    BenchOptions.add_to(b.add_argument)
 
 
 def _add_gate_parser(commands) -> None:
+    """`mgpu gate`: its options from gate/settings.py's GateOptions (the gate's own declared in Settings, once)."""
+    from mgpu_perf.gate.settings import GateOptions
 
     g = commands.add_parser("gate", allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             help="the A/B regression gate on your model's step: this working tree against a baseline")
-    _model_arguments(g)
-    g.add_argument("--baseline", default=None, metavar="REF",
-                   help="a git revision of this repository, or another checkout of it")
-    g.add_argument("--baseline-python", default=None, metavar="PATH",
-                   help="run the baseline with this Python (another torch/CUDA/NCCL)")
-    g.add_argument("--strategies", default="single", metavar="S[,S...]",
-                   help=f"strategies to gate, from {','.join(STRATEGY_NAMES)}")
-    g.add_argument("--devices", default="1", metavar="N[,N...]", help="device counts (emulated on the CPU without GPUs)")
-    g.add_argument("--batch", type=int_or_text, default=32, help="examples per device")
-    from mgpu_perf.gate.options import add_gate_options  # the plugin's --ab-* options, without the prefix
-
-    add_gate_options(g.add_argument, show_defaults=False)
-    g.add_argument("--out", default="perf-results", help="folder for ab.json, ab-baseline.json, ab-candidate.json")
-
-
-def _names_and_counts(parser, args) -> None:
-    """--strategies and --devices of bench and gate as tuples, checked (one line, exit 2 on a bad one)."""
-    args.strategies = tuple(p.strip() for p in args.strategies.split(",") if p.strip())
-    unknown = [s for s in args.strategies if s not in STRATEGY_NAMES]
-    if unknown or not args.strategies:
-        parser.error(f"--strategies: unknown strategy {unknown[0] if unknown else args.strategies!r}: choose from "
-                     f"{', '.join(STRATEGY_NAMES)}")
-    try:
-        args.devices = tuple(int(p) for p in args.devices.split(","))
-    except ValueError:
-        parser.error(f"--devices must be comma-separated positive integers such as 1,2, got {args.devices!r}")
-    if any(n < 1 for n in args.devices):
-        parser.error(f"--devices must be positive, got {args.devices}")
-    try:
-        positive_int(args.batch, "--batch", error=ValueError)
-    except ValueError as e:
-        parser.error(str(e))
+    GateOptions.add_to(g.add_argument)
 
 
 def _bench_main(parser: argparse.ArgumentParser, args) -> int:
     from pathlib import Path
 
-    _names_and_counts(parser, args)
-    for name in ("rounds", "warmup"):
-        value = getattr(args, name)
-        if not isinstance(value, int) or value < (1 if name == "rounds" else 0):
-            parser.error(f"--{name} must be an integer >= {1 if name == 'rounds' else 0}, got {value!r}")
-    if args.amp not in AMP_MODES:
-        parser.error(f"--amp must be one of {', '.join(AMP_MODES)}, got {args.amp!r}")
+    from mgpu_perf.bench import BenchOptions
+
+    try:
+        options = BenchOptions.from_namespace(args)  # converted and checked: one line, exit 2 on a bad value
+    except BenchOptions.error as e:
+        parser.error(one_line(e))
     from mgpu.spec import load_spec, validate_spec
-    from mgpu_perf.bench import BenchOptions, format_table, run_bench, write_outputs
+    from mgpu_perf.bench import format_table, run_bench, write_outputs
     from mgpu_perf.harness.ranks import RankPoolError
 
     try:
-        validate_spec(load_spec(args.model, input_shape=args.input_shape, classes=args.classes), batch_size=2)
-        options = BenchOptions(args.strategies, args.devices, args.batch, args.rounds, args.warmup, args.input_shape,
-                               args.classes, amp=args.amp, compile=args.compile)
-        result = run_bench(args.model, options, log=lambda line: print(f"mgpu bench: {line}", file=sys.stderr, flush=True))
+        validate_spec(load_spec(options.model, input_shape=options.input_shape, classes=options.classes), batch_size=2)
+        result = run_bench(options.model, options, log=lambda line: print(f"mgpu bench: {line}", file=sys.stderr, flush=True))
     except (MgpuError, ValueError) as e:
         print(f"mgpu: error: {one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
@@ -141,15 +85,18 @@ def _bench_main(parser: argparse.ArgumentParser, args) -> int:
         print(f"mgpu: error: {one_line(e)}", file=sys.stderr)
         return EXIT_FAILED
     print("\n".join(format_table(result)))
-    for path in write_outputs(result, Path(args.out)):
+    for path in write_outputs(result, Path(options.out)):
         print(f"wrote {path}")
     return EXIT_OK
 
 
 def _gate_main(parser: argparse.ArgumentParser, args) -> int:
-    _names_and_counts(parser, args)
-    if not args.baseline and not args.baseline_python:
-        parser.error("gate needs --baseline REF (a revision of this repository, or another checkout) or --baseline-python")
+    from mgpu_perf.errors import GateError
     from mgpu_perf.gate.command import run_gate_command
+    from mgpu_perf.gate.settings import GateOptions
 
-    return run_gate_command(args, parser.error)
+    try:
+        options = GateOptions.from_namespace(args)
+    except GateError as e:
+        parser.error(one_line(e))
+    return run_gate_command(options, parser.error)

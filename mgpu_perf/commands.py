@@ -23,8 +23,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable
 
-from mgpu.errors import EXIT_FAILED, EXIT_OK, OneLineParser, one_line
+from mgpu.errors import EXIT_FAILED, EXIT_OK, ConfigError, OneLineParser, one_line
 from mgpu.devices import torch_threads
+from mgpu.options import Options, comma_list, option
 from mgpu_perf.harness.interleave import interleaved_ratio, interleaved_ratios, interleaved_step_times, scaling_rows
 from mgpu_perf.harness.ranks import IndependentPool, RankPoolError, StrategyRankPool
 from mgpu_perf.harness.sessions import BareStep, TrainBench, TrainSession, cpu_cores
@@ -88,33 +89,89 @@ def measure_hot_path(width: int = 64, batch: int = 32, rounds: int = 12, warmup:
             "batch": batch, "ranks": ranks, "threads": threads}
 
 
-def _counts(text: str) -> tuple[int, ...]:
+# -- the options of ddp-scaling and hot-path, each declared once ----------------------------------------
+# Text no number is argparse's own message ('argument --width: invalid int value: 'x''); the training
+# settings (width, batch, ranks) are checked by mgpu's TrainConfig.validate, with its messages.
+
+def _integer(text: str, flag: str, error: type[Exception]) -> int:
     try:
-        return tuple(sorted({int(c) for c in text.split(",") if c.strip()}))
+        return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected rank counts like 1,2, got {text!r}") from None
+        raise error(f"argument {flag}: invalid int value: {text!r}") from None
 
 
-def check_args(args: argparse.Namespace) -> None:
-    """The command's own rules; the training settings (width, batch, ranks) are checked by mgpu's
-    TrainConfig.validate, with its messages. Raises ValueError naming the bad option."""
-    from mgpu.errors import ConfigError
+def _decimal(text: str, flag: str, error: type[Exception]) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise error(f"argument {flag}: invalid float value: {text!r}") from None
 
-    if args.rounds < 1:
-        raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
-    if args.warmup < 0:
-        raise ValueError(f"--warmup must be at least 0, got {args.warmup}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be at least 1, got {args.threads}")
-    if args.min_speedup is not None and not (math.isfinite(args.min_speedup) and args.min_speedup > 0):
-        raise ValueError(f"--min-speedup must be a positive number, got {args.min_speedup}")
-    if not args.devices:
-        raise ValueError("--devices needs at least one rank count")
-    for n in args.devices:
+
+def _at_least(lowest: int) -> Callable:
+    """A check: None (not given) or a count >= lowest, '--rounds must be at least 1, got 0'."""
+    def check(value, flag: str, error: type[Exception]):
+        if value is not None and value < lowest:
+            raise error(f"{flag} must be at least {lowest}, got {value}")
+        return value
+    return check
+
+
+def _positive_number(value, flag: str, error: type[Exception]):
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise error(f"{flag} must be a positive number, got {value}")
+    return value
+
+
+def _rank_counts(value: tuple, flag: str, error: type[Exception]) -> tuple:
+    """A check: at least one rank count; the counts in order, each once (their sizes: validate)."""
+    if not value:
+        raise error(f"{flag} needs at least one rank count")
+    return tuple(sorted(set(value)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureOptions(Options):
+    """What ddp-scaling and hot-path share: the network, the batch, the interleaved rounds."""
+
+    error = ConfigError
+    width: int = option(64, text=_integer, help="ResNet-18 width (64: the full network)")
+    batch: int = option(32, text=_integer, help="per-rank batch")
+    rounds: int = option(12, text=_integer, check=_at_least(1),
+                         help="timed rounds, interleaved: one step of every case each")
+    warmup: int = option(2, text=_integer, check=_at_least(0), help="untimed steps first")
+
+    def trains_on(self, ranks: int, flag: str) -> None:
+        """mgpu's TrainConfig accepts this width and batch on `ranks` ranks, or the error names the options."""
         try:
-            TrainBench("ddp", n, per_device_batch=args.batch, width=args.width).train_config()
+            TrainBench("ddp", ranks, per_device_batch=self.batch, width=self.width).train_config()
         except ConfigError as e:
-            raise ValueError(f"{e} (--devices {n}, --batch {args.batch}, --width {args.width})") from None
+            raise self.error(f"{e} ({flag} {ranks}, --batch {self.batch}, --width {self.width})") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DdpScalingOptions(MeasureOptions):
+    devices: tuple[int, ...] = option((1, 2), help="rank counts, e.g. 1,2 (default)", check=_rank_counts,
+                                      text=comma_list(int, empty_ok=True,
+                                                      message="argument {flag}: expected rank counts like 1,2, "
+                                                              "got {text!r}"))
+    threads: int | None = option(None, text=_integer, check=_at_least(1),
+                                 help="threads per rank (default: cores // most ranks)")
+    min_speedup: float | None = option(None, text=_decimal, check=_positive_number,
+                                       help="exit 1 unless the largest count's speedup over the first reaches this")
+
+    def validate(self) -> "DdpScalingOptions":
+        for n in self.devices:
+            self.trains_on(n, "--devices")
+        return self
+
+
+@dataclass(frozen=True, kw_only=True)
+class HotPathOptions(MeasureOptions):
+    ranks: int = option(2, text=_integer, help="DDP ranks")
+
+    def validate(self) -> "HotPathOptions":
+        self.trains_on(self.ranks, "--ranks")
+        return self
 
 
 @dataclass(frozen=True)
@@ -159,61 +216,41 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     p = sub.add_parser("ddp-scaling", help="DDP step throughput at 1, 2, ... ranks (weak scaling)")
-    p.add_argument("--devices", type=_counts, default=(1, 2), help="rank counts, e.g. 1,2 (default)")
-    p.add_argument("--width", type=int, default=64, help="ResNet-18 width (64: the full network)")
-    p.add_argument("--batch", type=int, default=32, help="per-rank batch")
-    p.add_argument("--rounds", type=int, default=12, help="timed steps per rank count (interleaved)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    p.add_argument("--threads", type=int, default=None, help="threads per rank (default: cores // most ranks)")
-    p.add_argument("--min-speedup", type=float, default=None,
-                   help="exit 1 unless the largest count's speedup over the first reaches this")
+    DdpScalingOptions.add_to(p.add_argument, only=("devices",))  # --devices first, as it always came
+    DdpScalingOptions.add_to(p.add_argument, leave_out=("devices",))
     h = sub.add_parser("hot-path", help="mgpu's step against bare PyTorch; DDP against no communication")
-    h.add_argument("--width", type=int, default=64, help="ResNet-18 width (64: the full network)")
-    h.add_argument("--batch", type=int, default=32, help="per-rank batch")
-    h.add_argument("--rounds", type=int, default=12, help="interleaved rounds")
-    h.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    h.add_argument("--ranks", type=int, default=2, help="DDP ranks")
+    HotPathOptions.add_to(h.add_argument)
     for name, command in OWN_PARSERS.items():  # listed here; their own parsers read their lines
         sub.add_parser(name, add_help=False, help=command.help)
     return parser
 
 
-def check_hot_path_args(args: argparse.Namespace) -> None:
-    from mgpu.errors import ConfigError
-
-    if args.rounds < 1 or args.warmup < 0:
-        raise ValueError(f"--rounds must be at least 1 and --warmup at least 0, got {args.rounds}, {args.warmup}")
+def _hot_path_main(o: HotPathOptions) -> int:
     try:
-        TrainBench("ddp", args.ranks, per_device_batch=args.batch, width=args.width).train_config()
-    except ConfigError as e:
-        raise ValueError(f"{e} (--ranks {args.ranks}, --batch {args.batch}, --width {args.width})") from None
-
-
-def _hot_path_main(args: argparse.Namespace) -> int:
-    try:
-        measure_hot_path(args.width, args.batch, args.rounds, args.warmup, args.ranks)
+        measure_hot_path(o.width, o.batch, o.rounds, o.warmup, o.ranks)
     except RankPoolError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
 
 
-def _ddp_scaling_main(args: argparse.Namespace) -> int:
+def _ddp_scaling_main(o: DdpScalingOptions) -> int:
     try:
-        rows = measure_ddp_scaling(args.devices, width=args.width, per_rank_batch=args.batch, rounds=args.rounds,
-                                   warmup=args.warmup, threads_per_rank=args.threads)
+        rows = measure_ddp_scaling(o.devices, width=o.width, per_rank_batch=o.batch, rounds=o.rounds,
+                                   warmup=o.warmup, threads_per_rank=o.threads)
     except RankPoolError as e:  # a rank failed while running: its error, not a traceback
         print(f"{PROG}: {e}", file=sys.stderr)
         return EXIT_FAILED
-    if args.min_speedup is not None and rows[-1]["speedup"] < args.min_speedup:
-        print(f"FAIL: speedup {rows[-1]['speedup']:.2f} at {rows[-1]['ranks']} ranks is below {args.min_speedup}",
+    if o.min_speedup is not None and rows[-1]["speedup"] < o.min_speedup:
+        print(f"FAIL: speedup {rows[-1]['speedup']:.2f} at {rows[-1]['ranks']} ranks is below {o.min_speedup}",
               file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK
 
 
-# The commands build_parser reads: each one's checks (ValueError naming the bad option), then its main.
-MEASURES = {"ddp-scaling": (check_args, _ddp_scaling_main), "hot-path": (check_hot_path_args, _hot_path_main)}
+# The commands build_parser reads: each one's options (converted and checked: its error names the bad
+# option), then its main.
+MEASURES = {"ddp-scaling": (DdpScalingOptions, _ddp_scaling_main), "hot-path": (HotPathOptions, _hot_path_main)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,12 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         return OWN_PARSERS[argv[0]].run(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    check, run = MEASURES[args.command]
+    options_class, run = MEASURES[args.command]
     try:
-        check(args)
-    except ValueError as e:
+        options = options_class.from_namespace(args)
+    except options_class.error as e:
         parser.error(one_line(e))
-    return run(args)
+    return run(options)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from mgpu_perf.gate.compare import Comparison, compare, judge
 from mgpu_perf.gate.report import gate_exit_status
 from mgpu_perf.gate.rounds import round_order, round_pair
 from mgpu_perf.gate.run import GateRun
-from mgpu_perf.gate.settings import OptionValues, Settings, parse_settings
+from mgpu_perf.gate.settings import Settings
 from mgpu_perf.gated import gated_set
 from mgpu_perf.sweep import make_sweep
 
@@ -142,6 +142,19 @@ def test_a_few_rounds_hit_by_a_burst_do_not_hide_a_slowdown():
     assert math.exp(plain) < 1.05, f"the case must be one the mean misses ({math.exp(plain):.3f})"
     assert est.ratio == pytest.approx(1.10, rel=0.01), est
     assert abstats.verdict(est, 0.10, LEVEL) == "slower", est.interval(LEVEL)
+
+
+def test_one_look_says_what_the_separate_rules_say():
+    """stats.look, the loop's one call a look: the estimate, its interval, verdict and settled at its level."""
+    rng = np.random.default_rng(3)
+    for ratio in (0.85, 1.0, 1.03, 1.2):
+        base = list(0.1 * np.exp(rng.normal(0, 0.02, 30)))
+        cand = [b * ratio * math.exp(rng.normal(0, 0.02)) for b in base]
+        seen = abstats.look(base, cand, 0.10, 0.05 / 7)
+        est = abstats.estimate(base, cand, 0.10)
+        assert seen.estimate == est and seen.interval == est.interval(0.05 / 7), (ratio, seen)
+        assert seen.verdict == abstats.verdict(est, 0.10, 0.05 / 7), (ratio, seen)
+        assert seen.settled == abstats.settled(est, 0.10, 0.05 / 7), (ratio, seen)
 
 
 def test_holm_levels_step_down_and_stop_at_the_first_acceptance():
@@ -483,9 +496,10 @@ def test_bad_gate_input_is_a_gate_error_naming_the_problem_before_anything_is_ti
     options = make_options(tmp_path)
     before = _worktrees()
     with pytest.raises(GateError) as raised:
-        run = GateRun(parse_settings(OptionValues(options.get("threshold", "10"), options.get("max_rounds", "40"),
-                                                  sample_s=options.get("sample_s", "0.25"),
-                                                  workers=options.get("workers", "auto"))),
+        run = GateRun(Settings.from_values({"threshold": options.get("threshold", "10"),
+                                            "max_rounds": options.get("max_rounds", "40"),
+                                            "sample_s": options.get("sample_s", "0.25"),
+                                            "workers": options.get("workers", "auto")}, prefix="ab-"),
                       ROOT, options.get("baseline"), options.get("python"))
         try:
             run.start()
@@ -503,23 +517,26 @@ def test_a_revision_of_another_repository_is_named_as_not_one_of_this_repository
                     "--allow-empty", "-m", "x"], check=True)
     sha = subprocess.run(["git", "-C", str(other), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     with pytest.raises(GateError, match=f"--ab-baseline {sha}: not a revision of the repository at {ROOT}"):
-        GateRun(parse_settings(), ROOT, sha)
+        GateRun(Settings.from_values(), ROOT, sha)
     plain = tmp_path / "plain"
     plain.mkdir()
     with pytest.raises(GateError, match="is not a git repository"):
-        GateRun(parse_settings(), plain, "HEAD")
+        GateRun(Settings.from_values(), plain, "HEAD")
 
 
 def test_good_gate_options_become_the_settings():
-    settings = parse_settings(OptionValues("5%", "12", strict=True, sample_s="1.5", workers="2"))
+    settings = Settings.from_values({"threshold": "5%", "max_rounds": "12", "strict": True, "sample_s": "1.5",
+                                     "workers": "2"})
     assert (settings.threshold, settings.max_rounds, settings.strict, settings.smoke, settings.sample_s,
             settings.workers) == (0.05, 12, True, False, 1.5, 2)
-    assert (parse_settings().sample_s, parse_settings().workers) == (0.25, 1), "at the default 10 %: one worker an arm"
-    assert [parse_settings(OptionValues(t, workers="auto")).workers for t in ("9.9", "7", "5")] == [1, 2, 3], \
+    assert (Settings.from_values().sample_s, Settings.from_values().workers) == (0.25, 1), \
+        "at the default 10 %: one worker an arm"
+    assert [Settings.from_values({"threshold": t, "workers": "auto"}).workers for t in ("9.9", "7", "5")] == [1, 2, 3], \
         "below 10 %: more workers an arm (one pair's bias comes near the T/2 margin)"
-    assert parse_settings(OptionValues("5", pair_bias="0.5")).workers == 1, "a quieter machine's pair bias needs fewer"
-    assert parse_settings(OptionValues("5", workers="1")).workers == 1, "an explicit count wins"
-    smoke = parse_settings(smoke=True)
+    assert Settings.from_values({"threshold": "5", "pair_bias": "0.5"}).workers == 1, \
+        "a quieter machine's pair bias needs fewer"
+    assert Settings.from_values({"threshold": "5", "workers": "1"}).workers == 1, "an explicit count wins"
+    smoke = Settings.from_values(smoke=True)
     assert smoke.smoke and smoke.max_rounds == 3, "--benchmark-disable makes the gate a three-round smoke run"
 
 
@@ -546,8 +563,8 @@ def test_the_run_says_when_the_candidate_has_uncommitted_changes(tmp_path):
     (repo / "model.py").write_text("x = 1\n")
     subprocess.run([*git, "add", "model.py"], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
-    assert "no uncommitted changes" in GateRun(parse_settings(), repo, "HEAD").candidate_desc
+    assert "no uncommitted changes" in GateRun(Settings.from_values(), repo, "HEAD").candidate_desc
     (repo / "model.py").write_text("x = 2\n")
-    run = GateRun(parse_settings(), repo, "HEAD")
+    run = GateRun(Settings.from_values(), repo, "HEAD")
     assert "WITH uncommitted changes to model.py" in run.candidate_desc, run.candidate_desc
     assert any("WITH uncommitted changes to model.py" in line for line in run.summary_lines())

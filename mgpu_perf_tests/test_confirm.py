@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_perf.gate.settings import OptionValues
+from mgpu_perf.gate.settings import Settings
 from mgpu_perf.history.changes import ChangePoint
 from mgpu_perf.history.confirm import (MIN_GATE_S, ConfirmOptions, GateAnswer, budget_note, confirm_all,
                                        confirm_changes, confirm_point, gate_arguments)
@@ -315,10 +315,24 @@ def test_confirm_all_goes_strongest_first_within_its_budget_and_keeps_the_points
 
 
 def test_the_gate_runs_with_the_users_options_its_budget_cut_to_what_is_left():
-    args = gate_arguments(OptionValues(threshold="5", strict=True, markdown="x.md"), seconds_left=42.0)
+    """One serializer: the gate's Settings as `mgpu history` read them (--threshold 5 ...) become the
+    plugin's command line (--ab-threshold 5 ...), which the plugin's declaration (the same one) reads
+    back into the same settings, the budgets cut to what is left (Settings.within), no Markdown."""
+    import argparse
+
+    given = Settings.from_values({"threshold": "5", "strict": True, "markdown": "x.md", "sample_s": "0.1",
+                                  "pair_bias": "0.7", "graphs": "off"})
+    args = gate_arguments(given, seconds_left=42.0)
     pairs = dict(zip(args[::2], args[1::2]))
     assert pairs["--ab-threshold"] == "5" and "--ab-strict" in args and "--ab-markdown" not in args, args
-    assert (pairs["--ab-budget-s"], pairs["--ab-run-budget-s"]) == ("42.0", "42.0"), args
+    assert (pairs["--ab-budget-s"], pairs["--ab-run-budget-s"]) == ("42", "42"), args
+    assert pairs["--ab-workers"] == str(given.workers), "the count the user's threshold resolved, as it was"
+    plugin = argparse.ArgumentParser()
+    Settings.add_to(plugin.add_argument, prefix="ab-", pytest=True, show_defaults=True)  # as plugin.py adds them
+    read = Settings.from_namespace(plugin.parse_args(args), prefix="ab-")
+    assert read == replace(given.within(42.0), markdown=""), (read, given)
+    assert given.within(1000.0) == given and replace(given, run_budget_s=0.0).within(42.0).run_budget_s == 42.0, \
+        "a budget under what is left stays; no run budget (0) becomes what is left"
 
 
 # -- the real gate, on a repository's history ---------------------------------------------------------
@@ -384,7 +398,7 @@ def history(repo: Path, delays: list[float]) -> list[str]:
 def confirm_on(repo: Path, points, tmp_path: Path, threshold: str, budget_s: float = 900, max_rounds: str = "12"):
     """confirm_all with the gate at `threshold` percent; a few rounds for a large plant, more (within
     the gate's own budget) where the planted ratios lie nearer the threshold."""
-    gate = OptionValues(threshold=threshold, max_rounds=max_rounds, sample_s="0.1")
+    gate = Settings.from_values({"threshold": threshold, "max_rounds": max_rounds, "sample_s": "0.1"})
     return confirm_all(points, ConfirmOptions(repo, budget_s=budget_s, out=tmp_path / "gates", gate=gate))
 
 

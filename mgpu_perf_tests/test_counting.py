@@ -1,5 +1,6 @@
-"""The counted step (mgpu_perf/counting.py): the same step counts the same every time, and each kind of
-structural regression shows as a guarded increase (`slower (counted)`), named."""
+"""The counted step (mgpu_perf/counts/step.py, compared by counts/judge.py): the same step counts the
+same every time, and each kind of structural regression shows as a guarded increase (`slower
+(counted)`), named."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import torch.distributed as dist
 from torch import nn
 
 from conftest import requires_gpus
-from mgpu_perf.counting import CompileWatch, StepCounts, compare_counts, count_step
+from mgpu_perf.counts.judge import compare_counts
+from mgpu_perf.counts.step import CompileWatch, StepCounts, count_step
 
 
 def _step(change: str | None = None, ddp: bool = False, compiled: bool = False):

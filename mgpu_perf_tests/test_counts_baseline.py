@@ -1,9 +1,9 @@
-"""The counted baseline in the repository (mgpu_perf/baseline_counts.py): `pytest --counts-save FILE`
-and `pytest --counts-check FILE` run by pytester on a tiny gated benchmark, as a user who installed
+"""The counted baseline in the repository (mgpu_perf/counts/baseline.py and plugin.py): `pytest
+--counts-save FILE` and `pytest --counts-check FILE` run by pytester on a tiny gated benchmark, as a user who installed
 mgpu runs them: saved then checked unchanged; a commit that adds a host read a step fails naming it;
 a removal fails with the command that updates the file; an entry of another torch is not comparable,
 with its own exit code. The rank workloads (ddp) are counted ahead, beside the in-process ones
-(mgpu_perf/counts_ahead.py): the same counts as counted in order, and a rank's failure fails its test.
+(mgpu_perf/counts/ahead.py): the same counts as counted in order, and a rank's failure fails its test.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_perf.baseline_counts import (NOT_COMPARABLE_EXIT, count_workload, describe_workload, update_command,
-                                       workload_key)
-from mgpu_perf.counts_ahead import in_process_first, spawns_ranks_of
+from mgpu.errors import EXIT_NOT_COMPARABLE
+from mgpu_perf.counts.ahead import in_process_first, spawns_ranks_of
+from mgpu_perf.counts.baseline import describe_workload, update_command, workload_key
+from mgpu_perf.counts.workload import count_workload
 
 MODEL = '''
 import torch
@@ -189,7 +190,7 @@ def test_an_entry_of_another_torch_is_not_comparable_with_its_own_exit_code(pyte
     (saved_repo / FILE).write_text(json.dumps(data))
     result = _run(pytester, "--counts-check", FILE)
     text = result.stdout.str()
-    assert result.ret == NOT_COMPARABLE_EXIT, f"exit {result.ret}, not {NOT_COMPARABLE_EXIT}: {text[-1500:]}"
+    assert result.ret == EXIT_NOT_COMPARABLE, f"exit {result.ret}, not {EXIT_NOT_COMPARABLE}: {text[-1500:]}"
     assert "not comparable: recorded under torch 1.13.1 on" in text and "NOT COMPARABLE" in text, text[-1500:]
     assert f"--counts-save {FILE}" in text, f"no update command: {text[-1500:]}"
     strict = _run(pytester, "--counts-check", FILE, "--counts-strict")

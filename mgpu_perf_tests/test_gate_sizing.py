@@ -161,6 +161,30 @@ def test_noise_a_longer_sample_can_beat_within_the_budget_stretches_it():
     assert plan.rounds * plan.stretch * 0.6 <= 300, "the stretched rounds fit the budget"
 
 
+def test_a_first_looks_plan_is_sized_by_the_noise_and_refused_only_on_its_lower_bound():
+    rng = np.random.default_rng(2)
+    logs = list(rng.normal(0, 0.1, 10))
+    est = abstats.estimate([1.0] * 10, [math.exp(x) for x in logs], 0.05)
+    budget = sizing.Budget(0.05, LEVEL, 40, round_s=0.6, sample_s=0.25, budget_left_s=300, workers=3)
+    assert sizing.plan_for(budget, est) == sizing.plan(budget, sizing.round_noise(est), low=sizing.noise_low(est))
+    assert sizing.plan_for(budget, est, may_stretch=False).action != "stretch"
+
+
+def test_a_later_look_adds_rounds_for_grown_noise_within_the_cap_and_the_time_left_never_fewer():
+    def resized(noise, limit=40, done=40, left_s=300.0, max_rounds=200):
+        rng = np.random.default_rng(4)
+        est = abstats.estimate([1.0] * done, [math.exp(x) for x in rng.normal(0, noise, done)], 0.10)
+        budget = sizing.Budget(0.10, LEVEL, max_rounds, round_s=0.5, sample_s=0.25, budget_left_s=left_s)
+        return sizing.resized_limit(budget, est, limit, done)
+
+    assert resized(0.01) == 40, "quiet rounds: the rounds sized at the first look, never fewer"
+    grown = resized(0.08)
+    assert 40 < grown < 200, grown
+    assert resized(0.3) == 200, "the cap"
+    assert resized(0.08, left_s=5.0) == 40 + 10, "what fits in the time left (0.5 s a round)"
+    assert resized(0.08, left_s=-5.0) == 40, "no time left: never fewer than the limit"
+
+
 def test_the_spread_between_worker_pairs_is_measured_from_the_rounds():
     rng = np.random.default_rng(7)
     estimates = []

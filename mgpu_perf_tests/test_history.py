@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mgpu_perf.history import HistoryError, HistoryValues, build_history, parse_settings
+from mgpu_perf.history import HistoryError, HistorySettings, build_history
 from mgpu_perf.history.changes import ChangePoint
 from mgpu_perf.history.page import write_page
 from mgpu_perf.history.plot import AXIS_COLOUR, BOTTOM, HEIGHT, RUN_COLOUR, SLOWER_COLOUR, TOP
@@ -97,7 +97,7 @@ def noisy(rng: random.Random, seconds: float, sd: float = 0.02) -> float:
 
 
 def settings(storage: Path, repo: Path, **options):
-    return parse_settings(HistoryValues(storage=storage, repo=repo, **options))
+    return HistorySettings.from_values({"storage": storage, "repo": repo, **options})
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_perf.history import ChangePoint, HistoryValues, build_history, find_change_points, parse_settings
+from mgpu_perf.history import ChangePoint, HistorySettings, build_history, find_change_points
 from mgpu_perf.history.commits import COPY, MERGED, MISSING, OFF_LINE
 from mgpu_perf.history.text import point_line
 from mgpu_perf.history.verdicts import EXIT_SUSPECTED
@@ -167,7 +167,7 @@ def ci(tmp_path):
 
 
 def settings(storage, repo, **options):
-    return parse_settings(HistoryValues(storage=storage, repo=repo, **options))
+    return HistorySettings.from_values({"storage": storage, "repo": repo, **options})
 
 
 def history_command(*argv, cwd: Path) -> subprocess.CompletedProcess:
@@ -294,11 +294,11 @@ def test_one_outlier_run_at_head_blames_no_commit():
     for seed in range(20):
         rng = random.Random(seed)
         runs = [(i, 0.04 * math.exp(rng.gauss(0, 0.02)) * (3 if i == 13 else 1)) for i in range(14)]
-        points = find_change_points(runs, line, STEP, "vm", parse_settings())
+        points = find_change_points(runs, line, STEP, "vm", HistorySettings.from_values())
         assert points == (), f"seed {seed}: an outlier at HEAD made {[(p.after_commit[-2:], p.ratio) for p in points]}"
         steps = [(i, 0.04 * math.exp(rng.gauss(0, 0.02)) * (1.2 if i >= 12 else 1)) for i in range(14)]
         found = [(int(p.after_commit, 16), round(p.ratio, 2)) for p in find_change_points(steps, line, STEP, "vm",
-                                                                                          parse_settings())]
+                                                                                          HistorySettings.from_values())]
         assert [i for i, _ in found] == [12], f"seed {seed}: the step at commit 12 of 14: {found}"
 
 
@@ -336,15 +336,15 @@ def test_statistic_min_reads_each_runs_min_and_says_so_and_a_bad_one_is_named():
     table says so; a statistic the storage does not hold is one line naming the option."""
     from mgpu_perf.history.errors import HistoryError
     from mgpu_perf.history.runs import run_of
-    from mgpu_perf.history.settings import HistoryValues, parse_settings
+    from mgpu_perf.history.settings import HistorySettings
 
     data = {"benchmarks": [{"fullname": "t.py::test_step", "stats": {"median": 0.005, "min": 0.003, "mean": 0.0055}}],
             "commit_info": {"id": "a" * 40}, "machine_info": {"node": "vm"}}
     assert run_of("r.json", data).medians == (("t.py::test_step", 0.005),), "the median by default"
     assert run_of("r.json", data, "min").medians == (("t.py::test_step", 0.003),)
-    assert parse_settings(HistoryValues(statistic="MIN")).statistic == "min"
+    assert HistorySettings.from_values({"statistic": "MIN"}).statistic == "min"
     with pytest.raises(HistoryError, match=r"--statistic must be one of median, min, mean, got 'p99'"):
-        parse_settings(HistoryValues(statistic="p99"))
+        HistorySettings.from_values({"statistic": "p99"})
 
 
 # -- --since: judge only the steps made after the commit the last run saw ------------------------------

@@ -202,3 +202,40 @@ def test_a_cuda_graph_replay_runs_the_gpu_plant(tmp_path):
     plain, planted = replay_ms(resnet18), replay_ms(_planted_resnet18(tmp_path, 0.5))
     assert planted > 1.3 * plain, (f"a replay of the step with a 50 % GPU plant took {planted:.3f} ms against "
                                    f"{plain:.3f} ms plain: the replay did not run the plant")
+
+
+# -- validate-gate's and validate-counts' options, declared once (mgpu/options.py) --------------------
+
+def test_validate_gate_options_resolve_their_defaults_from_quick_and_threshold():
+    from mgpu_perf.lab.validate_gate import ValidateGateOptions, build_parser
+
+    def read(*argv):
+        return ValidateGateOptions.from_args(build_parser().parse_args(list(argv)))
+
+    full, quick = read(), read("--quick")
+    assert (full.runs, full.set_runs, full.plant, full.plant_on, full.out, full.tree) == (20, 3, 10.0, "host",
+                                                                                          "perf-results", ".")
+    assert (quick.runs, quick.set_runs) == (5, 1)
+    asked = read("--quick", "--runs", "0", "--threshold", "5", "--plant", "15", "--set-forward", "50", "--workers", "2")
+    assert (asked.runs, asked.set_runs, asked.plant, asked.set_forward) == (0, 1, 15.0, 50.0)
+    assert (asked.settings.threshold, asked.settings.workers) == (0.05, 2)
+
+
+def test_validate_tools_refuse_bad_options_in_one_line(capsys):
+    import pytest
+
+    from mgpu_perf.lab import validate_counts, validate_gate
+
+    cases = [(validate_gate, ["--runs", "x"], "--runs must be an integer >= 0, got 'x'"),
+             (validate_gate, ["--runs", "0", "--set-runs", "0"], "--runs and --set-runs must be at least 0"),
+             (validate_gate, ["--plant", "150"], "--plant must be a percentage in (0, 100)"),
+             (validate_gate, ["--plant-on", "gpu", "--set-forward", "50"], "one plant at a time"),
+             (validate_gate, ["--threshold", "0"], "--threshold must be a percentage in (0, 100)"),
+             (validate_counts, ["--aa-runs", "-1"], "--aa-runs must be an integer >= 0, got -1"),
+             (validate_counts, ["--runs", "0", "--aa-runs", "0"], "--runs, --aa-runs and --overhead must be at least 0"),
+             (validate_counts, ["--threshold", "200"], "--threshold must be a percentage in (0, 100)")]
+    for tool, argv, message in cases:
+        with pytest.raises(SystemExit) as stop:
+            tool.main(argv)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and message in err and err.count("\n") == 1, (argv, err)

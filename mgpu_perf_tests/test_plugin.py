@@ -117,9 +117,14 @@ def test_without_its_options_the_installed_plugin_costs_nothing(pytester):
 
         def test_nothing_heavy_was_imported(pytestconfig):
             assert pytestconfig.pluginmanager.has_plugin("mgpu_perf.plugin"), "the entry point did not load"
-            table = ("mgpu_perf.gate", "mgpu_perf.gate.options")  # the option table only: no torch, no gate code
-            heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "mgpu")
-                           or (m.startswith("mgpu_perf.gate") and m not in table))
+            # The option declarations only (gate/settings.py's Settings, counts/options.py and the leaves
+            # they import): no torch, no gate or counting code.
+            declared = ("mgpu", "mgpu.options", "mgpu.errors", "mgpu.validators", "mgpu.config", "mgpu.jsonsafe",
+                        "mgpu.option_groups", "mgpu_perf.gate", "mgpu_perf.gate.options", "mgpu_perf.gate.settings",
+                        "mgpu_perf.gate.sizing", "mgpu_perf.gate.stats",  # the auto worker count's rule
+                        "mgpu_perf.counts", "mgpu_perf.counts.options")
+            heavy = sorted(m for m in sys.modules if m not in declared and (m.split(".")[0] in ("torch", "mgpu")
+                           or m.startswith(("mgpu_perf.gate", "mgpu_perf.counts"))))
             assert not heavy, f"imported without being asked: {heavy[:5]}"
         ''')
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
@@ -335,7 +340,7 @@ def test_a_benchmark_its_share_cannot_decide_names_the_run_budget(user_repo, mon
     `undecidable` names --ab-run-budget-s (not only --ab-budget-s, which the user did not lower)."""
     from mgpu_perf.gate import run as run_module
     from mgpu_perf.gate.compare import Comparison
-    from mgpu_perf.gate.settings import OptionValues, parse_settings
+    from mgpu_perf.gate.settings import Settings
 
     given = []
 
@@ -344,7 +349,7 @@ def test_a_benchmark_its_share_cannot_decide_names_the_run_budget(user_repo, mon
         return Comparison(name, spec, status="undecidable", reason="noise 9 % a round: the budget allows 0")
 
     monkeypatch.setattr(run_module, "compare", undecided)
-    gate = run_module.GateRun(parse_settings(OptionValues(run_budget_s="50")), user_repo, "HEAD")
+    gate = run_module.GateRun(Settings.from_values({"run_budget_s": "50"}), user_repo, "HEAD")
     gate.started = True  # no workers: compare is replaced
     gate.began = run_module.time.perf_counter() - 60  # the first benchmark took the whole budget and more
     gate.results.append(Comparison("first", {}))
@@ -393,14 +398,14 @@ def test_the_gates_workloads_take_amp_and_compile(tmp_path, monkeypatch):
     import torch
 
     from mgpu_perf.gate.run import with_speed_options
-    from mgpu_perf.gate.settings import OptionValues, parse_settings
+    from mgpu_perf.gate.settings import Settings
     from mgpu_perf.harness.workloads import make_gated
 
-    settings = parse_settings(OptionValues(amp="bf16", compile=True))
+    settings = Settings.from_values({"amp": "bf16", "compile": True})
     spec = with_speed_options({"kind": "model-step", "model": f"{tmp_path / 'model.py'}:spec", "strategy": "single",
                                "devices": 1, "batch": 4}, settings)
     assert (spec["amp"], spec["compile"]) == ("bf16", True) and "graphs" not in spec, spec
-    assert with_speed_options({"kind": "matmul"}, parse_settings()) == {"kind": "matmul"}, "defaults add nothing"
+    assert with_speed_options({"kind": "matmul"}, Settings.from_values()) == {"kind": "matmul"}, "defaults add nothing"
     compiled = []
     monkeypatch.setattr(torch, "compile", lambda model, *a, **k: compiled.append(model) or model)
     (tmp_path / "model.py").write_text(textwrap.dedent(MODEL.replace("REPEATS", "1")))

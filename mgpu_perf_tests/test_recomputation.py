@@ -1,7 +1,7 @@
 """The counted step sees recomputation (issue 47, item 0): activation checkpointing
 (`torch.utils.checkpoint`, non-reentrant and reentrant) runs a region's forward again in the
 backward, and that second forward runs with the dispatch modes on, so the step counter and
-FlopCounterMode count its ops, FLOPs and bytes (mgpu_perf/counting.py).
+FlopCounterMode count its ops, FLOPs and bytes (mgpu_perf/counts/step.py).
 
 What torch.profiler shows beside: non-reentrant checkpointing stops recomputing as soon as the last
 tensor the backward needs is saved again (its early stop, `_StopRecomputationError`), and a tensor an
@@ -18,8 +18,9 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from mgpu_perf.counting import StepCounts, compare_counts, count_step
-from mgpu_perf.gate.counted import SLOWER_COUNTED, judge_counts
+from mgpu_perf.counts.judge import SLOWER_COUNTED, compare_counts
+from mgpu_perf.counts.step import StepCounts, count_step
+from mgpu_perf.gate.counted import judge_counts
 
 REGIONS = ("none", "non-reentrant", "reentrant", "one-convolution")
 

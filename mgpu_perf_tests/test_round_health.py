@@ -199,18 +199,17 @@ def test_the_health_goes_into_ab_json_as_strict_json():
 
 @pytest.mark.parametrize("share, stops", [((0.5, 0.5), True), ((0.5, 0.57), False)])
 def test_a_settled_benchmark_stops_early_only_when_its_rounds_are_not_doubted(share, stops):
-    from mgpu_perf.gate.buffer import RoundBuffer
-    from mgpu_perf.gate.looks import Benchmark, Next, later_look
+    from mgpu_perf.gate.loop import Next, RoundLoop
     from mgpu_perf.gate.settings import Settings
 
     ratio = 1.0 if share[0] == share[1] else 1.14  # either way the wall ratio reads about 1.0
     samples, facts = rounds(20, ratio, noise=0.003, share=share)
-    buffer = RoundBuffer()
+    loop = RoundLoop("single", {"baseline": [None], "candidate": [None]}, Settings(threshold=T), LEVEL, start=0.0,
+                     timer=lambda: 1.0, limit=40, taken=20, cpu_applies=True)
     for i, f in enumerate(facts):
-        buffer.add_round(0, {a: (samples[a][i], samples[a][i]) for a in ("baseline", "candidate")}, f.to_dict())
-    bench = Benchmark("single", buffer, {"baseline": [None], "candidate": [None]}, Settings(threshold=T), LEVEL,
-                      start=0.0, timer=lambda: 1.0, limit=40, taken=20, cpu_applies=True)
-    assert abstats.settled(buffer.estimate(T), T, LEVEL), f"the rounds must be settled: {buffer.estimate(T)}"
-    step = later_look(bench)
+        loop.rounds.add_round(0, {a: (samples[a][i], samples[a][i]) for a in ("baseline", "candidate")}, f.to_dict())
+    est = abstats.estimate(samples["baseline"], samples["candidate"], T)
+    assert abstats.settled(est, T, LEVEL), f"the rounds must be settled: {est}"
+    step = loop.later_look()
     doubt = check_rounds(samples, facts, T, LEVEL, True).doubt
     assert (step is Next.STOP) == stops, f"share {share}: {step}; doubt: {doubt}"

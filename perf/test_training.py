@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from mgpu.strategies import RANK_STRATEGIES
-from mgpu_perf.counting import StepCounts, count_session
+from mgpu_perf.counts.step import StepCounts, count_session
 from mgpu_perf.gated import Case, case_id, is_gated, train_spec
 from mgpu_perf.harness import interleave
 from mgpu_perf.harness.models import ModelBench
@@ -158,7 +158,7 @@ def test_train_step(benchmark, case, sessions, sweep, settings, scaling_rows, cp
     assert session.weights_moved() > 0, "the steps did not change the weights"
     # Parameters, gradients and optimizer state a device holds (an fsdp rank: its shards); CUDA: the peak.
     benchmark.extra_info["memory_per_device"] = session.memory_bytes()
-    # What the step does, counted (mgpu_perf/counting.py): one more step, outside the timing, per rank.
+    # What the step does, counted (mgpu_perf/counts/step.py): one more step, outside the timing, per rank.
     counts = [StepCounts.from_dict(c) for c in count_session(session, session.step)]
     assert counts and all(c.flops > 0 and c.allocated_bytes > 0 for c in counts), [c.summary() for c in counts]
     if case.strategy in RANK_STRATEGIES and case.devices > 1:

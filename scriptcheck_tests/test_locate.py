@@ -176,9 +176,9 @@ def test_a_check_that_passes_runs_no_traced_pass(tmp_path):
 def test_an_output_gradient_missing_for_the_traces_size_says_so_not_that_there_was_none():
     """A model whose outputs fill the trace's budget (build-nanogpt's logits: 25.8 M elements a rank)
     has no output gradient kept: that is the budget, not an output without a gradient."""
-    from mgpu.check.script.locate import _output_gradient
+    from mgpu.check.script.causes.entry import output_gradient
 
-    where, words, _ = _output_gradient(None, 0.5, 2, "gradient", truncated=True)
+    where, words, _ = output_gradient(None, 0.5, 2, "gradient", truncated=True)
     assert where == "unknown" and "TRACE_NUMEL" in words and "no floating output" not in words, words
-    where, words, _ = _output_gradient(None, 0.5, 2, "gradient")
+    where, words, _ = output_gradient(None, 0.5, 2, "gradient")
     assert "no floating output that needs one" in words, words

@@ -37,19 +37,10 @@ from torch import nn
 from mgpu import devices as devmod
 from mgpu.comm import shard_bounds
 from mgpu.config import StrategySettings
-from mgpu.devices import to_device
-from mgpu.errors import DeviceError
+from mgpu.devices import check_amp, to_device
 from mgpu.spec import Objective, as_inputs, batch_length, slice_inputs
 
 OptimizerFactory = Callable[[list], torch.optim.Optimizer]
-
-
-def check_amp(amp: str, devices) -> None:
-    """DeviceError when --amp bf16 is asked for on a device without bfloat16 support."""
-    if amp == "bf16":
-        for device in dict.fromkeys(devices):
-            if not devmod.supports_bf16(device):
-                raise DeviceError(f"--amp bf16 needs bfloat16 support, which {device} lacks: use --amp off")
 
 
 def cpu_state_dict(module: nn.Module) -> dict:

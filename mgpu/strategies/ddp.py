@@ -96,7 +96,7 @@ class DistributedDataParallel(SingleDevice):
     @classmethod
     def preflight(cls, devices: int, settings: StrategySettings) -> None:
         """Checked once before the ranks start, not in every rank (nothing to do inside torchrun's ranks).
-        What the run's data and speed options need of the ranks' devices the run checks (mgpu/run.py)."""
+        What the run's data and speed options need of the ranks' devices the run checks (mgpu/preflight.py)."""
         if launch.under_launcher():
             return
         if settings.sync_bn and devmod.gpu_count() < devices:

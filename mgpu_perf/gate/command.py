@@ -57,22 +57,22 @@ def gate_cases(model: str, strategies, devices, batch: int, input_shape=None, cl
     return cases
 
 
-def run_gate_command(args, error: Callable[[str], None]) -> int:
-    """The command, from parsed options; `error` is the parser's (one line, exit 2)."""
+def run_gate_command(options, error: Callable[[str], None]) -> int:
+    """The command, from its options (gate/settings.py's GateOptions, read and checked); `error` is
+    the parser's (one line, exit 2)."""
     from mgpu.errors import EXIT_FAILED, EXIT_USAGE, MgpuError, one_line
     from mgpu_perf.clocks import gpu_clocks
     from mgpu_perf.errors import GateError
     from mgpu_perf.gate.arm import ArmError
     from mgpu_perf.gate.baseline import repository_root
     from mgpu_perf.gate.run import GateRun
-    from mgpu_perf.gate.settings import settings_from
 
+    args = options
     root = repository_root(Path.cwd())
     try:
-        settings = settings_from(lambda dest: getattr(args, dest))
         model = model_in_repository(args.model, root)
         cases = gate_cases(model, args.strategies, args.devices, args.batch, args.input_shape, args.classes)
-        run = GateRun(settings, root, args.baseline, args.baseline_python, gpu_clocks())
+        run = GateRun(options.settings, root, args.baseline, args.baseline_python, gpu_clocks())
     except (GateError, ValueError) as e:
         error(_as_command_options(one_line(e)))
     from mgpu.spec import load_spec

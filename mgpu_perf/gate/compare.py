@@ -13,10 +13,11 @@ rounds alternate the order, each round one sample per arm (the median of a few o
 rest of the run from the rounds' noise; from then on, every `look_every` rounds the interval is
 checked at the strictest Holm level, and the benchmark stops early only when it is settled
 (stats.settled: inside half the threshold, or faster); otherwise it runs the rounds it was sized
-for, where `slower` is tested once (gate/looks.py).
+for, where `slower` is tested once (gate/loop.py).
 
-The loop's state is one `looks.Benchmark`, its rounds a `buffer.RoundBuffer`; the result, a frozen
-`Comparison` (gate/comparison.py), is built from them once the rounds are in.
+The loop's state is one `loop.RoundLoop` (gate/loop.py), which alone holds and changes it; this
+module sets the workers up (rounds.set_up), runs the loop (loop.run_rounds) and builds the result,
+a frozen `Comparison` (gate/comparison.py), from what the loop found (a frozen `loop.RoundsDone`).
 
 After the warm-up, one more step is counted in both arms (gate/counted.py): what it does, exactly,
 beside the time it takes. A worker that crashes, a workload that fails or computes a wrong result in
@@ -27,18 +28,16 @@ model file it lacks) is `not comparable`, with the reason.
 from __future__ import annotations
 
 import dataclasses
-import math
-import statistics
 import time
+from functools import partial
 
 from mgpu_perf.gate import stats as abstats
 from mgpu_perf.gate.arm import Arm, ArmError
-from mgpu_perf.gate.buffer import RoundBuffer
 from mgpu_perf.gate.comparison import Comparison
 from mgpu_perf.gate.counted import Counted, count_in_both
 from mgpu_perf.gate.health import RoundFacts, check_rounds
-from mgpu_perf.gate.looks import REFUSAL_LOOKS, Benchmark, Next, first_look, later_look
-from mgpu_perf.gate.rounds import Pools, agree_on_graphs, choose_clock, close_workers, in_both, sample_times, take_round
+from mgpu_perf.gate.loop import REFUSAL_LOOKS, run_rounds
+from mgpu_perf.gate.rounds import set_up
 from mgpu_perf.gate.settings import Settings
 
 __all__ = ["Settings", "Comparison", "compare", "judge", "with_round_health", "ArmError", "REFUSAL_LOOKS"]
@@ -58,91 +57,21 @@ def compare(name: str, spec: dict, arms: dict[str, Arm | list[Arm]], settings: S
     pools = {label: group if isinstance(group, list) else [group] for label, group in arms.items()}
     if len({len(pool) for pool in pools.values()}) != 1:
         raise ValueError(f"both arms need as many workers: {({k: len(v) for k, v in pools.items()})}")
-    answers = in_both(pools, "setup", spec=spec)  # starting rank pools and models: most of a smoke run
-    lacking = _lacking_in_the_baseline(answers)
-    if lacking is not None:
-        _close_unused(pools)
-        return Comparison(name, spec, status="not comparable", reason=f"the baseline cannot run it: {lacking}",
+    ready = set_up(pools, spec, settings)  # the workers closed where it fails
+    if ready.lacking is not None:
+        return Comparison(name, spec, status="not comparable", reason=f"the baseline cannot run it: {ready.lacking}",
                           budget_s=settings.budget_s)
-    try:
-        graphs = agree_on_graphs(pools, answers)
-        bench = Benchmark(name, RoundBuffer(), pools, settings, settings.alpha / family_size, start,
-                          timer=time.perf_counter, limit=settings.max_rounds)
-        clock_reason = _warm_up(bench)
-        bench.cpu_applies = bench.clock == "host" and all(a.get("in_process") for group in answers.values()
-                                                          for a in group)
-        counting_began = time.perf_counter()
-        counted = count_in_both(pools) if settings.counts != "off" else Counted(reason="--ab-counts off")
-        count_s = time.perf_counter() - counting_began
-        rounds_began = bench.phase_began = time.perf_counter()
-        _take_rounds(bench, log)
-        round_s = (time.perf_counter() - rounds_began) / max(1, bench.rounds.rounds_taken())
-        in_both(pools, "check")  # wrong results fail the run, in either arm
-    finally:
-        close_workers(pools)
-    rounds = bench.rounds
-    estimate = rounds.estimate(settings.threshold)
+    count = partial(count_in_both, pools) if settings.counts != "off" else partial(Counted, reason="--ab-counts off")
+    done = run_rounds(name, pools, ready, settings, settings.alpha / family_size, start, count,
+                      log)  # the workers closed, whatever happened
     result = Comparison(
-        name, spec, status="compared" if bench.refusal is None else "undecidable", reason=bench.refusal or "",
-        ops_per_sample=bench.ops, samples=rounds.samples, host_samples=rounds.host_samples, pairs=rounds.pairs,
-        clock=bench.clock, clock_reason=clock_reason, graphs=graphs, plans=bench.plans, budget_s=settings.budget_s,
-        pilot=rounds.pilot, seconds=time.perf_counter() - start, round_s=round_s, count_s=count_s,
-        estimate=estimate, counted=counted, spent=bench.spent, early=bench.early, facts=rounds.facts,
-        cpu_applies=bench.cpu_applies)
-    log(f"{name}: {len(rounds.samples['baseline'])} rounds, ratio {estimate.ratio:.3f}")
+        name, spec, status=done.status, reason=done.reason, ops_per_sample=done.ops_per_sample, samples=done.samples,
+        host_samples=done.host_samples, pairs=done.pairs, clock=done.clock, clock_reason=ready.clock_reason,
+        graphs=ready.graphs, plans=done.plans, budget_s=settings.budget_s, pilot=done.pilot,
+        seconds=time.perf_counter() - start, round_s=done.round_s, count_s=done.count_s, estimate=done.estimate,
+        counted=done.counted, spent=done.spent, early=done.early, facts=done.facts, cpu_applies=done.cpu_applies)
+    log(f"{name}: {len(done.samples['baseline'])} rounds, ratio {done.estimate.ratio:.3f}")
     return result
-
-
-def _lacking_in_the_baseline(answers: dict[str, list[dict]]) -> str | None:
-    """Why the baseline cannot set the workload up (None when it can); ArmError when the candidate cannot."""
-    lacking = [a["not_comparable"] for a in answers["baseline"] if "not_comparable" in a]
-    if lacking:
-        return str(lacking[0])
-    failed = [a["not_comparable"] for a in answers["candidate"] if "not_comparable" in a]
-    if failed:
-        raise ArmError(f"candidate: setup failed: {failed[0]}")
-    return None
-
-
-def _close_unused(pools: Pools) -> None:
-    """Every worker told to drop a workload nothing will time."""
-    for pool in pools.values():
-        for arm in pool:
-            arm.request("close")
-
-
-def _warm_up(bench: Benchmark) -> str:
-    """The clock and the operations a sample, set in `bench`; why that clock. Untimed, at least two
-    each: the first operation of a worker pays one-off costs (on a GPU the CUDA context, cuDNN's
-    first calls, the allocator's first blocks: 1 s against a 10-ms step), so the samples are sized by
-    each arm's fastest warm-up operation. A smoke run takes one operation a sample and times nothing."""
-    settings = bench.settings
-    if settings.smoke:
-        bench.ops, bench.op_s, bench.clock = 1, math.nan, "host"
-        return "a smoke run times nothing against anything"
-    warm = {label: [arm.request("sample", ops=1) for arm in pool for _ in range(max(settings.warmup, 2))]
-            for label, pool in bench.pools.items()}
-    bench.clock, reason = choose_clock([a for group in warm.values() for a in group])
-    bench.op_s = statistics.fmean(min(sample_times(a, bench.clock)[0] for a in group) for group in warm.values())
-    bench.ops = max(1, round(settings.sample_s / max(bench.op_s, 1e-6)))
-    return reason
-
-
-def _take_rounds(bench: Benchmark, log) -> None:
-    """Rounds until the phase's limit, or until a look says STOP; a RESTART begins the phase's rounds
-    again (gate/looks.py)."""
-    settings = bench.settings
-    while bench.taken < bench.limit:
-        bench.rounds.add_round(*take_round(bench.pools, bench.taken, bench.workers, bench.ops, bench.clock,
-                                           settings.smoke))
-        bench.taken += 1
-        if settings.smoke or bench.taken < bench.first_look_at:
-            continue
-        step = first_look(bench, log) if bench.taken == bench.first_look_at else Next.GO_ON
-        if step is Next.RESTART:
-            continue
-        if step is Next.STOP or later_look(bench) is Next.STOP:
-            break
 
 
 def judge(results: list[Comparison], settings: Settings) -> list[Comparison]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from mgpu.jsonsafe import finite_or_none
 from mgpu_perf.gate import sizing
 from mgpu_perf.gate import stats as abstats
-from mgpu_perf.gate.buffer import by_arm
+from mgpu_perf.gate.loop import by_arm
 from mgpu_perf.gate.counted import Counted
 from mgpu_perf.gate.health import RoundHealth
 
@@ -30,7 +30,7 @@ class Comparison:
     status: str = "compared"            # compared | not comparable | undecidable (the reason says why)
     reason: str = ""
     ops_per_sample: int = 0
-    samples: dict = field(default_factory=by_arm)       # one per round, by `clock` (gate/buffer.py)
+    samples: dict = field(default_factory=by_arm)       # one per round, by `clock` (gate/loop.py)
     host_samples: dict = field(default_factory=by_arm)  # host wall time beside
     pairs: list = field(default_factory=list)  # the worker pair of each round
     clock: str = "host"                 # what decided: host (wall time) | cuda-events (the step's stream)

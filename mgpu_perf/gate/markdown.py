@@ -20,8 +20,8 @@ import math
 import os
 from pathlib import Path
 
+from mgpu_perf.counts.judge import NOT_COUNTED, SAME, SLOWER_COUNTED
 from mgpu_perf.gate.comparison import Comparison
-from mgpu_perf.gate.counted import SLOWER_COUNTED
 from mgpu_perf.gate.report import gate_exit_status
 from mgpu_perf.gate.settings import Settings
 
@@ -50,9 +50,9 @@ def _timed(r: Comparison) -> tuple[str, str, str, str]:
 def _counted(r: Comparison) -> str:
     """The counted verdict of one row: the guarded counts that changed (or, for `changed`, what did)."""
     c = r.counted
-    if c.verdict == "not counted":
-        return f"not counted ({c.reason})" if c.reason else "not counted"
-    if c.verdict == "same":
+    if c.verdict == NOT_COUNTED:
+        return f"{NOT_COUNTED} ({c.reason})" if c.reason else NOT_COUNTED
+    if c.verdict == SAME:
         return "same step"
     listed = c.guarded if c.verdict == SLOWER_COUNTED else c.changes
     shown = "; ".join(listed[:COUNTED_SHOWN]) + (f"; {len(listed) - COUNTED_SHOWN} more" if len(listed) > COUNTED_SHOWN

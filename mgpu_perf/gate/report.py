@@ -16,8 +16,8 @@ import json
 import math
 from pathlib import Path
 
+from mgpu_perf.counts.judge import NOT_COUNTED, SAME, SLOWER_COUNTED
 from mgpu_perf.gate.comparison import Comparison
-from mgpu_perf.gate.counted import SLOWER_COUNTED
 from mgpu_perf.gate.settings import Settings
 from mgpu_perf.gate.sizing import threshold_floor
 from mgpu_perf.gate.stats import TRIM
@@ -58,9 +58,9 @@ def format_table(results: list[Comparison], settings: Settings) -> list[str]:
 def describe_counts(r: Comparison) -> list[str]:
     """The counted verdict under a benchmark's row: what its step does differently, guarded first."""
     c = r.counted
-    if c.verdict == "not counted":
-        return [f"counted: not counted ({c.reason})"] if c.reason else []
-    if c.verdict == "same":
+    if c.verdict == NOT_COUNTED:
+        return [f"counted: {NOT_COUNTED} ({c.reason})"] if c.reason else []
+    if c.verdict == SAME:
         return ["counted: the same step in both arms"]
     return [f"counted: {c.verdict}: {'; '.join(c.changes[:6])}" + (f"; {len(c.changes) - 6} more" if len(c.changes) > 6 else "")]
 

@@ -1,6 +1,10 @@
 """One round of the gate in both arms: which worker pair takes it and in which order, which clock
 decides, and the requests to the workers (gate/arm.py) that set every worker up, agree on CUDA
-graphs, take a round's samples and close them. gate/compare.py's loop decides how many rounds.
+graphs and warm them up (set_up, one call), take a round's samples and close them. The round loop
+(gate/loop.py) decides how many rounds.
+
+    ready = set_up(pools, spec, settings)   # SetUp: the clock, operations a sample; or why the baseline cannot
+    pair, times, facts = take_round(pools, i, workers, ready.ops, ready.clock, settings.smoke)
 
 Two identical workers differ by a bias of their own (the process's memory layout and the like)
 that no number of rounds removes; with several workers an arm the rounds go to the arms' worker
@@ -11,13 +15,16 @@ worker at once (in_both).
 
 from __future__ import annotations
 
+import math
 import statistics
+from dataclasses import dataclass, field
 
 from mgpu_perf.gate.arm import Arm, ArmError
 from mgpu_perf.gate.health import RoundFacts, sample_facts
+from mgpu_perf.gate.settings import Settings
 
-__all__ = ["round_order", "round_pair", "choose_clock", "sample_times", "in_both", "agree_on_graphs", "take_round",
-           "close_workers"]
+__all__ = ["round_order", "round_pair", "choose_clock", "sample_times", "in_both", "agree_on_graphs", "SetUp",
+           "set_up", "take_round", "close_workers"]
 
 Pools = dict[str, list[Arm]]  # "baseline" and "candidate", each its workers
 
@@ -89,6 +96,66 @@ def agree_on_graphs(pools: Pools, answers: dict[str, list[dict]]) -> dict:
             if state["captured"]:
                 arm.request("graphs", enabled=False)
     return {label: {"captured": False, "why": f"dropped: {why}"} for label in states}
+
+
+@dataclass(frozen=True)
+class SetUp:
+    """Every worker of both arms set up for one workload and warmed up (set_up), or why the baseline
+    cannot run it (`lacking`: the benchmark is not comparable, and nothing else is set)."""
+    lacking: str | None = None
+    graphs: dict = field(default_factory=dict)  # per arm: CUDA graphs captured or not, and why not (agree_on_graphs)
+    clock: str = "host"        # the deciding clock (choose_clock)
+    clock_reason: str = ""
+    ops: int = 1               # operations a sample, sized from the warm-up
+    op_s: float = math.nan     # seconds an operation: each arm's fastest warm-up operation, averaged
+    cpu_applies: bool = False  # the step runs in the workers' processes on the host clock (gate/health.py)
+
+
+def set_up(pools: Pools, spec: dict, settings: Settings) -> SetUp:
+    """Every worker sets the workload up at once, the arms agree on CUDA graphs and warm up. A
+    workload the baseline cannot set up (an API the change added, a model file it lacks): `lacking`,
+    each worker told to drop it; one the candidate cannot: ArmError. Where the graphs or the warm-up
+    fail, every worker is closed (close_workers) before the error goes on."""
+    answers = in_both(pools, "setup", spec=spec)  # starting rank pools and models: most of a smoke run
+    lacking = _lacking_in_the_baseline(answers)
+    if lacking is not None:
+        for arm in (arm for pool in pools.values() for arm in pool):
+            arm.request("close")
+        return SetUp(lacking=lacking)
+    try:
+        graphs = agree_on_graphs(pools, answers)
+        clock, clock_reason, ops, op_s = _warm_up(pools, settings)
+    except BaseException:
+        close_workers(pools)
+        raise
+    in_process = all(a.get("in_process") for group in answers.values() for a in group)
+    return SetUp(None, graphs, clock, clock_reason, ops, op_s, cpu_applies=clock == "host" and in_process)
+
+
+def _lacking_in_the_baseline(answers: dict[str, list[dict]]) -> str | None:
+    """Why the baseline cannot set the workload up (None when it can); ArmError when the candidate cannot."""
+    lacking = [a["not_comparable"] for a in answers["baseline"] if "not_comparable" in a]
+    if lacking:
+        return str(lacking[0])
+    failed = [a["not_comparable"] for a in answers["candidate"] if "not_comparable" in a]
+    if failed:
+        raise ArmError(f"candidate: setup failed: {failed[0]}")
+    return None
+
+
+def _warm_up(pools: Pools, settings: Settings) -> tuple[str, str, int, float]:
+    """(the deciding clock, why that clock, operations a sample, seconds an operation). Untimed, at
+    least two each: the first operation of a worker pays one-off costs (on a GPU the CUDA context,
+    cuDNN's first calls, the allocator's first blocks: 1 s against a 10-ms step), so the samples are
+    sized by each arm's fastest warm-up operation. A smoke run takes one operation a sample and times
+    nothing."""
+    if settings.smoke:
+        return "host", "a smoke run times nothing against anything", 1, math.nan
+    warm = {label: [arm.request("sample", ops=1) for arm in pool for _ in range(max(settings.warmup, 2))]
+            for label, pool in pools.items()}
+    clock, reason = choose_clock([a for group in warm.values() for a in group])
+    op_s = statistics.fmean(min(sample_times(a, clock)[0] for a in group) for group in warm.values())
+    return clock, reason, max(1, round(settings.sample_s / max(op_s, 1e-6))), op_s
 
 
 def take_round(pools: Pools, i: int, workers: int, ops: int, clock: str,

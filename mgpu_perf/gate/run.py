@@ -2,7 +2,7 @@
 from the options by gate/settings.py), the two trees, the two arms (started when the first gated
 benchmark runs), the comparisons, the verdicts and the reports.
 
-    run = GateRun(parse_settings(OptionValues(threshold="10", max_rounds="200")), root, baseline_ref="origin/main")
+    run = GateRun(Settings.from_values({"threshold": "10", "max_rounds": "200"}), root, baseline_ref="origin/main")
     run.compare("my_step[ddp-2]", spec, family_size=3)     # starts the arms the first time
     status = run.finish()                                   # verdicts (Holm), reports; 0 or 1
     run.close()

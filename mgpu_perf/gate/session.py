@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from mgpu_perf.clocks import gpu_clocks
+from mgpu.errors import MgpuError
 from mgpu_perf.errors import GateError
-from mgpu_perf.gate import settings
+from mgpu_perf.gate.settings import Settings
 from mgpu_perf.gate.baseline import repository_root
 from mgpu_perf.gate.run import GateRun
 from mgpu_perf.markers import keep_gated
@@ -25,9 +26,10 @@ from mgpu_perf.markers import keep_gated
 __all__ = ["ABGate"]
 
 
-def settings_from(config):
-    return settings.settings_from(lambda dest: config.getoption("ab_" + dest),
-                                  smoke=bool(config.getoption("benchmark_disable", False)))
+def settings_from(config) -> Settings:
+    """The plugin's --ab-* options (declared in Settings), read back; GateError naming a bad one."""
+    return Settings.read(lambda name: config.getoption("ab_" + name), prefix="ab-",
+                         smoke=bool(config.getoption("benchmark_disable", False)))
 
 
 class ABGate:
@@ -43,8 +45,8 @@ class ABGate:
             self.run = GateRun(settings_from(config), repository_root(Path(config.invocation_params.dir)),
                                config.getoption("ab_baseline"), config.getoption("ab_baseline_python"),
                                gpu_clocks=gpu_clocks())
-        except GateError as e:
-            raise pytest.UsageError(str(e)) from None
+        except MgpuError as e:  # GateError and every other bad input; MgpuError, since pytester's in-process
+            raise pytest.UsageError(str(e)) from None  # runs can leave mgpu_perf.errors imported twice
 
     def pytest_collection_modifyitems(self, config, items):
         self.specs.update(keep_gated(config, items))

@@ -13,6 +13,8 @@ rule" and "The floor that worker processes set".
     budget = sizing.Budget(threshold, alpha, max_rounds, round_s, sample_s, budget_left_s, workers=2)
     plan = sizing.plan(budget, noise)
     plan.action      # go | stretch | refuse, with plan.rounds, plan.stretch and plan.message
+    plan = sizing.plan_for(budget, estimate)           # the same from a first look's rounds
+    limit = sizing.resized_limit(budget, estimate, limit, done)   # a later look's: never fewer rounds
 """
 
 from __future__ import annotations
@@ -22,15 +24,14 @@ import statistics
 from dataclasses import dataclass
 
 from mgpu.jsonsafe import finite_or_none
-from mgpu_perf.gate.options import DEFAULTS
 from mgpu_perf.gate.stats import Estimate, degrees_of_freedom, t_quantile
 
 __all__ = ["early_level", "PAIR_BIAS", "POWER_Z", "FLOOR_SDS", "BIAS_SHARE", "MAX_WORKERS", "SPARE", "round_noise", "noise_low",
            "rounds_needed", "smallest_detectable", "averaged_bias", "workers_for", "rounds_to_run", "threshold_floor",
-           "pair_spread", "Plan", "Budget", "plan", "percent"]
+           "pair_spread", "Plan", "Budget", "plan", "plan_for", "resized_limit", "percent"]
 
 POWER_Z = 1.2816   # the power asked of a change of exactly the threshold: 90 % (one-sided normal quantile)
-PAIR_BIAS = float(DEFAULTS["pair_bias"]) / 100  # sd of one pair of worker processes' bias: --ab-pair-bias's default
+PAIR_BIAS = 0.015  # sd of one pair of worker processes' bias: --ab-pair-bias's default (gate/settings.py declares it so)
 FLOOR_SDS = 2.0    # T/2 must be this many sds of the (averaged) pair bias: else the bias alone can reach it
 BIAS_SHARE = 0.5   # the auto worker count keeps the pairs' bias, at the power asked, within this share of the margin
 MAX_WORKERS = 8    # worker processes an arm at most (each holds the workload: a model, a pool of ranks)
@@ -255,6 +256,22 @@ def plan(budget: Budget, noise: float, low: float | None = None, may_stretch: bo
         sized = _stretched(b, low, need, figures)
     return sized or Plan("refuse", rounds=0, message=_too_noisy(b, noise, need, figures["smallest"], floor),
                          **figures)
+
+
+def plan_for(budget: Budget, est: Estimate, may_stretch: bool = True) -> Plan:
+    """plan() for the rounds of `est` (a first look's): sized by their noise (round_noise), whose
+    lower bound (noise_low) alone may refuse them."""
+    return plan(budget, round_noise(est), low=noise_low(est), may_stretch=may_stretch)
+
+
+def resized_limit(budget: Budget, est: Estimate, limit: int, done: int) -> int:
+    """The rounds to run, looked at again from all the `done` rounds so far (`est`) at a later look:
+    more, within max_rounds and what fits in the time left (at budget.round_s a round), when the
+    noise has grown since the first look sized the run (rounds_to_run); never fewer than `limit`.
+    Only the noise sets it, never the ratio, and `slower` is still tested once, at the end."""
+    fits = done + int(max(0.0, budget.budget_left_s) / max(budget.round_s, 1e-9))
+    want = rounds_to_run(round_noise(est), budget.threshold, budget.alpha, budget.pair_bias, budget.workers)
+    return max(limit, min(want, budget.max_rounds, fits))
 
 
 def _stretched(b: Budget, sized_by: float, need: int, figures: dict) -> Plan | None:

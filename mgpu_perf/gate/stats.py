@@ -33,7 +33,7 @@ import statistics
 from dataclasses import dataclass
 
 __all__ = ["TRIM", "Estimate", "estimate", "trimmed_count", "degrees_of_freedom", "trimmed_mean", "t_quantile",
-           "verdict", "settled", "holm_levels", "decide"]
+           "verdict", "settled", "Look", "look", "holm_levels", "decide"]
 
 TRIM = 0.2  # the fraction of rounds trimmed from each end of the sorted log ratios (Yuen's usual 20 %)
 
@@ -153,6 +153,24 @@ def settled(est: Estimate, threshold: float, alpha: float) -> bool:
     low, high = est.interval(alpha)
     half = 1 + threshold / 2
     return high < half and (low > 1 / half or high < 1 / half)
+
+
+@dataclass(frozen=True)
+class Look:
+    """What one look at a benchmark's rounds sees at one level (look): all the gate's loop asks of
+    them there, so that a look is one call of this module."""
+    estimate: Estimate
+    level: float
+    interval: tuple[float, float]  # estimate.interval(level)
+    verdict: str                   # verdict(estimate, threshold, level)
+    settled: bool                  # settled(estimate, threshold, level): more rounds cannot make it `slower`
+
+
+def look(baseline: list[float], candidate: list[float], threshold: float, level: float) -> Look:
+    """The paired estimate of these rounds (estimate), its interval, verdict and whether it is
+    settled, all at `level`."""
+    est = estimate(baseline, candidate, threshold)
+    return Look(est, level, est.interval(level), verdict(est, threshold, level), settled(est, threshold, level))
 
 
 def holm_levels(p_values: list[float], alpha: float) -> list[float]:

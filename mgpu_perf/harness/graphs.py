@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from mgpu_perf.gate.options import GRAPH_MODES  # --ab-graphs: the option table holds them once
+from mgpu_perf.gate.options import GRAPH_MODES  # --ab-graphs' choices, held once
 
 __all__ = ["GRAPH_MODES", "WARMUP", "why_not_captured", "GraphStep", "graph_state"]
 

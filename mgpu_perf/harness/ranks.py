@@ -25,13 +25,13 @@ __all__ = ["RankPool", "RankPoolError", "StrategyRankPool", "IndependentPool", "
 # -- one pool of rank processes, for DDP steps and for collective peers -------------------------
 
 # What the fork server imports once, before it forks any rank (see rank_context). torch._dynamo:
-# DDP's constructor imports it (about 1 s of every rank's start otherwise). mgpu_perf.counting and
+# DDP's constructor imports it (about 1 s of every rank's start otherwise). mgpu_perf.counts.step and
 # torch's FLOP counter: the step counted in every rank (the gate's, the counted baseline's). mgpu's
 # modules come from the tree of the process that starts the server (a baseline arm: the baseline's);
 # a module that tree lacks is skipped by multiprocessing, and the rank that needs it fails as it
 # would anyway.
 SERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "torch.distributed.fsdp",
-                  "mgpu.strategies", "mgpu.trainer", "mgpu_perf.harness.sessions", "mgpu_perf.counting",
+                  "mgpu.strategies", "mgpu.trainer", "mgpu_perf.harness.sessions", "mgpu_perf.counts.step",
                   "torch.utils.flop_counter"]
 
 
@@ -177,7 +177,7 @@ class _RankServer:
     session (`bench.open`: a TrainSession of mgpu's ResNet, or a ModelSession of a user's model)."""
 
     def __init__(self, bench):
-        from mgpu_perf.counting import CompileWatch
+        from mgpu_perf.counts.step import CompileWatch
 
         self.compile_watch = CompileWatch() if bench.compile else None  # graphs and breaks from the start
         strategy = bench.create_strategy()
@@ -196,7 +196,7 @@ class _RankServer:
         return asdict(self.session.epoch())
 
     def count_step(self, collect_garbage: bool = True) -> dict:
-        from mgpu_perf.counting import count_step
+        from mgpu_perf.counts.step import count_step
 
         return count_step(self.session.step, self.compile_watch, collect_garbage).to_dict()
 
@@ -245,7 +245,7 @@ class StrategyRankPool:
         return EpochStats(**self.pool.run("epoch")[0])
 
     def count_step(self, collect_garbage: bool = True) -> list[dict]:
-        """One step counted in every rank (mgpu_perf/counting.py): each rank's counts, in rank order."""
+        """One step counted in every rank (mgpu_perf/counts/step.py): each rank's counts, in rank order."""
         return self.pool.run("count_step", collect_garbage)
 
     def weights_moved(self) -> float:

@@ -32,7 +32,7 @@ class _Timed:
     `graphs`, whether the step is replayed from a CUDA graph (and why not)."""
 
     cuda_device = None
-    compile_watch = None  # counting.CompileWatch from the workload's start, when its model is compiled
+    compile_watch = None  # counts/step.py's CompileWatch from the workload's start, when its model is compiled
     clock_note = "host wall time: the step runs on the CPU"
     graphs = {"captured": False, "why": "", "shown": False}
     session = None
@@ -52,10 +52,10 @@ class _Timed:
         self.graphs = self.session.use_graphs(mode)
 
     def count(self, collect_garbage: bool = True) -> list[dict]:
-        """One more step, counted (mgpu_perf/counting.py), outside the timing: each rank's counts (one
+        """One more step, counted (mgpu_perf/counts/step.py), outside the timing: each rank's counts (one
         entry in this process). A CUDA-graph replay dispatches no ops, so the step counted is the plain one.
-        `collect_garbage`: counting.count_step's (False where nothing is timed after)."""
-        from mgpu_perf.counting import count_session
+        `collect_garbage`: counts/step.py's count_step's (False where nothing is timed after)."""
+        from mgpu_perf.counts.step import count_session
 
         graph = getattr(self.session, "graph", None)
         if graph is not None:
@@ -145,7 +145,7 @@ class _MatmulKernel(_Timed):
         torch.testing.assert_close(self.last.double(), self.x.double() @ self.x.double(), rtol=rtol, atol=atol)
 
     def count(self, collect_garbage: bool = True) -> list[dict]:
-        from mgpu_perf.counting import count_step
+        from mgpu_perf.counts.step import count_step
 
         return [count_step(self.op, collect_garbage=collect_garbage).to_dict()]
 
@@ -178,7 +178,7 @@ def make_gated(spec: dict):
     """The gated workload of a spec such as {"kind": "train-step", "strategy": "single", "devices": 1}:
     an object with op() (the timed unit), count() (one step counted), check() (raises if results were
     wrong) and close()."""
-    from mgpu_perf.counting import CompileWatch
+    from mgpu_perf.counts.step import CompileWatch
 
     try:
         cls = GATE_KINDS[spec["kind"]]

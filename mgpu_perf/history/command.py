@@ -9,7 +9,8 @@ Exit codes (history/verdicts.py): 0 no slowdown, 1 a slowdown the gate confirmed
 2 bad input (one line), 4 a suspected slowdown nothing has confirmed.
 
 --confirm hands the change points to mgpu_perf/history/confirm.py (`confirm_all(points, ConfirmOptions)`:
-the repository, --confirm-budget-s, --confirm-out and the gate's own options), which returns them with
+the repository, --confirm-budget-s, --confirm-out and the gate's own options, read into gate/settings.py's
+Settings before anything runs), which returns them with
 their verdicts (`slower`, `faster`, `unconfirmed`, `creep`), the commit when found, and a note each;
 without that module the option says it is not available.
 """
@@ -37,23 +38,17 @@ def confirm_available() -> bool:
     return importlib.util.find_spec(CONFIRM_MODULE) is not None
 
 
-def _confirmed(points, settings, args) -> Findings:
+def _confirmed(points, settings, gate) -> Findings:
     """The change points after the gate looked at them, a line each saying what it found (and one for
     what the budget left undone), and those it had no gate time for (suspicions still):
-    confirm.py's confirm_all, given the gate's options from `args`."""
-    from dataclasses import fields
-
-    from mgpu_perf.gate.settings import OptionValues
-
+    confirm.py's confirm_all, given the gate's options (`gate`, gate/settings.py's Settings)."""
     confirm = importlib.import_module(CONFIRM_MODULE)
-    gate = OptionValues(**{f.name: getattr(args, f.name) for f in fields(OptionValues) if hasattr(args, f.name)})
-    options = confirm.ConfirmOptions(repo=settings.repo, budget_s=settings.confirm_budget_s, gate=gate,
-                                     out=settings.confirm_out, log=lambda line: print(line, file=sys.stderr, flush=True))
+    options = confirm.ConfirmOptions.of(settings, gate, log=lambda line: print(line, file=sys.stderr, flush=True))
     confirmations = confirm.confirm_all(points, options)
     notes = [f"{c.point.benchmark}: {c.note}" for c in confirmations]
-    left = confirm.budget_note(confirmations, settings.confirm_budget_s)
+    left = confirm.budget_note(confirmations, options.budget_s)
     return Findings(tuple(c.point for c in confirmations), tuple(notes + ([left] if left else [])),
-                    tuple(c.point for c in confirmations if c.note.startswith("left unconfirmed")))
+                    tuple(c.point for c in confirmations if c.left_unconfirmed))
 
 
 def _write(settings, history, findings) -> list[str]:
@@ -76,15 +71,17 @@ def _write(settings, history, findings) -> list[str]:
 
 
 def run_history_command(args, error: Callable[[str], None]) -> int:
-    """The command on parsed arguments (one attribute per option of history/options.py); `error`
-    ends the program with one line and exit 2 (the parser's)."""
+    """The command on parsed arguments (HistorySettings' options, and with --confirm the gate's
+    Settings'); `error` ends the program with one line and exit 2 (the parser's)."""
+    from mgpu_perf.gate.settings import Settings
     from mgpu_perf.history.build import build_history
-    from mgpu_perf.history.settings import settings_from
+    from mgpu_perf.history.settings import CONFIRM_LEAVES_OUT, HistorySettings
     from mgpu_perf.history.since import since_position, split_since
     from mgpu_perf.history.text import history_lines
 
     try:
-        settings = settings_from(lambda dest: getattr(args, dest))
+        settings = HistorySettings.from_namespace(args)
+        gate = Settings.from_namespace(args, leave_out=CONFIRM_LEAVES_OUT) if settings.confirm else None
         if settings.confirm and not confirm_available():
             raise HistoryError("--confirm is not available in this mgpu (mgpu_perf/history/confirm.py is missing); "
                                "the change points are suspicions until the A/B gate confirms them")
@@ -94,7 +91,7 @@ def run_history_command(args, error: Callable[[str], None]) -> int:
             judged, earlier = split_since(judged, history.line, since_position(settings.repo, settings.since, history.line))
         findings = Findings(judged)
         if settings.confirm and findings.points:
-            findings = _confirmed(findings.points, settings, args)
+            findings = _confirmed(findings.points, settings, gate)
         findings = replace(findings, points=findings.points + earlier)
         _print(history_lines(history, findings))
         _print([f"wrote {path}" for path in _write(settings, history, findings)])

@@ -33,7 +33,8 @@ The rule, for one change point whose runs say slower (faster: the same, with `fa
    p-value the gate's, no runs either side), listed after the point's, as often as a commit is named
    before the last. Not `slower`: the note says so, and the named commit explains the range.
 5. **Budget.** `budget_s` bounds all the gating; the points go strongest first (smallest p-value).
-   A gate is not started with under MIN_GATE_S left, and each is given what is left (--ab-run-budget-s).
+   A gate is not started with under MIN_GATE_S left, and each is given what is left (Settings.within:
+   its --ab-budget-s and --ab-run-budget-s cut to it).
    What the budget left undone is said: a point never gated, or whose span was not, is `unconfirmed`
    ("left unconfirmed: ... the budget was spent"), a suspicion still; a confirmed one whose bisection
    stopped keeps its verdict without a commit, and the note gives the commits it narrowed the step to.
@@ -57,8 +58,8 @@ from typing import Callable
 
 from mgpu_perf.gate.arm import PACKAGE_DIR
 from mgpu_perf.gate.baseline import check_baseline
-from mgpu_perf.gate.options import GATE_OPTIONS
-from mgpu_perf.gate.settings import OptionValues, parse_settings
+from mgpu_perf.gate.settings import Settings
+from mgpu_perf.history.settings import CONFIRM_LEAVES_OUT, HistorySettings
 
 __all__ = ["ConfirmOptions", "GateAnswer", "Confirmation", "confirm_changes", "confirm_all", "confirm_point",
            "gate_between", "budget_note", "MIN_GATE_S", "VERDICTS"]
@@ -74,12 +75,17 @@ GRACE_S = 60.0      # a gate's pytest start and collection, which its run budget
 @dataclass(frozen=True)
 class ConfirmOptions:
     repo: Path                                   # the repository whose commits the change points name
-    budget_s: float = 600.0                      # --confirm-budget-s: all the gating together
-    gate: OptionValues = OptionValues()          # the gate's options (threshold, rounds, workers, ...)
+    budget_s: float = HistorySettings.default_of("confirm_budget_s")  # --confirm-budget-s: all the gating together
+    gate: Settings = field(default_factory=Settings)  # the gate's options (threshold, rounds, workers, ...), read
     python: str = sys.executable                 # runs each gate's pytest (mgpu installed, or this checkout)
     out: Path | None = None                      # each gate's reports in a folder of its own here
     log: Callable[[str], None] = field(default=lambda line: None, compare=False)
     clock: Callable[[], float] = field(default=time.perf_counter, compare=False)  # seconds, for the budget
+
+    @classmethod
+    def of(cls, settings: HistorySettings, gate: Settings, log: Callable[[str], None]) -> "ConfirmOptions":
+        """`mgpu history --confirm`'s: the repository, --confirm-budget-s and --confirm-out of its settings."""
+        return cls(repo=settings.repo, budget_s=settings.confirm_budget_s, gate=gate, out=settings.confirm_out, log=log)
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,11 @@ class Confirmation:
     gates: tuple = ()      # ((baseline commit, candidate commit, GateAnswer), ...) in the order run
     then: tuple = ()       # Confirmations of what the range held after the named commit (rule, step 4)
 
+    @property
+    def left_unconfirmed(self) -> bool:
+        """The budget was spent before this point (or its span) could be gated: a suspicion still."""
+        return self.note.startswith("left unconfirmed")
+
     def to_json(self) -> dict:
         return {**self.point.to_json(), "note": self.note,
                 "gates": [{"baseline": b, "candidate": c, "verdict": a.verdict, "ratio": a.ratio,
@@ -118,24 +129,11 @@ class Confirmation:
 
 # -- one gate run ------------------------------------------------------------------------------------
 
-def gate_arguments(values: OptionValues, seconds_left: float) -> list[str]:
-    """The gate's options as pytest takes them (--ab-NAME), the budgets cut to `seconds_left`; no
-    Markdown summary (confirming is history's report, not a pull request's)."""
-    parse_settings(values)  # bad option text: GateError here, before anything is checked out
-    args = []
-    for option in GATE_OPTIONS:
-        value = getattr(values, option.dest)
-        if option.name == "markdown" or value is None:
-            continue
-        if option.default is None:  # a flag
-            args += [f"--ab-{option.name}"] if value else []
-            continue
-        if option.name == "budget-s":
-            value = min(float(value), seconds_left)
-        elif option.name == "run-budget-s":
-            value = seconds_left if float(value) <= 0 else min(float(value), seconds_left)
-        args += [f"--ab-{option.name}", str(value)]
-    return args
+def gate_arguments(gate: Settings, seconds_left: float) -> list[str]:
+    """The gate's options as the gate's pytest reads them back (--ab-NAME, the same declaration): those
+    not at their defaults, the budgets cut to `seconds_left` (Settings.within); no Markdown summary
+    (confirming is history's report, not a pull request's)."""
+    return gate.within(seconds_left).to_argv(prefix="ab-", leave_out=CONFIRM_LEAVES_OUT)
 
 
 def _environment() -> dict:
@@ -332,7 +330,7 @@ def confirm_all(points, options: ConfirmOptions) -> list[Confirmation]:
     """Every change point confirmed (or not) within options.budget_s, strongest first (smallest
     p-value); the confirmations in the points' own order, each followed by the changes the gate found
     after its named commit within its range (rule, step 4), each one logged as it is decided."""
-    threshold = parse_settings(options.gate).threshold  # GateError on a bad gate option, before any gate
+    threshold = options.gate.threshold  # the gate's options were read (and checked) before any point
     deadline = options.clock() + options.budget_s
     # Absolute: each gate's pytest runs in a worktree of its candidate, which is removed after it.
     work = Path(tempfile.mkdtemp(prefix="mgpu-confirm-")) if options.out is None else Path(options.out).resolve()
@@ -372,8 +370,8 @@ def confirm_changes(points, options: ConfirmOptions) -> list:
 
 def budget_note(confirmations: list[Confirmation], budget_s: float) -> str | None:
     """One line when the budget left work undone: how many points it left unconfirmed or unbisected."""
-    unconfirmed = sum(c.note.startswith("left unconfirmed") for c in confirmations)
-    unbisected = sum("the budget" in c.note and not c.note.startswith("left unconfirmed") for c in confirmations)
+    unconfirmed = sum(c.left_unconfirmed for c in confirmations)
+    unbisected = sum("the budget" in c.note and not c.left_unconfirmed for c in confirmations)
     if not unconfirmed and not unbisected:
         return None
     return (f"--confirm-budget-s {budget_s:g} left {unconfirmed} change point(s) unconfirmed and {unbisected} "

@@ -24,13 +24,64 @@ import math
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-from mgpu_perf.gate.options import add_gate_options
+from mgpu.option_groups import known_strategies
+from mgpu.options import Options, comma_list, option, options_group
+from mgpu_perf.errors import GateError
+from mgpu_perf.gate.settings import Settings
 
-__all__ = ["calibrate_one", "describe", "main"]
+__all__ = ["CalibrateOptions", "calibrate_one", "describe", "main"]
 
 PROG = "python -m mgpu_perf calibrate"
+GATE_LEFT_OUT = ("run_budget_s", "strict", "markdown")  # a run budget and --strict judge nothing here
+GATE_DEFAULTS = {"workers": "2"}  # 2 workers an arm: the pairs' spread is measured from 2 on
+
+
+def _int(text: str, flag: str, error: type[Exception]) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise error(f"argument {flag}: invalid int value: {text!r}") from None
+
+
+def _enough_rounds(value: int, flag: str, error: type[Exception]) -> int:
+    if value < 5:
+        raise error(f"{flag} must be at least 5, got {value}")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrateOptions(Options):
+    """calibrate's options: the model (optional), its benchmarks, the rounds, and the gate's Settings
+    as the gate would run (GATE_LEFT_OUT aside, GATE_DEFAULTS its defaults here)."""
+
+    error = GateError
+
+    model: str | None = option(None, metavar="MODULE:FUNCTION",
+                               help="your model (mgpu's model contract); default: mgpu's own gated set")
+    strategies: tuple[str, ...] = option(("single",), text=comma_list(str, empty_ok=True), check=known_strategies,
+                                         help="with --model: strategies, e.g. single,ddp")
+    devices: tuple[int, ...] = option((1,), text=comma_list(int, "comma-separated positive integers such as 1,2"),
+                                      help="with --model: device counts, e.g. 1,2")
+    batch: int = option(32, text=_int, help="with --model: examples per device")
+    input_shape: str | None = option(None, metavar="C,H,W")
+    classes: int | None = option(None, text=_int)
+    rounds: int = option(20, text=_int, check=_enough_rounds, help="interleaved rounds a benchmark (default 20, >= 5)")
+    settings: Settings = options_group(Settings)
+    out: str = option("perf-results", help="folder for calibrate.json")
+
+    @classmethod
+    def add_all(cls, add) -> None:
+        """Every option through `add`: its own as they always read, the gate's with their defaults shown."""
+        cls.add_to(add, leave_out=("out",), only=tuple(f.name for f, _ in cls.declared()))
+        Settings.add_to(add, leave_out=GATE_LEFT_OUT, defaults=GATE_DEFAULTS, show_defaults=True)
+        cls.add_to(add, only=("out",))
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "CalibrateOptions":
+        return cls.from_namespace(args, leave_out=GATE_LEFT_OUT)
 
 
 def calibrate_one(result, settings, family_size: int) -> dict:
@@ -72,22 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     from mgpu.errors import OneLineParser
 
     p = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, metavar="MODULE:FUNCTION",
-                   help="your model (mgpu's model contract); default: mgpu's own gated set")
-    p.add_argument("--strategies", default="single", help="with --model: strategies, e.g. single,ddp")
-    p.add_argument("--devices", default="1", help="with --model: device counts, e.g. 1,2")
-    p.add_argument("--batch", type=int, default=32, help="with --model: examples per device")
-    p.add_argument("--input-shape", default=None, metavar="C,H,W")
-    p.add_argument("--classes", type=int, default=None)
-    p.add_argument("--rounds", type=int, default=20, help="interleaved rounds a benchmark (default 20, >= 5)")
-    # The gate's options (gate/options.py), as the gate would run; 2 workers an arm by default: the
-    # pairs' spread is measured from 2 on. A run budget and --strict judge nothing here.
-    add_gate_options(p.add_argument, defaults={"workers": "2"}, leave_out=("run-budget-s", "strict", "markdown"))
-    p.add_argument("--out", default="perf-results", help="folder for calibrate.json")
+    CalibrateOptions.add_all(p.add_argument)
     return p
 
 
-def _cases(args, parser, root: Path) -> tuple[list[tuple[str, dict]], bool]:
+def _cases(args: CalibrateOptions, parser, root: Path) -> tuple[list[tuple[str, dict]], bool]:
     """(benchmark, spec) to calibrate, and whether the tree is a checkout of mgpu."""
     from mgpu_perf.gate.baseline import is_mgpu_checkout
 
@@ -96,25 +136,15 @@ def _cases(args, parser, root: Path) -> tuple[list[tuple[str, dict]], bool]:
         from mgpu_perf.sweep import make_sweep
 
         return gated_set(make_sweep(None)), is_mgpu_checkout(root)
-    from mgpu.config import STRATEGY_NAMES
     from mgpu.errors import MgpuError, one_line
     from mgpu.spec import load_spec
 
     from mgpu_perf.gate.command import gate_cases, model_in_repository
 
-    strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
-    unknown = [s for s in strategies if s not in STRATEGY_NAMES]
-    if unknown or not strategies:
-        parser.error(f"--strategies: unknown strategy {unknown[0] if unknown else args.strategies!r}: choose from "
-                     f"{', '.join(STRATEGY_NAMES)}")
-    try:
-        devices = tuple(int(d) for d in args.devices.split(","))
-    except ValueError:
-        parser.error(f"--devices must be comma-separated positive integers such as 1,2, got {args.devices!r}")
     try:
         model = model_in_repository(args.model, root)
         load_spec(args.model, input_shape=args.input_shape, classes=args.classes)
-        return gate_cases(model, strategies, devices, args.batch, args.input_shape, args.classes), \
+        return gate_cases(model, args.strategies, args.devices, args.batch, args.input_shape, args.classes), \
             is_mgpu_checkout(root)
     except (MgpuError, ValueError) as e:
         parser.error(f"{args.model}: {one_line(e)}")
@@ -123,22 +153,18 @@ def _cases(args, parser, root: Path) -> tuple[list[tuple[str, dict]], bool]:
 def main(argv: list[str] | None = None) -> int:
     from mgpu.errors import EXIT_FAILED, EXIT_OK, one_line
 
-    from mgpu_perf.errors import GateError
     from mgpu_perf.gate.arm import ArmError, start_workers
     from mgpu_perf.gate.baseline import repository_root
     from mgpu_perf.gate.compare import compare
     from mgpu_perf.gate.run import with_speed_options
-    from mgpu_perf.gate.settings import settings_from
     from mgpu_perf.gate.sizing import percent
 
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.rounds < 5:
-        parser.error(f"--rounds must be at least 5, got {args.rounds}")
     try:
-        settings = settings_from(lambda dest: getattr(args, dest), leave_out=("run-budget-s", "strict", "markdown"))
+        args = CalibrateOptions.from_args(parser.parse_args(argv))
     except GateError as e:
-        parser.error(one_line(e).replace("--ab-", "--"))
+        parser.error(one_line(e))
+    settings = args.settings
     root = repository_root(Path.cwd())
     cases, mgpu_itself = _cases(args, parser, root)
     # Every round taken, none stopped early, none sized: the figures are what the gate would size from.

@@ -37,9 +37,10 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from mgpu.options import Options, at_least, comma_list, option, options_group, whole_number
+from mgpu_perf.counts.judge import SAME, SLOWER_COUNTED
 from mgpu_perf.errors import GateError
-from mgpu_perf.gate.options import DEFAULTS
-from mgpu_perf.gate.settings import OptionValues, Settings, parse_settings
+from mgpu_perf.gate.settings import Settings
 from mgpu_perf.lab.validate_gate import copy_tree, one_decision
 
 
@@ -233,10 +234,10 @@ def measure_overhead(copies: dict, pairs: int, tmp: Path, settings: Settings) ->
 def summarise(results: dict, overhead: dict | None, settings: Settings, total: float) -> dict:
     plants = {n: rs for n, rs in results.items() if n != "A/A" and rs}
     aa = results.get("A/A", [])
-    caught = {n: sum(d["counted"] == "slower (counted)" for d in rs) for n, rs in plants.items()}
+    caught = {n: sum(d["counted"] == SLOWER_COUNTED for d in rs) for n, rs in plants.items()}
     timed = {n: {v: sum(d["verdict"] == v for d in rs) for v in sorted({d["verdict"] for d in rs})}
              for n, rs in {**plants, **({"A/A": aa} if aa else {})}.items()}
-    aa_clean = sum(d["counted"] == "same" and not d["count_changes"] for d in aa)
+    aa_clean = sum(d["counted"] == SAME and not d["count_changes"] for d in aa)
     shares = [d["count_s"] / d["seconds"] for rs in results.values() for d in rs if d["seconds"]]
     return {
         "settings": {"threshold": settings.threshold, "max_rounds": settings.max_rounds, "workers": settings.workers},
@@ -271,32 +272,64 @@ def print_summary(summary: dict, path: Path) -> None:
           f"total {summary['total_seconds'] / 60:.1f} min; wrote {path}")
 
 
+def _known_plants(names: tuple[str, ...], flag: str, error: type[Exception]) -> tuple[str, ...]:
+    unknown = [n for n in names if n not in PLANTS]
+    if unknown:
+        raise error(f"unknown plant {unknown[0]!r}: choose from {', '.join(PLANTS)}")
+    return names
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidateCountsOptions(Options):
+    """validate-counts' options, and the gate's --threshold (gate/settings.py's Settings, declared there)."""
+
+    error = GateError
+
+    runs: int = option(10, text=whole_number, check=at_least(0), help="gate decisions per plant (default 10)")
+    aa_runs: int = option(20, text=whole_number, check=at_least(0), help="A/A gate decisions (default 20)")
+    plants: tuple[str, ...] = option(tuple(PLANTS), text=comma_list(str, empty_ok=True), check=_known_plants,
+                                     help=f"which plants, comma-separated: {', '.join(PLANTS)}")
+    overhead: int = option(0, metavar="PAIRS", text=whole_number, check=at_least(0),
+                           help="also time PAIRS A/A decisions with counting on and off, interleaved")
+    settings: Settings = options_group(Settings)
+    out: str = option("perf-results", help="folder for count-validation.json")
+    tree: str = option(".", help="the checkout of mgpu to plant in (default: this folder)")
+
+    @classmethod
+    def add_all(cls, add) -> None:
+        """Its own options as they always read, the gate's --threshold after --overhead, its default shown."""
+        own = [f.name for f, _ in cls.declared()]
+        cls.add_to(add, only=own[:own.index("overhead") + 1])
+        Settings.add_to(add, only=("threshold",), show_defaults=True)
+        cls.add_to(add, only=own[own.index("overhead") + 1:])
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ValidateCountsOptions":
+        return cls.from_namespace(args, only=tuple(f.name for f, _ in cls.declared()) + ("threshold",))
+
+    def validate(self) -> "ValidateCountsOptions":
+        if self.runs + self.aa_runs + self.overhead == 0:
+            raise self.error("--runs, --aa-runs and --overhead must be at least 0, and one of them positive")
+        return self
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mgpu_perf validate-counts", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=10, help="gate decisions per plant (default 10)")
-    parser.add_argument("--aa-runs", type=int, default=20, help="A/A gate decisions (default 20)")
-    parser.add_argument("--plants", default=",".join(PLANTS), help=f"which plants, comma-separated: {', '.join(PLANTS)}")
-    parser.add_argument("--overhead", type=int, default=0, metavar="PAIRS",
-                        help="also time PAIRS A/A decisions with counting on and off, interleaved")
-    parser.add_argument("--threshold", type=float, default=float(DEFAULTS["threshold"]), help="the gate's --ab-threshold")
-    parser.add_argument("--out", default="perf-results", help="folder for count-validation.json")
-    parser.add_argument("--tree", default=".", help="the checkout of mgpu to plant in (default: this folder)")
+    from mgpu.errors import OneLineParser
+
+    parser = OneLineParser(prog="python -m mgpu_perf validate-counts", description=__doc__.split("\n\n")[0])
+    ValidateCountsOptions.add_all(parser.add_argument)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mgpu.errors import one_line
+
     parser = build_parser()
-    args = parser.parse_args(argv)
-    names = [n.strip() for n in args.plants.split(",") if n.strip()]
-    unknown = [n for n in names if n not in PLANTS]
-    if unknown:
-        parser.error(f"unknown plant {unknown[0]!r}: choose from {', '.join(PLANTS)}")
-    if min(args.runs, args.aa_runs, args.overhead) < 0 or args.runs + args.aa_runs + args.overhead == 0:
-        parser.error("--runs, --aa-runs and --overhead must be at least 0, and one of them positive")
     try:
-        settings = parse_settings(OptionValues(threshold=args.threshold))
+        args = ValidateCountsOptions.from_args(parser.parse_args(argv))
     except GateError as e:
-        parser.error(str(e).replace("--ab-", "--"))
+        parser.error(one_line(e))
+    names, settings = list(args.plants), args.settings
     from mgpu_perf.gate.baseline import is_mgpu_checkout
 
     root = Path(args.tree).resolve()

@@ -53,11 +53,12 @@ from pathlib import Path
 from mgpu_perf.errors import GateError
 from mgpu_perf.gate.arm import start_workers
 from mgpu_perf.gate.compare import compare, with_round_health
-from mgpu_perf.gate.options import DEFAULTS
-from mgpu_perf.gate.settings import OptionValues, Settings, parse_settings
+from mgpu.options import percent_shown
+from mgpu_perf.gate.settings import Settings
 from mgpu_perf.gate.stats import verdict
 # The plants and the tree's copies live in lab/plants.py; imported from here too (validate_counts, notes' scripts).
 from mgpu_perf.lab.plants import PLANTED, PLANTED_FORWARD, copy_tree, project_files  # noqa: F401
+from mgpu_perf.lab.validate_gate_options import GATE_OPTIONS, ValidateGateOptions  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -155,46 +156,11 @@ def rate(decisions: list[dict], verdict: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mgpu_perf validate-gate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="5 runs per kind and 1 whole-set run each (~5 min)")
-    parser.add_argument("--runs", type=int, default=None, help="single-benchmark runs per kind (default 20)")
-    parser.add_argument("--set-runs", type=int, default=None, help="whole gated set runs per kind (default 3)")
-    parser.add_argument("--out", default="perf-results", help="folder for gate-validation.json")
-    parser.add_argument("--threshold", type=float, default=DEFAULTS["threshold"],
-                        help="the gate's --ab-threshold in percent, and the slowdown it must catch "
-                             f"(default {DEFAULTS['threshold']})")
-    parser.add_argument("--max-rounds", type=int, default=DEFAULTS["max_rounds"], help="the gate's --ab-max-rounds")
-    parser.add_argument("--sample-s", type=float, default=DEFAULTS["sample_s"],
-                        help=f"seconds a sample (default {DEFAULTS['sample_s']})")
-    parser.add_argument("--workers", default=DEFAULTS["workers"],
-                        help="the gate's --ab-workers (default: as the gate's auto, 1 at --threshold 10, 3 at 5)")
-    parser.add_argument("--without-half", action="store_true",
-                        help="leave out the T/2 candidate (it is reported, not judged): a third less time")
-    parser.add_argument("--set-forward", type=float, default=None, metavar="PERCENT",
-                        help="the whole set's slowed candidate has a forward PERCENT slower (the model's, in every "
-                             "process) instead of a step --threshold slower")
-    parser.add_argument("--plant", type=float, default=None, metavar="PERCENT",
-                        help="the slowed candidate's slowdown in percent (default: --threshold); at or above the "
-                             "threshold an `unchanged` for it is a wrong `unchanged`, counted apart")
-    parser.add_argument("--plant-on", choices=("host", "gpu"), default="host",
-                        help="host: a busy-wait in the step (or forward); gpu: a spin kernel inside ResNet-18's "
-                             "forward that CUDA-graph replays run too, sized to the plant's share of an eager "
-                             "training step's GPU time (needs CUDA)")
-    parser.add_argument("--set-slowed-only", action="store_true",
-                        help="the whole gated set from the slowed candidate only (no same-tree set runs)")
-    parser.add_argument("--stop-starting-after-min", type=float, default=None, metavar="MINUTES",
-                        help="start no run after this many minutes; the summary holds the runs done")
-    parser.add_argument("--tree", default=".", help="the checkout of mgpu to validate (default: this folder)")
+    from mgpu.errors import OneLineParser
+
+    parser = OneLineParser(prog="python -m mgpu_perf validate-gate", description=__doc__.split("\n\n")[0])
+    ValidateGateOptions.add_all(parser.add_argument)
     return parser
-
-
-def _settings(args, parser) -> Settings:
-    """The gate's settings for these options, checked as the gate checks them (gate/settings.py)."""
-    try:
-        return parse_settings(OptionValues(threshold=args.threshold, max_rounds=args.max_rounds,
-                                           sample_s=args.sample_s, workers=args.workers))
-    except GateError as e:
-        parser.error(str(e).replace("--ab-", "--"))
 
 
 def single_decisions(experiment: Experiment, copies: dict, tmp: Path, partial: Path) -> dict[str, list[dict]]:
@@ -334,16 +300,16 @@ def print_summary(summary: dict, experiment: Experiment, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mgpu.errors import one_line
+
     parser = build_parser()
-    args = parser.parse_args(argv)
-    runs = args.runs if args.runs is not None else (5 if args.quick else 20)
-    plant = args.plant if args.plant is not None else args.threshold
-    if not 0 < plant < 100:
-        parser.error(f"--plant must be a percentage in (0, 100), got {plant:g}")
-    set_runs = args.set_runs if args.set_runs is not None else (1 if args.quick else 3)
-    if runs < 0 or set_runs < 0 or runs + set_runs == 0:
-        parser.error("--runs and --set-runs must be at least 0, and one of them positive")
-    settings = _settings(args, parser)
+    try:
+        args = ValidateGateOptions.from_args(parser.parse_args(argv))
+    except GateError as e:
+        parser.error(one_line(e))
+    settings = args.settings
+    threshold = float(percent_shown(settings.threshold))  # percent: the gate's, and the slowdown it must catch
+    runs, set_runs, plant = args.runs, args.set_runs, args.plant
     from mgpu_perf.gate.baseline import is_mgpu_checkout
 
     root = Path(args.tree).resolve()
@@ -355,11 +321,9 @@ def main(argv: list[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             parser.error("--plant-on gpu: no CUDA device visible to torch (the plant is a kernel on the GPU)")
-        if args.set_forward:
-            parser.error("--plant-on gpu and --set-forward: one plant at a time (the GPU plant is in the forward)")
-    full, half = plant / 100, args.threshold / 200
+    full, half = plant / 100, threshold / 200
     where = " (GPU kernel)" if on_gpu else ""
-    big, small = f"{plant:g}% slower{where}", f"{args.threshold / 2:g}% slower{where}"
+    big, small = f"{plant:g}% slower{where}", f"{threshold / 2:g}% slower{where}"
     forward = bool(args.set_forward and set_runs)  # the whole set's candidate: a slower forward instead
     name, spec, family = single_step_spec()
     experiment = Experiment(name, spec, family, runs, set_runs, settings, big,
@@ -367,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                             time.time() + 60 * args.stop_starting_after_min if args.stop_starting_after_min else math.inf)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    partial = out / f"gate-validation-t{args.threshold:g}.partial.json"  # every decision as it ends
+    partial = out / f"gate-validation-t{threshold:g}.partial.json"  # every decision as it ends
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mgpu-validate-gate-") as tmp:
         tmp = Path(tmp)
@@ -382,12 +346,12 @@ def main(argv: list[str] | None = None) -> int:
         kinds = {"same tree": unchanged, big: slowed[full], **({} if args.without_half else {small: slowed[half]})}
         decisions = single_decisions(experiment, {"same": same, "kinds": kinds}, tmp, partial)
         set_slowed = copy_tree(root, tmp / "slowed-forward", forward=args.set_forward / 100) if forward else slowed[full]
-        sets = whole_sets(experiment, same, unchanged, set_slowed, tmp, out / f"gate-validation-t{args.threshold:g}.sets.partial.json")
+        sets = whole_sets(experiment, same, unchanged, set_slowed, tmp, out / f"gate-validation-t{threshold:g}.sets.partial.json")
     summary = summarise(experiment, decisions, sets, time.perf_counter() - began)
-    path = out / f"gate-validation-t{args.threshold:g}.json"
+    path = out / f"gate-validation-t{threshold:g}.json"
     path.write_text(json.dumps(summary, indent=2) + "\n")
     partial.unlink(missing_ok=True)
-    (out / f"gate-validation-t{args.threshold:g}.sets.partial.json").unlink(missing_ok=True)
+    (out / f"gate-validation-t{threshold:g}.sets.partial.json").unlink(missing_ok=True)
     print_summary(summary, experiment, path)
     return 0 if all(summary["met"].values()) else 1
 

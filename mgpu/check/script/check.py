@@ -8,6 +8,7 @@ module and its ARGS, and the report, or for a test the report's verdict as an ex
 
 from __future__ import annotations
 
+import functools
 import time
 
 from mgpu.check.script.plan import (DEFAULT_RANKS, DEFAULT_STEPS, DEFAULT_TIMEOUT, ScriptCheckOptions, Target,
@@ -29,10 +30,11 @@ def run_check_script(script: str | None = None, args=(), ranks=DEFAULT_RANKS, st
 
 
 def check_with(target: Target, options: ScriptCheckOptions, progress=None):
-    """plan -> run -> judge -> report, for a target and validated options (the command's way in)."""
+    """plan -> run -> judge -> confirm -> locate -> report, for a target and validated options (the command's
+    way in): each stage handed what the stages before it found, the judgement carrying the runs it compared."""
     from mgpu.check.script.confirm import confirm_in_float64
     from mgpu.check.script.judge import judge
-    from mgpu.check.script.launch import run_checked
+    from mgpu.check.script.launch import run_checked, run_world
     from mgpu.check.script.locate import locate_failures
     from mgpu.check.script.plan import plan_check
     from mgpu.check.script.report import ScriptReport, timings_of
@@ -44,10 +46,11 @@ def check_with(target: Target, options: ScriptCheckOptions, progress=None):
     judged_at = time.time()
     judgement = judge(plan, runs)
     compare_s = time.time() - judged_at
+    rerun = functools.partial(run_world, plan)  # confirm and locate run worlds again, each its way
     # A trajectory that parts by no factor of the world size, computed again in float64: rounding or the loop?
-    confirm_s = confirm_in_float64(plan, runs, judgement)
+    confirm_s = confirm_in_float64(judgement, rerun, plan.batch_hint)
     # Only a comparison that failed at a gradient or a weight: a second, traced run says where it enters.
-    locate_s = locate_failures(plan, runs, judgement.comparisons)
+    locate_s = locate_failures(judgement, rerun)
     report = ScriptReport.of(plan.target, options, runs, judgement)
     report.seconds = time.time() - started
     report.timings = timings_of(runs, report.seconds, compare_s, setup)

@@ -1,18 +1,21 @@
-"""`mgpu check-script`'s command line: its arguments, its options read once into ScriptCheckOptions,
-and the check core's command ending (mgpu/check/command.py: one-line errors, Ctrl-C, --json, --strict,
+"""`mgpu check-script`'s command line: its arguments, declared once (the options: ScriptCheckOptions,
+plan.py; the report: ReportOptions; the script and its ARGS: ScriptArguments here), read once, and the
+check core's command ending (mgpu/check/command.py: one-line errors, Ctrl-C, --json, --strict,
 --accept-not-verified)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 
-from mgpu.check.command import add_report_arguments, run_check_command
+from mgpu.check.command import run_check_command
 from mgpu.errors import OneLineParser, one_line
-from mgpu.check.script.plan import (DEFAULT_EPOCH_STEPS, DEFAULT_RANKS, DEFAULT_STEPS, DEFAULT_TIMEOUT, ScriptCheckError,
-                                    ScriptCheckOptions, Target)
+from mgpu.check.script.plan import ScriptCheckError, ScriptCheckOptions, Target
+from mgpu.option_groups import ReportOptions
+from mgpu.options import REMAINDER, Options, option
 
-__all__ = ["build_parser", "add_arguments", "main", "run_main"]
+__all__ = ["ScriptArguments", "build_parser", "add_arguments", "main", "run_main"]
 
 
 def build_parser(prog: str = "mgpu check-script") -> argparse.ArgumentParser:
@@ -23,26 +26,27 @@ def build_parser(prog: str = "mgpu check-script") -> argparse.ArgumentParser:
     return p
 
 
+@dataclass(frozen=True, kw_only=True)
+class ScriptArguments(Options):
+    """What check-script runs: a script (or, with -m, a module) and its arguments."""
+
+    error = ScriptCheckError
+
+    module: bool = option(False, flag="-m", help="SCRIPT is a module, run as python -m MODULE (as torchrun's -m)")
+    script: str = option(positional=True, metavar="SCRIPT", help="the training script (or, with -m, a module)")
+    args: tuple[str, ...] = option((), positional=True, nargs=REMAINDER, metavar="ARGS",
+                                   help="the script's arguments; {expressions of world_size} are evaluated per run, "
+                                        "e.g. --batch-size {64 // world_size}")
+
+    def target(self) -> Target:
+        script, module = (None, self.script) if self.module else (self.script, None)
+        return Target(script, module, tuple(self.args))
+
+
 def add_arguments(p) -> None:
-    p.add_argument("--ranks", default=",".join(map(str, DEFAULT_RANKS)), metavar="N[,N...]",
-                   help="world sizes to run (world 1 always runs, twice: the reference and its rerun)")
-    p.add_argument("--steps", default=str(DEFAULT_STEPS), metavar="K", help="optimizer steps recorded and compared")
-    p.add_argument("--whole-run", action="store_true",
-                   help="run the script to its own end at every world size, each training epoch cut after "
-                        "--epoch-steps optimizer steps, every recorded step compared per epoch (--steps is not used)")
-    p.add_argument("--epoch-steps", default=None, metavar="K",
-                   help=f"with --whole-run: optimizer steps a training epoch runs before its loader ends the epoch "
-                        f"(default {DEFAULT_EPOCH_STEPS})")
-    p.add_argument("--timeout", default=str(DEFAULT_TIMEOUT), metavar="S",
-                   help="seconds one run (one world size) may take before every rank is stopped")
-    add_report_arguments(p, json_help="write the report as JSON here",
-                         strict_help="findings fail too (exit 1)")
-    p.add_argument("-m", dest="module", action="store_true",
-                   help="SCRIPT is a module, run as python -m MODULE (as torchrun's -m)")
-    p.add_argument("script", metavar="SCRIPT", help="the training script (or, with -m, a module)")
-    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
-                   help="the script's arguments; {expressions of world_size} are evaluated per run, "
-                        "e.g. --batch-size {64 // world_size}")
+    ScriptCheckOptions.add_to(p.add_argument)
+    ReportOptions.add_to(p.add_argument)
+    ScriptArguments.add_to(p.add_argument)
 
 
 def main(argv: list[str] | None = None, prog: str = "mgpu check-script") -> int:
@@ -53,15 +57,15 @@ def main(argv: list[str] | None = None, prog: str = "mgpu check-script") -> int:
 
 def run_main(parser, args) -> int:
     """The command on parsed arguments (for a subcommand of `mgpu`): exit 0, 1, 2 or 3 (NOT VERIFIED)."""
-    from mgpu.check.script.check import check_with  # imports torch: after the options are read
-
     try:
-        options = ScriptCheckOptions.from_text(args.ranks, args.steps, args.timeout, args.whole_run, args.epoch_steps)
+        options = ScriptCheckOptions.from_namespace(args)
+        target = ScriptArguments.from_namespace(args).target()
+        report_options = ReportOptions.from_namespace(args)
     except ScriptCheckError as e:
         parser.error(one_line(e))
-    script, module = (None, args.script) if args.module else (args.script, None)
-    target = Target(script, module, tuple(args.args))
-    return run_check_command(parser, args, lambda: check_with(target, options, progress=_progress))
+    from mgpu.check.script.check import check_with  # imports torch: after the options are read
+
+    return run_check_command(parser, report_options, lambda: check_with(target, options, progress=_progress))
 
 
 def _progress(run) -> None:

@@ -1,7 +1,7 @@
 """The confirm stage of check-script: a divergence of the trajectory that no factor of the world size
 explains, computed again in float64.
 
-    seconds = confirm_in_float64(plan, runs, judgement)   # may replace judgement.comparisons[i]
+    seconds = confirm_in_float64(judgement, rerun, batch_hint)   # may replace judgement.comparisons[i]
 
 Which: a world N whose float32 comparison (plain, or mixed precision lifted) failed at a gradient, an
 update or a weight, where world N's gradients at that step are no common multiple of world 1's other
@@ -50,43 +50,40 @@ def _wanted(run_n, comparison, world_1: dict) -> bool:
     return float32 and not (first.kind == "gradient" and _factor_of_world(run_n, world_1["A"], first.step))
 
 
-def confirm_in_float64(plan, runs: list, judgement) -> float:
-    """Each world N that `_wanted` picks, confirmed in float64 (the module docstring); the seconds it took
-    (0.0 where none was picked: nothing runs)."""
+def confirm_in_float64(judgement, rerun, batch_hint: str) -> float:
+    """Each world N that `_wanted` picks, confirmed in float64 (the module docstring): its runs and world 1's
+    run again by `rerun` (launch.run_world for the plan: rerun(planned, folder, float64=True)); the seconds it
+    took (0.0 where none was picked: nothing runs)."""
     from mgpu.check.script.compare import compare_world, reproducibility
-    from mgpu.check.script.judge import compared_runs, findings_of, world_1_references
-    from mgpu.check.script.launch import run_world
     from mgpu.check.script.plan import PlannedRun
 
     started = time.time()
-    compared = compared_runs(runs)
+    compared, by_kind = judgement.compared, judgement.references
     if len(compared) != len(judgement.comparisons) or judgement.unreproducible is not None:
         return 0.0
-    by_kind = world_1_references(runs)
     picked = [(i, r) for i, (r, c) in enumerate(zip(compared, judgement.comparisons))
               if _wanted(r, c, by_kind.get((r.device, r.lifted), {}))]
     if not picked:
         return 0.0
-    facts = findings_of(runs)[1]
     world_1: dict = {}
     with tempfile.TemporaryDirectory(prefix="mgpu-confirm-") as folder:
         for i, run_n in picked:
             c = judgement.comparisons[i]
             key = (run_n.device, run_n.lifted)
             if key not in world_1:
-                world_1[key] = tuple(run_world(plan, PlannedRun(1, run, run_n.device, run_n.lifted), folder, float64=True)
+                world_1[key] = tuple(rerun(PlannedRun(1, run, run_n.device, run_n.lifted), folder, float64=True)
                                      for run in ("A", "B"))
             a, b = world_1[key]
-            n = run_world(plan, PlannedRun(run_n.world, "", run_n.device, run_n.lifted), folder, float64=True)
+            n = rerun(PlannedRun(run_n.world, "", run_n.device, run_n.lifted), folder, float64=True)
+            # the float64 runs compared first, then worded (causes/rounding.py)
             failed = next((r for r in (a, b, n) if r.failure is not None), None)
+            apart = failed is None and reproducibility(a, b) is not None
+            wide = compare_world(n, a, b, judgement.facts, batch_hint) if failed is None and not apart else None
             if failed is not None:
                 c.notes.append(not_confirmed(f"{failed.name} failed: {failed.failure.message}"))
-                continue
-            if reproducibility(a, b) is not None:
+            elif apart:
                 c.notes.append(not_confirmed("world 1 computed in float64 does not reproduce itself"))
-                continue
-            wide = compare_world(n, a, b, facts, plan.batch_hint)
-            if wide.status == "pass":
+            elif wide.status == "pass":
                 wide.notes.insert(0, float32_rounding(run_n.world, c.first, wide.steps))
                 wide.precision = (c.precision + "; " if c.precision else "") + "confirmed in float64"
                 judgement.comparisons[i] = dataclasses.replace(wide, compared=[f"{x} (float64)" for x in wide.compared])

@@ -20,7 +20,7 @@ from mgpu.check.script.inrank.records import ForwardRecord, StepRecord
 from mgpu.check.script.causes.data import batch_changed, not_sharded, other_examples, partial_last_batch
 from mgpu.check.script.inrank.inputs import tensor_digest
 
-__all__ = ["StepData", "step_data", "data_divergence", "example_digests", "micro_batches"]
+__all__ = ["StepData", "step_data", "data_divergence", "example_digests", "forward_digests", "micro_batches"]
 
 
 def _batch_dims(forwards_1: list, forwards_n: list, n: int) -> dict:
@@ -68,7 +68,8 @@ def _strip(row: torch.Tensor, pad: tuple) -> torch.Tensor:
 
 
 def example_digests(forward: ForwardRecord, dims: dict, pads: dict) -> list[str]:
-    """One digest per example of a forward: its rows of every batched data tensor, padding stripped."""
+    """One digest per example of a forward: its rows of every batched data tensor, padding stripped (a
+    forward with none batched: one digest of its tensors stacked)."""
     tensors = forward.tensors
     sizes = collections.Counter()
     for key, t in tensors.items():
@@ -77,11 +78,9 @@ def example_digests(forward: ForwardRecord, dims: dict, pads: dict) -> list[str]
                 sizes[t.shape[dims.get(key, 0)]] += 1
         else:
             sizes[len(t[1])] += 1
-    if not sizes:
-        return [tensor_digest(torch.stack([t for t in tensors.values() if isinstance(t, torch.Tensor)]))]
-    count = sizes.most_common(1)[0][0]
+    count = sizes.most_common(1)[0][0] if sizes else 0
     hashes = [hashlib.sha1() for _ in range(count)]
-    for key in sorted(tensors):
+    for key in sorted(tensors) if sizes else ():
         t = tensors[key]
         if isinstance(t, torch.Tensor):
             if not t.dim() or t.shape[dims.get(key, 0)] != count:
@@ -95,7 +94,19 @@ def example_digests(forward: ForwardRecord, dims: dict, pads: dict) -> list[str]
         elif len(t[1]) == count:
             for i in range(count):
                 hashes[i].update(key.encode() + t[1][i].encode())
+    if not sizes:
+        return [tensor_digest(torch.stack([t for t in tensors.values() if isinstance(t, torch.Tensor)]))]
     return [h.hexdigest() for h in hashes]
+
+
+def forward_digests(forwards_1: list, forwards_n: list[list], n: int, rerun: list = ()) -> tuple:
+    """Every forward's example digests by one rule: world 1's forwards, each world-N rank's (a list of
+    lists), and those of world 1's rerun (locate.py's run B); the batch dimension told from world 1's first
+    forward against rank 0's, the padding from them all. (digests_1, digests_n, digests_rerun)."""
+    dims = _batch_dims(forwards_1, forwards_n[0] if forwards_n else [], n)
+    pads = _pads(forwards_1 + list(rerun) + [f for fs in forwards_n for f in fs], dims)
+    digests = lambda forwards: [example_digests(f, dims, pads) for f in forwards]  # noqa: E731
+    return digests(forwards_1), [digests(fs) for fs in forwards_n], digests(rerun)
 
 
 @dataclass
@@ -137,10 +148,7 @@ def step_data(rec_1: StepRecord, recs_n: list[StepRecord], n: int) -> StepData:
     """The examples of one step at world 1 and on every rank at world n."""
     f1 = rec_1.forwards
     fn_all = [r.forwards for r in recs_n]
-    dims = _batch_dims(f1, fn_all[0] if fn_all else [], n)
-    pads = _pads(f1 + [f for fs in fn_all for f in fs], dims)
-    per_1 = [example_digests(f, dims, pads) for f in f1]
-    per_n = [[example_digests(f, dims, pads) for f in fs] for fs in fn_all]
+    per_1, per_n, _ = forward_digests(f1, fn_all, n)
     return StepData([d for ds in per_1 for d in ds], [[d for ds in per for d in ds] for per in per_n], len(f1),
                     [len(fs) for fs in fn_all], micro_batches(rec_1, per_1),
                     [micro_batches(r, per) for r, per in zip(recs_n, per_n)], tuple(rec_1.loaders),

@@ -13,25 +13,23 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from mgpu.check.findings import Finding, ZeroGradientWords, zero_gradients_finding
+from mgpu.check.findings import Finding
 from mgpu.check.script.divergence import ScriptDivergence
-from mgpu.check.script.augment import keyed_note, not_keyed, randomness_facts, same_numbers, where_drawn
-from mgpu.check.script.causes.collectives import collective_finding, merged_collectives
+from mgpu.check.script.causes.facts import ScriptFacts
 from mgpu.check.script.causes.randomness import unreproducible_unkeyed
-from mgpu.check.script.causes.start import no_process_group, no_step, uninitialised_cause
-from mgpu.check.script.compare import ScriptFacts, WorldComparison, compare_world, reproducibility
+from mgpu.check.script.compare import WorldComparison, compare_world, reproducibility
+from mgpu.check.script.findings import findings_of
 from mgpu.check.script.launch import RankFailure, WorldRun
 from mgpu.check.script.plan import ScriptCheckPlan, ScriptCheckError, Target
 
-__all__ = ["Judgement", "judge", "findings_of", "world_1_references", "compared_runs"]
-
-ZERO_GRADIENT_WORDS = ZeroGradientWords("world 1 recorded", "step(s)", "passes any comparison of gradients, so this "
-                                        "one checked little")
+__all__ = ["Judgement", "judge", "world_1_references", "compared_runs"]
 
 
 @dataclass
 class Judgement:
-    """What the runs show: crashes, findings, notes, world 1's irreproducibility, each world's comparison."""
+    """What the runs show: crashes, findings, notes, world 1's irreproducibility, each world's comparison;
+    and what the stages after the judge (confirm.py, locate.py) read of it: the world-N runs compared (one
+    a comparison, in their order), world 1's references (world_1_references) and the facts (causes/facts.py)."""
 
     failures: list[RankFailure] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
@@ -40,39 +38,34 @@ class Judgement:
     comparisons: list[WorldComparison] = field(default_factory=list)
     problems: list = field(default_factory=list)   # --whole-run: the order of the data (causes/epochs.py), failures
     evaluation: object = None                      # --whole-run: evaluation.EvaluationJudgement (coverage, figures)
+    compared: list[WorldRun] = field(default_factory=list)
+    references: dict = field(default_factory=dict)
+    facts: ScriptFacts | None = None
 
 
 def judge(plan: ScriptCheckPlan, runs: list[WorldRun]) -> Judgement:
     """The judgement of the runs; ScriptCheckError when world 1 made no optimizer step (nothing to judge).
-    In one pass a stage: what world 1 shows, then the findings (what the records explain; causes/ words the causes),
-    then world 1 against itself and each world N against world 1 (compare.py)."""
+    In one pass a stage: what world 1 shows, then the findings (what the records explain: findings.py),
+    then world 1 against itself and each world N against world 1 (compare.py), then --whole-run's own."""
     target, options = plan.target, plan.options
     out = Judgement(failures=[r.failure for r in runs if r.failure is not None])
-    by_kind = world_1_references(runs)
+    out.references = by_kind = world_1_references(runs)
     a_runs = [r for r in runs if r.world == 1 and r.run == "A" and r.failure is None and not r.lifted]
     if a_runs and not a_runs[0].ranks[0].steps:
         _nothing_stepped(target, a_runs[0])
     out.notes = _world_1_notes(a_runs, options.steps if not options.whole_run else 0)  # a whole run asks no count
-    compared = compared_runs(runs)
+    out.compared = compared = compared_runs(runs)
     labels = [_precision_label(r) for r in compared]
-    out.findings, facts = findings_of(runs)
-    if keyed_note(facts.randomness):
-        out.notes.append(keyed_note(facts.randomness))
-    same = next((t for t in map(same_numbers, compared) if t), "")
-    if same:
-        out.findings.append(Finding("same-random-numbers", same))
-    # whatever parts first at world N, N copies of world 1 (no process group) explain it
-    no_group = [no_process_group(r.ranks, r.world) for r in compared]
+    found = findings_of(runs, compared)
+    out.findings, out.facts = list(found.findings), found.facts
+    out.notes += found.notes
     for pair in by_kind.values():
         # world 1 as run against itself lifted is the precision's yardstick, not a rerun: its weights
         # start in another dtype; the lifted pair says whether the script reproduces itself.
         if "A" in pair and "B" in pair and pair["A"].lifted == pair["B"].lifted and out.unreproducible is None:
             out.unreproducible = reproducibility(pair["A"], pair["B"])
-    unkeyed = not_keyed(facts.randomness)
-    if out.unreproducible is not None and out.unreproducible.kind == "data" and unkeyed:
-        out.unreproducible = dataclasses.replace(out.unreproducible, diagnosis=unreproducible_unkeyed(
-            out.unreproducible.diagnosis, unkeyed))
-    for r, label, cause in zip(compared, labels, no_group):
+    # whatever parts first at world N, N copies of world 1 (no process group) explain it
+    for r, label, cause in zip(compared, labels, found.world_causes):
         world_1 = by_kind.get((r.device, r.lifted), {})
         if "A" not in world_1 or "B" not in world_1:
             result = WorldComparison(r.world, "not-compared", 0, reason="world 1 failed")
@@ -80,17 +73,21 @@ def judge(plan: ScriptCheckPlan, runs: list[WorldRun]) -> Judgement:
             result = WorldComparison(r.world, "not-compared", 0, reason="two world-1 runs differ (see above)")
         elif not r.ranks[0].steps:
             result = WorldComparison(r.world, "fail", 0, reason="no optimizer step", first=ScriptDivergence(
-                1, kind="data", detail="no step recorded", diagnosis=no_step(r.world)))
+                1, kind="data", detail="no step recorded", diagnosis=cause))
         else:
-            result = compare_world(r, world_1["A"], world_1["B"], facts, plan.batch_hint)
+            result = compare_world(r, world_1["A"], world_1["B"], out.facts, plan.batch_hint)
             if cause and result.first is not None:
                 result.status, result.first = "fail", dataclasses.replace(result.first, diagnosis=cause)
         result.precision = label
         out.comparisons.append(result)
+    if out.unreproducible is not None and out.unreproducible.kind == "data" and found.unkeyed:
+        out.unreproducible = dataclasses.replace(out.unreproducible, diagnosis=unreproducible_unkeyed(
+            out.unreproducible.diagnosis, list(found.unkeyed)))
     if options.whole_run:
+        from mgpu.check.script.causes.epochs import data_order_problems
         from mgpu.check.script.evaluation import judge_evaluation
 
-        out.problems = whole_run_problems(runs, by_kind)
+        out.problems = data_order_problems(runs, by_kind)
         out.evaluation = judge_evaluation(runs, by_kind, out.comparisons, out.findings)
         out.problems += out.evaluation.problems
         out.notes += out.evaluation.notes
@@ -99,22 +96,8 @@ def judge(plan: ScriptCheckPlan, runs: list[WorldRun]) -> Judgement:
 
 
 def compared_runs(runs: list[WorldRun]) -> list[WorldRun]:
-    """The world-N runs that were compared with world 1, in the order of Judgement.comparisons (one each):
-    what the stages after the judge (confirm.py, locate.py) pair with the comparisons."""
+    """The world-N runs that were compared with world 1, in the order of Judgement.comparisons (one each)."""
     return [r for r in runs if r.world > 1 and r.failure is None]
-
-
-def whole_run_problems(runs: list[WorldRun], by_kind: dict) -> list:
-    """--whole-run's failures of the order of the data: a shuffling sampler whose later epoch repeats epoch 1's
-    order (any world), and ranks whose shards overlap within an epoch (each world N against its world 1)."""
-    from mgpu.check.script.causes.epochs import same_order, shards_apart
-
-    done = [r for r in runs if r.failure is None and r.ranks]
-    problems = same_order(done)
-    for r in done:
-        if r.world > 1:
-            problems += shards_apart(r, by_kind.get((r.device, r.lifted), {}).get("A"))
-    return problems
 
 
 def _world_1_notes(a_runs: list[WorldRun], steps: int) -> list[str]:
@@ -167,66 +150,3 @@ def _nothing_stepped(target: Target, run: WorldRun) -> None:
         "torch.optim.Optimizer.step (torch's global optimizer hooks), so it needs a script that trains with a "
         "torch.optim optimizer (or a wrapper that calls one, such as accelerate's) and steps it at least once; "
         "check the ARGS make it train")
-
-
-def findings_of(runs: list[WorldRun]) -> tuple[list[Finding], ScriptFacts]:
-    """The findings, from every rank's record: random-layers, randomness, batch-mixing, zero-gradients,
-    uninitialised-memory, collective-without-autograd; and the facts compare.py uses to explain a divergence."""
-    dropout_calls, modules, draws, where, bn = {}, [], {}, {}, []
-    for run in runs:
-        for r in run.ranks:
-            for k, v in r.dropout_calls.items():
-                dropout_calls[k] = max(dropout_calls.get(k, 0), v)
-            modules += [m for m in r.random_modules if m not in modules]
-            for k, v in r.random_draws.items():
-                draws[k] = max(draws.get(k, 0), v)
-            for k, v in r.random_where.items():
-                where.setdefault(k, v)
-            bn += [m for m in r.batchnorm if m not in bn]
-    out = []
-    if dropout_calls or modules:
-        parts = []
-        if modules:
-            parts.append(f"{len(modules)} module(s): {_listed(modules)}")
-        parts += [f"{v} call(s) to {k} in a run" for k, v in sorted(dropout_calls.items())]
-        out.append(Finding("random-layers", (
-            "dropout and stochastic depth switched off in every process (DropoutOff, at the function level): "
-            f"{'; '.join(parts)}. With them on, each rank draws the masks of its own examples: parity can then only be statistical")))
-    records = [r for run in runs for r in run.ranks]
-    randomness = randomness_facts(records)
-    unkeyed = not_keyed(randomness, suspects=False)
-    if draws or unkeyed:
-        what = "; ".join(f"{k}: {v} call(s) in a run" + (f", first in {where[k]}" if k in where else "")
-                         for k, v in sorted(draws.items()))
-        forward = (f"the forward draws random numbers beyond dropout ({what})" if draws else "")
-        out.append(Finding("randomness", (
-            f"{'; '.join(where_drawn(randomness, forward))}: each rank draws its own for its shard, so world N "
-            "matches world 1 only where the draws do not matter; draw them from the input (the example), or switch "
-            "them off for the check")))
-    if bn:
-        out.append(Finding("batch-mixing", (
-            f"BatchNorm without SyncBatchNorm: {_listed(bn)}: as the script is, each rank normalises over its own "
-            "shard and world 1 over the whole batch, so its training depends on the world size. The comparison ran "
-            "it synchronised over the ranks (SyncBatchNorm's statistics, put in by the check at every world size), so that the "
-            "rest of the loop is checked; for training that does not depend on the world size convert with "
-            "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) (CUDA), or use GroupNorm/LayerNorm")))
-    zero = _zero_gradients(runs)
-    if zero is not None:
-        out.append(zero)
-    uninitialised = uninitialised_cause(records)
-    if uninitialised:
-        out.append(Finding("uninitialised-memory", uninitialised))
-    collectives = merged_collectives(records)
-    if collectives:
-        out.append(Finding("collective-without-autograd", collective_finding(collectives)))
-    return out, ScriptFacts(tuple(bn), draws, collectives, randomness)
-
-
-def _zero_gradients(runs: list[WorldRun]) -> Finding | None:
-    """The zero-gradients finding, from world 1's first run (when it recorded steps)."""
-    a = next((r for r in runs if r.world == 1 and r.run == "A" and r.failure is None and r.ranks), None)
-    return zero_gradients_finding([rec.grads for rec in a.ranks[0].steps] if a is not None else [], ZERO_GRADIENT_WORDS)
-
-
-def _listed(items: list, most: int = 6) -> str:
-    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")

@@ -223,10 +223,17 @@ def liftable(run: WorldRun) -> bool:
 
 
 def run_checked(plan: ScriptCheckPlan, progress=None) -> list[WorldRun]:
-    """Every run the check needs: world 1's run A first (on each device kind), and what it ran at
-    decides the rest (the plan's `plain` runs, or its `lifted` ones for a mixed precision)."""
-    runs = run_worlds(plan, plan.first, progress)
-    if any(r.failure is not None or not r.ranks[0].steps for r in runs):
-        return runs  # world 1 crashed or never stepped: the judge says so; nothing to compare it with
-    rest = plan.lifted if any(liftable(r) for r in runs) else plan.plain
-    return runs + run_worlds(plan, rest, progress)
+    """Every run the check needs, in rounds (_rounds): world 1's run A first (on each device kind), and what
+    it ran at decides the rest (the plan's `plain` runs, or its `lifted` ones for a mixed precision)."""
+    runs: list[WorldRun] = []
+    for planned in _rounds(plan, runs):
+        runs += run_worlds(plan, planned, progress)
+    return runs
+
+
+def _rounds(plan: ScriptCheckPlan, runs: list[WorldRun]):
+    """The plan's rounds of runs, each read after the rounds before it have run (`runs`, as they grow): the
+    first; then the rest, none where world 1 crashed or never stepped (the judge says so; nothing to compare)."""
+    yield plan.first
+    if not any(r.failure is not None or not r.ranks[0].steps for r in runs):
+        yield plan.lifted if any(liftable(r) for r in runs) else plan.plain

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from mgpu.errors import MgpuError
+from mgpu.options import Options, option
 from mgpu.validators import number, positive_int, world_sizes
 
 __all__ = ["ScriptCheckError", "ScriptCheckOptions", "Target", "ScriptRankJob", "PlannedRun", "ScriptCheckPlan", "expand_args",
@@ -52,18 +53,33 @@ class WholeRun:
     epoch_steps: int = DEFAULT_EPOCH_STEPS
 
 
+def count_or_text(text: str, flag: str, error: type[Exception]):
+    """--steps and --epoch-steps: a count >= 1 as an int; any other text as it is, for validate() to name as typed."""
+    return int(text) if text.strip().isdigit() and int(text) >= 1 else text
+
+
 @dataclass(frozen=True)
-class ScriptCheckOptions:
+class ScriptCheckOptions(Options):
     """What check-script runs: the world sizes (world 1 always runs), the optimizer steps recorded
     and compared, and the seconds one run may take (None: no limit). With `whole_run` the script runs
     to its own end, each training epoch cut after `epoch_steps` optimizer steps (None: --whole-run's
-    default, DEFAULT_EPOCH_STEPS); `epoch_steps` without `whole_run` is an error."""
+    default, DEFAULT_EPOCH_STEPS); `epoch_steps` without `whole_run` is an error. Each field is
+    declared once, as the command's option too (mgpu/options.py); the timeout stays text until
+    validate() reads it ('inf': no limit)."""
 
-    ranks: tuple[int, ...] = DEFAULT_RANKS
-    steps: int = DEFAULT_STEPS
-    timeout: float | None = DEFAULT_TIMEOUT
-    whole_run: bool = False
-    epoch_steps: int | None = None
+    error = ScriptCheckError
+
+    ranks: tuple[int, ...] = option(DEFAULT_RANKS, metavar="N[,N...]", text=world_sizes,
+                                    help="world sizes to run (world 1 always runs, twice: the reference and its rerun)")
+    steps: int = option(DEFAULT_STEPS, metavar="K", text=count_or_text, help="optimizer steps recorded and compared")
+    timeout: float | None = option(DEFAULT_TIMEOUT, metavar="S",
+                                   help="seconds one run (one world size) may take before every rank is stopped")
+    whole_run: bool = option(False, help="run the script to its own end at every world size, each training epoch cut "
+                                         "after --epoch-steps optimizer steps, every recorded step compared per "
+                                         "epoch (--steps is not used)")
+    epoch_steps: int | None = option(None, metavar="K", text=count_or_text,
+                                     help=f"with --whole-run: optimizer steps a training epoch runs before its loader "
+                                          f"ends the epoch (default {DEFAULT_EPOCH_STEPS})")
 
     def validate(self) -> "ScriptCheckOptions":
         """The options as given, or ScriptCheckError naming the bad one (as the command spells it)."""
@@ -89,18 +105,6 @@ class ScriptCheckOptions:
         if isinstance(steps, WholeRun):
             return cls(ranks, DEFAULT_STEPS, timeout, True, steps.epoch_steps).validate()
         return cls(ranks, steps, timeout).validate()
-
-    @classmethod
-    def from_text(cls, ranks: str, steps: str, timeout: str, whole_run: bool = False,
-                  epoch_steps: str | None = None) -> "ScriptCheckOptions":
-        """The options from the command's text (`--ranks 1,2 --steps 4 --timeout 300 [--whole-run
-        --epoch-steps 4]`), validated."""
-        steps_value = int(steps) if steps.strip().isdigit() and int(steps) >= 1 else steps  # else named as typed
-        epochs_value = epoch_steps
-        if epoch_steps is not None and epoch_steps.strip().isdigit() and int(epoch_steps) >= 1:
-            epochs_value = int(epoch_steps)
-        return cls(world_sizes(ranks, "--ranks", error=ScriptCheckError), steps_value, timeout, whole_run,
-                   epochs_value).validate()
 
     @property
     def worlds(self) -> tuple[int, ...]:

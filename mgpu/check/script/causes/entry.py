@@ -3,13 +3,16 @@ compares each module per example; these say what its evidence means): a module's
 code that calls a module, the loss's reduction (told by the gradient at the model's output, c x world
 1's per example, against the optimizer's factor f), what happens after the backward, the optimizer's
 step. Each returns (where, words): `where` is the JSON's `entered.where`, the words are said after
-what the modules showed."""
+what the modules showed; `entered` makes the whole record from the figures traced.py took (EntryFigures).
+
+    record = entered(figures)     # {"world": 2, ..., "where": "loss", "sentence": "every module's output agrees ..."}
+"""
 
 from __future__ import annotations
 
 from mgpu.check.script.tensors import FACTOR_AGREE
 
-__all__ = ["after_backward", "output_gradient_missing", "output_gradient_agrees", "output_gradient_factor",
+__all__ = ["entered", "output_gradient", "after_backward", "output_gradient_missing", "output_gradient_agrees", "output_gradient_factor",
            "rank_factors", "forward_factors", "no_output_factor", "module_output", "module_input"]
 
 
@@ -98,3 +101,49 @@ def module_input(module: str, caller: str, figures: str) -> tuple[str, str]:
     """The first difference is a module's input, every module before it agreeing: its caller's code."""
     return "module-input", (f"the first module whose input differs: {module}, every module before it agreeing "
                             f"({figures}): it enters in the forward of {caller}, in its own code before that call")
+
+
+def output_gradient(g, f: float | None, n: int, kind: str, truncated: bool = False) -> tuple[str, str, dict]:
+    """(where, words, record) for the gradient at the model's output, where every module agrees (g: traced.py's
+    OutputGradient, None where none was kept): its factors per example, per rank, per forward; f the optimizer's."""
+    if g is None:
+        return (*output_gradient_missing(truncated), {})
+    if g.error <= g.allowed:
+        return (*output_gradient_agrees(g.error, g.allowed, f, n, kind), {"output_gradient_factor": 1.0})
+    if g.factor is not None:
+        return (*output_gradient_factor(g.factor, f, n, kind), {"output_gradient_factor": g.factor})
+    if g.rank_factors is not None:
+        return (*rank_factors(g.ranks, g.rank_factors), {"rank_factors": g.rank_factors})
+    if g.forward_factors is not None:
+        return (*forward_factors(g.forward_factors), {"forward_factors": g.forward_factors})
+    return (*no_output_factor(g.error, g.allowed), {})
+
+
+def _label(module: str, kind: str) -> str:
+    return f"`{module}` ({kind})" if module else f"the model ({kind})"
+
+
+def entered(figures) -> dict:
+    """The record of where a divergence enters (WorldComparison.entered, less its step), from the figures of the
+    traced step (traced.EntryFigures): the first module that differs, else what the gradient at the output shows."""
+    record = {"world": figures.world, "modules_compared": figures.modules_compared, "truncated": figures.truncated,
+              "gradient_factor": figures.gradient_factor}
+    first = figures.first
+    if first is not None:
+        numbers = f"error {first.error:.2e}, allowed {first.allowed:.2e}, on rank {first.rank}"
+        if first.event == "output":
+            where, sentence = module_output(_label(first.module, first.module_type), first.has_children, numbers)
+        else:
+            caller = _label(*first.caller) if first.caller is not None else "the code that calls the model"
+            where, sentence = module_input(_label(first.module, first.module_type), caller, numbers)
+        record.update(where=where, module=first.module, module_type=first.module_type, error=first.error,
+                      allowed=first.allowed, sentence=sentence)
+        return record
+    agree = figures.agree
+    head = (f"every module's output agrees per example (largest error {agree[0]:.1e} of {agree[1]:.1e} allowed, "
+            f"{agree[2]} modules)" if agree else "no module output was compared per example")
+    where, words, extra = output_gradient(figures.output_gradient, figures.gradient_factor, figures.world,
+                                          figures.kind, figures.truncated)
+    record.update(extra, where=where)
+    record["sentence"] = head + words + (" (the trace was cut short: TRACE_NUMEL)" if figures.truncated else "")
+    return record

@@ -2,6 +2,7 @@
 within one. Evidence: each rank's DataLoader passes with their sampler's indices (RankRecord.passes,
 recorded by inrank/epochs.py). Each is a failure of the script at any world size, world 1 included.
 
+    data_order_problems(runs, references)   # same_order and shards_apart, over every run that recorded
     same_order(records, world)     # [EpochProblem("epoch-order", "the DataLoader made at train.py:40 ...")]
     shards_apart(run_n, run_1)     # [EpochProblem("shards", "epoch 1: ranks 0 and 1 share 32 example(s) ...")]
     epochs_of(record)              # [{"epoch": 1, "steps": 4, "batches": 4, "ended": "cut after 4 step(s)"}, ...]
@@ -12,7 +13,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-__all__ = ["EpochProblem", "same_order", "shards_apart", "epochs_of", "training_passes"]
+__all__ = ["EpochProblem", "data_order_problems", "same_order", "shards_apart", "epochs_of", "training_passes"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,18 @@ def _fix(sampler: str) -> str:
                 "or seeded again in the epoch loop, or torch.manual_seed inside it): seed it once, before the loop")
     return (f"{sampler}.set_epoch is never called: call loader.sampler.set_epoch(epoch) at the start of each epoch "
             "(before iterating the loader); without it the same order is used every epoch, at every world size")
+
+
+def data_order_problems(runs, references: dict) -> list[EpochProblem]:
+    """--whole-run's failures of the order of the data: a shuffling sampler whose later epoch repeats epoch 1's
+    order (any world), and ranks whose shards overlap within an epoch (each world N against its world 1's run
+    A, from `references`: judge.world_1_references)."""
+    done = [r for r in runs if r.failure is None and r.ranks]
+    problems = same_order(done)
+    for r in done:
+        if r.world > 1:
+            problems += shards_apart(r, references.get((r.device, r.lifted), {}).get("A"))
+    return problems
 
 
 def same_order(runs) -> list[EpochProblem]:

@@ -1,5 +1,5 @@
 """The evidence the causes read beyond one step's tensors: what the judge learned of the script from
-every rank's record (judge.findings_of builds it; compare.py and optimizer.py hand it on)."""
+every rank's record (findings.findings_of builds it; compare.py and optimizer.py hand it on)."""
 
 from __future__ import annotations
 

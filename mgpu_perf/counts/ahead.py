@@ -1,4 +1,4 @@
-"""The counted baseline's rank workloads counted ahead (baseline_counts.py): a workload whose steps
+"""The counted baseline's rank workloads counted ahead (counts/plugin.py): a workload whose steps
 run in rank processes (ddp, fsdp) is counted by one background thread while pytest counts the
 in-process ones, so that the fork server's imports, the ranks' start and their steps use the cores
 that the in-process steps (one thread each, on a CPU) leave idle, instead of running after them.
@@ -11,7 +11,7 @@ The thread only waits on the ranks' queues: each rank pool is built, stepped, co
 there as pytest's thread would (one pool at a time), and the counts are the ranks' own, so they are
 the same as counted in order. Not where the steps run on GPUs (the two lanes would share a device's
 memory), nor where pytest's folder is not the current one (a process has one current folder, and
-the in-process lane changes it: baseline_counts.count_workload).
+the in-process lane changes it: counts/workload.py's count_workload).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """What a training step does, counted: exact figures with no noise, beside the timed ones.
 
     counts = count_step(session.step)              # one extra step, outside the timing, after warm-up
-    changes = compare_counts(baseline, candidate)  # what changed, and whether it is `slower (counted)`
+    ranks = count_session(session, session.step)   # each rank's counts (StepCounts.to_dict), in rank order
+
+Two steps' counts are compared, and judged, in counts/judge.py.
 
 A step's counts (`StepCounts`) come from one run of it under a `TorchDispatchMode`, which sees
 every aten op the step dispatches, the collectives (`c10d.allreduce_`, DDP's C++ reducer
@@ -54,7 +56,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["StepCounts", "CountChange", "CompileWatch", "count_step", "count_session", "compare_counts"]
+__all__ = ["StepCounts", "CompileWatch", "count_step", "count_session", "readable_size"]
 
 _HOST_READ_OPS = {"aten._local_scalar_dense", "aten.item", "aten.is_nonzero", "aten.equal", "aten.allclose"}
 # Ops whose output's shape depends on the values: on a GPU the host waits for the count to size it.
@@ -120,8 +122,9 @@ class StepCounts:
 
     def summary(self) -> str:
         """One line: what bench prints per strategy."""
-        return (f"{self.flops / 1e9:.3g} GFLOP, {_size(self.allocated_bytes)} allocated, "
-                f"{self.collective_calls} collective(s) ({_size(self.collective_bytes)}), {self.host_reads} host read(s)")
+        return (f"{self.flops / 1e9:.3g} GFLOP, {readable_size(self.allocated_bytes)} allocated, "
+                f"{self.collective_calls} collective(s) ({readable_size(self.collective_bytes)}), "
+                f"{self.host_reads} host read(s)")
 
 
 class _HostReads(TorchFunctionMode):
@@ -320,80 +323,9 @@ class _CudaCounts:
             self.result = {"kernels": len(kernels), "peak_bytes": torch.cuda.max_memory_allocated() - self.start}
 
 
-@dataclasses.dataclass(frozen=True)
-class CountChange:
-    what: str        # "host_reads", "collective:allreduce_", "op:aten.copy_", "flops", ...
-    baseline: Any
-    candidate: Any
-    guarded: bool    # an increase here is `slower (counted)`
-    text: str
-
-    @property
-    def slower(self) -> bool:
-        return self.guarded and _more(self.candidate, self.baseline)
-
-
-def _more(a, b) -> bool:
-    return (a or 0) > (b or 0)
-
-
-def _size(n: int) -> str:
+def readable_size(n: int) -> str:
+    """Bytes in the unit that keeps three figures: `2.3 MB`, `512 B` (the summary's and the changes' words)."""
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if abs(n) >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n} B"
-
-
-def _pct(a: float, b: float) -> str:
-    return f"{(b - a) / a * 100:+.1f} %" if a else "new"
-
-
-def compare_counts(base: StepCounts, cand: StepCounts) -> list[CountChange]:
-    """Every difference between two steps' counts, guarded ones first; empty when they agree. Guarded
-    (an increase is `slower (counted)`): host reads, collectives and their bytes, storages taken,
-    FLOPs, bytes allocated and written, graph breaks, recompiles; the rest are reported."""
-    changes = []
-    if base.host_reads != cand.host_reads:
-        changes.append(CountChange("host_reads", base.host_reads, cand.host_reads, True,
-                                   f"host reads {base.host_reads} → {cand.host_reads} a step"))
-    for kind in sorted(set(base.collectives) | set(cand.collectives)):
-        b = base.collectives.get(kind, {"count": 0, "bytes": 0})
-        c = cand.collectives.get(kind, {"count": 0, "bytes": 0})
-        if b != c:
-            delta = c["count"] - b["count"]
-            changes.append(CountChange(f"collective:{kind}", (b["count"], b["bytes"]), (c["count"], c["bytes"]), True,
-                                       f"{delta:+d} {kind.rstrip('_')} a step ({'+' if c['bytes'] >= b['bytes'] else '-'}"
-                                       f"{_size(abs(c['bytes'] - b['bytes']))})" if delta else
-                                       f"{kind.rstrip('_')} bytes {_size(b['bytes'])} → {_size(c['bytes'])} a step"))
-    if base.storage_reads != cand.storage_reads:
-        changes.append(CountChange("storage_reads", base.storage_reads, cand.storage_reads, True,
-                                   f"tensor storages taken by Python (torch.save, pickling) {base.storage_reads} → "
-                                   f"{cand.storage_reads} a step"))
-    if base.flops != cand.flops:
-        changes.append(CountChange("flops", base.flops, cand.flops, True, f"FLOPs {_pct(base.flops, cand.flops)}"))
-    for what, label in (("allocated_bytes", "bytes allocated by the step's ops"),
-                        ("written_bytes", "bytes written in place by the step's ops")):
-        b, c = getattr(base, what), getattr(cand, what)
-        if b != c:
-            changes.append(CountChange(what, b, c, True, f"{label} {'+' if c > b else '-'}{_size(abs(c - b))} a step "
-                                                         f"({_size(b)} → {_size(c)}, {_pct(b, c)})"))
-    if base.graph_breaks != cand.graph_breaks:
-        reasons = sorted(set((cand.compile or {}).get("graph_breaks", {})) - set((base.compile or {}).get("graph_breaks", {})))
-        changes.append(CountChange("graph_breaks", base.graph_breaks, cand.graph_breaks, True,
-                                   f"graph breaks {base.graph_breaks} → {cand.graph_breaks}"
-                                   + (f" ({reasons[0]})" if reasons else "")))
-    if base.recompiles != cand.recompiles:
-        changes.append(CountChange("recompiles", base.recompiles, cand.recompiles, True,
-                                   f"graphs compiled during a warm step {base.recompiles} → {cand.recompiles}"))
-    if base.kernels != cand.kernels:
-        changes.append(CountChange("kernels", base.kernels, cand.kernels, False,
-                                   f"CUDA kernels {base.kernels} → {cand.kernels} a step"))
-    b_peak, c_peak = (base.cuda or {}).get("peak_bytes"), (cand.cuda or {}).get("peak_bytes")
-    if b_peak is not None and c_peak is not None and b_peak != c_peak:
-        changes.append(CountChange("peak_bytes", b_peak, c_peak, False,
-                                   f"peak memory {_size(b_peak)} → {_size(c_peak)} ({_pct(b_peak, c_peak)})"))
-    for op in sorted(set(base.ops) | set(cand.ops)):
-        b, c = base.ops.get(op, 0), cand.ops.get(op, 0)
-        if b != c:
-            changes.append(CountChange(f"op:{op}", b, c, False, f"{op.replace('aten.', 'aten::')} {b} → {c}"))
-    return changes
