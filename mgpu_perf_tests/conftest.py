@@ -33,8 +33,23 @@ def absolute_pythonpath(monkeypatch, pytestconfig):
                                                          for e in entries.split(os.pathsep)))
 
 
+# What an in-process run (pytester.runpytest_inprocess) imports that this session had not: pytester puts
+# sys.modules back as it was when the run ends (and again when its test ends), so the next run imported them
+# all again (about 1.5 CPU-s a run of the plugin on the 2-core VM: hypothesis, for its pytest plugin's hooks;
+# the gate's workloads; torch's FLOP counter). Imported once, before the first test's pytester takes its
+# snapshot, they stay; the user's model file, imported in the run, is still dropped after it and imported
+# afresh by the next.
+IN_PROCESS_RUN_IMPORTS = ("hypothesis", "mgpu_perf.harness.workloads", "torch.utils.flop_counter")
+
+
+@pytest.fixture(scope="session")
+def _in_process_run_imports():
+    for name in IN_PROCESS_RUN_IMPORTS:
+        importlib.import_module(name)
+
+
 @pytest.fixture
-def pytester(pytester, monkeypatch, absolute_pythonpath):
+def pytester(_in_process_run_imports, pytester, monkeypatch, absolute_pythonpath):
     """pytester with mgpu_perf's plugin, as a user who installed mgpu has it. A run without the install
     has no entry point: there the plugin is named in PYTEST_PLUGINS (and the runs, which start in
     pytester's folder, get an absolute PYTHONPATH)."""

@@ -180,42 +180,49 @@ CHANGES = {
     "host-read": "assert float(h.sum()) == float(h.sum())  # two host reads in every forward (the harness reads 1)",
     "copy": "h = h.t().contiguous().t()",
     "float64": "h = h.double().float()",
+    "all-reduce": "if torch.distributed.is_initialized(): torch.distributed.all_reduce(h.detach().clone())",
 }
 
 
-# The workers of each pair of trees (the unchanged tree, the tree with CHANGES[change]), started once a session:
-# starting a worker imports torch (seconds); the gate itself sends one pair of workers benchmark after benchmark.
-# test_the_gate_counts_a_step_in_both_arms[host-read] and test_ab_counts_off_counts_nothing_and_says_so compare
-# the same two trees.
-_WORKERS: dict = {}
-
-
-def _gate_counts(tmp_path, change: str, strategy: str = "single", devices: int = 1, counts: str = "gate"):
+@pytest.fixture(scope="module")
+def gate_workers(tmp_path_factory):
+    """One worker for each of two trees, started once for the tests below, as the gate sends one pair of
+    workers benchmark after benchmark (starting a worker imports torch: seconds). Each tree holds
+    tiny_<change>.py for every change of CHANGES: the baseline's unchanged, the candidate's with the change."""
     from mgpu_perf.gate.arm import start_workers
+
+    root = tmp_path_factory.mktemp("gate_counts")
+    trees = {}
+    for label in ("baseline", "candidate"):
+        trees[label] = root / label
+        trees[label].mkdir()
+        for change, plant in CHANGES.items():
+            code = plant if label == "candidate" else CHANGES["none"]
+            (trees[label] / f"tiny_{change.replace('-', '_')}.py").write_text(TINY.replace("{change}", code))
+    pools = start_workers({label: (tree, sys.executable) for label, tree in trees.items()}, 1, root / "work")
+    yield pools
+    for arm in (arm for pool in pools.values() for arm in pool):
+        arm.close()
+
+
+def _gate_counts(pools, change: str, strategy: str = "single", devices: int = 1, counts: str = "gate"):
+    """A smoke run of the gate on tiny_<change>.py in both workers (the unchanged and the changed tree)."""
     from mgpu_perf.gate.compare import compare
     from mgpu_perf.gate.settings import Settings
 
-    if change not in _WORKERS:
-        trees = {}
-        for label, plant in (("baseline", "none"), ("candidate", change)):
-            trees[label] = tmp_path / label
-            trees[label].mkdir()
-            (trees[label] / "tiny.py").write_text(TINY.replace("{change}", CHANGES[plant]))
-        _WORKERS[change] = start_workers({label: (tree, sys.executable) for label, tree in trees.items()}, 1,
-                                         tmp_path / "work")
-    pools = _WORKERS[change]
-    spec = {"kind": "model-step", "model": "tiny.py:spec", "strategy": strategy, "devices": devices, "batch": 4}
+    spec = {"kind": "model-step", "model": f"tiny_{change.replace('-', '_')}.py:spec", "strategy": strategy,
+            "devices": devices, "batch": 4}
     return compare(f"tiny[{change}]", spec, pools, Settings(smoke=True, max_rounds=3, workers=1, counts=counts))
 
 
 # A copy and a float64 layer are counted in test_a_structural_change_is_a_guarded_increase; here, through real
 # workers over two trees, the unchanged tree and a host read.
 @pytest.mark.parametrize("change, expected", [("none", None), ("host-read", "host reads 1 → 3 a step")])
-def test_the_gate_counts_a_step_in_both_arms(tmp_path, change, expected):
+def test_the_gate_counts_a_step_in_both_arms(gate_workers, change, expected):
     from mgpu_perf.gate.report import format_table, gate_exit_status
     from mgpu_perf.gate.settings import Settings
 
-    result = _gate_counts(tmp_path, change)
+    result = _gate_counts(gate_workers, change)
     counted = result.counted
     if expected is None:
         assert counted.verdict == "same" and counted.changes == [], counted
@@ -230,19 +237,18 @@ def test_the_gate_counts_a_step_in_both_arms(tmp_path, change, expected):
     assert gate_exit_status([result], Settings(counts="report")) == 0, "--ab-counts report: shown, never failed"
 
 
-def test_ab_counts_off_counts_nothing_and_says_so(tmp_path):
+def test_ab_counts_off_counts_nothing_and_says_so(gate_workers):
     from mgpu_perf.gate.report import format_table
     from mgpu_perf.gate.settings import Settings
 
-    result = _gate_counts(tmp_path, "host-read", counts="off")
+    result = _gate_counts(gate_workers, "host-read", counts="off")
     assert result.counted.verdict == "not counted" and result.counted.counts == {}, result.counted
     assert "counted: not counted (--ab-counts off)" in "\n".join(format_table([result], Settings(smoke=True)))
 
 
 @pytest.mark.multiprocess
-def test_an_extra_all_reduce_under_ddp_is_counted_in_each_rank(tmp_path):
-    CHANGES["all-reduce"] = ("if torch.distributed.is_initialized(): torch.distributed.all_reduce(h.detach().clone())")
-    result = _gate_counts(tmp_path, "all-reduce", strategy="ddp", devices=2)
+def test_an_extra_all_reduce_under_ddp_is_counted_in_each_rank(gate_workers):
+    result = _gate_counts(gate_workers, "all-reduce", strategy="ddp", devices=2)
     assert result.counted.verdict == "slower (counted)", result.counted
     assert any(line.startswith("rank 0: +1 allreduce a step") for line in result.counted.guarded), result.counted.guarded
     assert len(result.counted.counts["baseline"]) == 2, "each rank counts its own step"
@@ -343,6 +349,22 @@ def _planted_module(tmp_path, name: str):
     return module, text
 
 
+def _resnet_counts(module, compiled: bool) -> StepCounts:
+    """One counted step of `module`.resnet18 at width 4 (compiled with the eager backend when asked), warmed first."""
+    torch.manual_seed(0)
+    model = module.resnet18(width=4)
+    net = torch.compile(model, backend="eager") if compiled else model
+    x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
+
+    def step():
+        nn.functional.cross_entropy(net(x), y).backward()
+
+    return _counts(step, CompileWatch() if compiled else None)
+
+
+_UNPLANTED: dict = {}  # the unplanted ResNet's counts, by `compiled`: counted once for the plants below
+
+
 @pytest.mark.parametrize("name, expected", [("copy-in-forward", "bytes allocated"), ("float64-layer", "bytes allocated"),
                                             ("graph-break", "graph breaks 0 → 1"), ("mask-index", "host reads 0 → 2")])
 def test_validate_counts_model_plants_are_each_a_guarded_increase(tmp_path, name, expected):
@@ -354,19 +376,9 @@ def test_validate_counts_model_plants_are_each_a_guarded_increase(tmp_path, name
     planted, text = _planted_module(tmp_path, name)
     assert "planted by mgpu_perf/lab/validate_counts.py" in text
     compiled = PLANTS[name].compile
-    counts = []
-    for module in (models, planted):
-        torch.manual_seed(0)
-        model = module.resnet18(width=4)
-        net = torch.compile(model, backend="eager") if compiled else model
-        x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
-
-        def step():
-            nn.functional.cross_entropy(net(x), y).backward()
-
-        watch = CompileWatch() if compiled else None
-        counts.append(_counts(step, watch))
-    slower = [c.text for c in compare_counts(*counts) if c.slower]
+    if compiled not in _UNPLANTED:  # the unplanted model counts the same every time (the first test of this file)
+        _UNPLANTED[compiled] = _resnet_counts(models, compiled)
+    slower = [c.text for c in compare_counts(_UNPLANTED[compiled], _resnet_counts(planted, compiled)) if c.slower]
     assert any(expected in t for t in slower), f"{name}: {slower or 'no guarded increase'}"
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from mgpu_perf_tests.commands import mgpu_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 FIRST_NEW_LAYOUT_FILE = "mgpu/check/model/__init__.py"  # the renovation's first commit added it
@@ -44,9 +45,9 @@ def test_the_gate_times_both_arms_against_a_commit_from_before_the_checks_moved(
     # Three rounds of short samples at a 50 % threshold: the point is that both arms set up and time the
     # workload, not a verdict (beside load it may be inconclusive, or even slower: exit 1; or `undecidable`,
     # its three rounds timed but doubted by the round-health checks: a worker busy between them, seen at load 4).
-    done = subprocess.run([sys.executable, "-m", "mgpu", "gate", "examples/tiny_lm.py:spec", "--baseline", baseline,
-                           "--max-rounds", "3", "--sample-s", "0.05", "--threshold", "50", "--counts", "off",
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=280)
+    # The command's main in this process (its workers are processes of their own, one for each arm).
+    done = mgpu_in_process("gate", "examples/tiny_lm.py:spec", "--baseline", baseline, "--max-rounds", "3",
+                           "--sample-s", "0.05", "--threshold", "50", "--counts", "off", "--out", out, cwd=ROOT)
     assert done.returncode in (0, 1), f"exit {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     report = json.loads((out / "ab.json").read_text())
     assert report["baseline"].startswith(baseline[:7]), report["baseline"]

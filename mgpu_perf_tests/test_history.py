@@ -13,7 +13,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +23,8 @@ from mgpu_perf.history.changes import ChangePoint
 from mgpu_perf.history.page import write_page
 from mgpu_perf.history.plot import AXIS_COLOUR, BOTTOM, HEIGHT, RUN_COLOUR, SLOWER_COLOUR, TOP
 from mgpu_perf.history.verdicts import EXIT_CONFIRMED, EXIT_NONE, EXIT_SUSPECTED, Findings, exit_code
+from mgpu_perf_tests.commands import mgpu_in_process
 
-ROOT = Path(__file__).resolve().parents[1]
 STEP = "bench/test_step.py::test_step[single]"
 OTHER = "bench/test_step.py::test_other"
 FOLDER = "Linux-CPython-3.11-64bit"  # pytest-benchmark's folder name: the same for both machines below
@@ -188,9 +187,7 @@ def test_two_machines_are_two_histories(scenario):
 def test_the_command_prints_writes_and_exits_4_on_a_suspected_slowdown(scenario, tmp_path):
     repo, storage, hashes, _ = scenario
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "mgpu", "history", str(storage), "--json", str(out / "h.json"),
-                           "--html", str(out / "h.html")], cwd=repo, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "MGPU_COMMANDS": "mgpu_perf.cli"})
+    done = mgpu_in_process("history", storage, "--json", out / "h.json", "--html", out / "h.html", cwd=repo)
     assert done.returncode == EXIT_SUSPECTED, f"exit {done.returncode}: {done.stdout}{done.stderr}"
     assert f"{hashes[3][:10]}..{hashes[4][:10]} (1 commit)" in done.stdout, done.stdout
     assert "machine runner-a:" in done.stdout and "machine runner-b:" in done.stdout, done.stdout
@@ -209,8 +206,7 @@ def test_the_command_prints_writes_and_exits_4_on_a_suspected_slowdown(scenario,
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, message):
     make_repo(tmp_path / "repo", 1)
-    done = subprocess.run([sys.executable, "-m", "mgpu", "history", *argv], cwd=tmp_path / "repo", text=True,
-                          capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = mgpu_in_process("history", *argv, cwd=tmp_path / "repo")
     assert done.returncode == 2 and message in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
 
 
@@ -241,9 +237,8 @@ def test_confirm_with_no_time_to_gate_leaves_every_suspicion_standing(scenario, 
     """--confirm hands the points to history/confirm.py; a budget too small to start one gate times
     nothing, says so, and the slowdowns stay suspected (exit 4), never cleared."""
     repo, storage, hashes, _ = scenario
-    done = subprocess.run([sys.executable, "-m", "mgpu", "history", str(storage), "--confirm", "--confirm-budget-s",
-                           "1", "--json", str(tmp_path / "h.json")], cwd=repo, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    done = mgpu_in_process("history", storage, "--confirm", "--confirm-budget-s", "1", "--json", tmp_path / "h.json",
+                           cwd=repo)
     assert done.returncode == EXIT_SUSPECTED, f"exit {done.returncode}: {done.stdout}{done.stderr}"
     record = json.loads((tmp_path / "h.json").read_text())
     assert record["change_points"] and len(record["unchecked"]) == len(record["change_points"]), record["unchecked"]

@@ -29,6 +29,7 @@ from mgpu_perf.history import ChangePoint, HistorySettings, build_history, find_
 from mgpu_perf.history.commits import COPY, MERGED, MISSING, OFF_LINE
 from mgpu_perf.history.text import point_line
 from mgpu_perf.history.verdicts import EXIT_SUSPECTED
+from mgpu_perf_tests.commands import mgpu_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = "Linux-CPython-3.11-64bit"
@@ -170,8 +171,9 @@ def settings(storage, repo, **options):
 
 
 def history_command(*argv, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mgpu", "history", *map(str, argv)], cwd=cwd, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT), "MGPU_COMMANDS": "mgpu_perf.cli"})
+    """`python -m mgpu history ARGV` from `cwd`, in this process (mgpu_perf_tests/commands.py): its exit code,
+    stdout and stderr. `python -m mgpu history` as a process of its own: the reader test below."""
+    return mgpu_in_process("history", *argv, cwd=cwd)
 
 
 def test_the_step_is_found_on_each_machine_with_its_range_medians_ratio_and_p(ci):
