@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: train test test-part-correctness test-part-tools test-part-harness test-serial test-slow test-correctness test-kernels stress convergence perf counts-check gpu-check clean
+.PHONY: train test test-part-correctness test-part-tools test-part-harness test-part-rounding test-serial test-slow test-correctness test-kernels stress convergence perf counts-check gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,10 +25,10 @@ KERNEL_PATHS ?= default:SSE41 avx2:AVX2 $(if $(shell grep -m1 -o avx512f /proc/c
 # the A/B gate's own tests (mgpu_perf_tests/), the examples, and the
 # comparisons that rounding could break (marker `rounding`) again under the generic kernels, so that
 # a test tuned to this CPU's rounding goes red here before it reaches another machine.
-# In two phases: first everything that times nothing, in three parts side by side (TEST_JOBS at a time): the
-# correctness suite with the perf smoke run (its benchmarks run once untimed under --benchmark-disable), then
-# the rounding pass; check-script's and the examples' tests; the harness's and gate's tests that time nothing
-# (mgpu_perf_tests without marker `timed`: synthetic samples, counts, reports, bad input, plumbing). Then,
+# In two phases: first everything that times nothing, in four parts, three at a time (TEST_JOBS): the
+# correctness suite with the perf smoke run (its benchmarks run once untimed under --benchmark-disable);
+# check-script's and the examples' tests; the harness's and gate's tests that time nothing (mgpu_perf_tests
+# without marker `timed`: synthetic samples, counts, reports, bad input, plumbing); the rounding pass. Then,
 # alone, the tests marked `timed` (a gate's verdict or a ratio over real timings), which load beside them
 # would make skip or say inconclusive. The parts wait on processes they start as much as they compute, so
 # three at once finished first (the figures: docs/notes/suite-times.md, 2026-11-28). Each part's output
@@ -40,11 +40,15 @@ TEST_ARGS := $(TEST_OPTS) -m "not slow"
 TEST_JOBS ?= 3
 PHASE1_ENV ?= OMP_WAIT_POLICY=PASSIVE
 test: $(VENV)/.installed
-	@$(PHASE1_ENV) $(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target test-part-correctness test-part-tools test-part-harness
+	@$(PHASE1_ENV) $(MAKE) --no-print-directory -j$(TEST_JOBS) --output-sync=target test-part-correctness test-part-tools test-part-harness test-part-rounding
 	$(PY) -m pytest mgpu_perf_tests $(TEST_OPTS) -m "timed and not slow"
 
 test-part-correctness: $(VENV)/.installed
 	$(PY) -m pytest correctness perf $(TEST_ARGS)
+
+# Fourth in line: it starts when the first of the three parts before it ends (TEST_JOBS at a time), so that
+# no core idles while the longest part finishes.
+test-part-rounding: $(VENV)/.installed
 	$(ROUNDING_PATH) $(PY) -m pytest correctness -m "rounding and not slow" -q -p no:cacheprovider
 
 test-part-tools: $(VENV)/.installed
