@@ -67,12 +67,11 @@ def run_gate_command(options, error: Callable[[str], None]) -> int:
     from mgpu_perf.gate.baseline import repository_root
     from mgpu_perf.gate.run import GateRun
 
-    args = options
     root = repository_root(Path.cwd())
     try:
-        model = model_in_repository(args.model, root)
-        cases = gate_cases(model, args.strategies, args.devices, args.batch, args.input_shape, args.classes)
-        run = GateRun(options.settings, root, args.baseline, args.baseline_python, gpu_clocks())
+        model = model_in_repository(options.model, root)
+        cases = gate_cases(model, options.strategies, options.devices, options.batch, options.input_shape, options.classes)
+        run = GateRun(options.settings, root, options.baseline, options.baseline_python, gpu_clocks())
     except (GateError, ValueError) as e:
         error(_as_command_options(one_line(e)))
     from mgpu.spec import load_spec
@@ -80,12 +79,12 @@ def run_gate_command(options, error: Callable[[str], None]) -> int:
     from mgpu_perf.harness.models import module_file
 
     try:  # the candidate must load it: a typo is bad input here, not a failed arm
-        load_spec(model if Path.cwd() == root else args.model, input_shape=args.input_shape, classes=args.classes)
+        load_spec(model if Path.cwd() == root else options.model, input_shape=options.input_shape, classes=options.classes)
     except MgpuError as e:
-        error(f"{args.model}: {one_line(e)}")
-    origin = module_file(args.model)
+        error(f"{options.model}: {one_line(e)}")
+    origin = module_file(options.model)
     if origin and not Path(origin).resolve().is_relative_to(root):
-        error(f"{args.model}: its module comes from {origin}, outside the repository at {root}: both arms would "
+        error(f"{options.model}: its module comes from {origin}, outside the repository at {root}: both arms would "
               "time the same code (gate a model defined in this repository)")
     status = EXIT_FAILED
     try:
@@ -95,12 +94,12 @@ def run_gate_command(options, error: Callable[[str], None]) -> int:
             if result.status in ("not comparable", "undecidable"):
                 print(f"mgpu gate: {name}: {result.status}: {_as_command_options(result.reason)}", file=sys.stderr,
                       flush=True)
-        status = run.finish(Path(args.out))
+        status = run.finish(Path(options.out))
     except GateError as e:
         print(f"mgpu: error: {_as_command_options(one_line(e))}", file=sys.stderr)
         return EXIT_USAGE
     except ArmError as e:
-        run.finish(Path(args.out))
+        run.finish(Path(options.out))
         print(f"mgpu: error: a workload failed: {one_line(e)}", file=sys.stderr)
         status = EXIT_FAILED
     finally:

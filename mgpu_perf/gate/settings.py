@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from mgpu.config import AMP_MODES, STRATEGY_NAMES
 from mgpu.option_groups import ModelOptions, device_counts, strategy_names
-from mgpu.options import Options, number_in, option, options_group, percent, percent_shown, shortest, whole_number
-from mgpu.validators import positive_int
+from mgpu.options import (Options, number_in, option, options_group, percent, percent_shown, positive, shortest,
+                          whole_number)
 from mgpu_perf.errors import GateError
 from mgpu_perf.gate.options import GRAPH_MODES
 from mgpu_perf.gate.sizing import MAX_WORKERS, PAIR_BIAS, workers_for
@@ -66,9 +66,6 @@ def _workers_check(value, flag: str, error: type[Exception]):
         raise error(f"{flag} must be {_workers_what()}, got {value!r}")
     return value
 
-
-def _positive(value, flag: str, error: type[Exception]):
-    return positive_int(value, flag, error=error)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,7 +151,7 @@ class GateOptions(ModelOptions):
                                          help="run the baseline with this Python (another torch/CUDA/NCCL)")
     strategies: tuple[str, ...] = strategy_names(("single",), help=f"strategies to gate, from {','.join(STRATEGY_NAMES)}")
     devices: tuple[int, ...] = device_counts((1,))
-    batch: int = option(32, text=whole_number, check=_positive, help="examples per device")
+    batch: int = option(32, text=whole_number, check=positive, help="examples per device")
     settings: Settings = options_group(Settings)
     out: str = option("perf-results", help="folder for ab.json, ab-baseline.json, ab-candidate.json")
 
