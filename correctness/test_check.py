@@ -418,6 +418,33 @@ def test_a_hanging_model_names_the_strategy_and_step():
         mp.undo()
 
 
+def test_the_step_timeout_does_not_count_torch_compile_compiling():
+    """A --compile run's first step compiles, for minutes with a cold compiler cache beside other
+    work (a brand-new CI runner): that is no hang. The timer stops while torch._dynamo's compile
+    callbacks say a compile runs (driven here by torch's own handler, as a real compile drives it),
+    and time outside the compile still counts."""
+    import time
+
+    import torch._dynamo.callback as compiling
+    from mgpu.check.model.timeout import step_timeout
+
+    compile_s, timeout_s = 0.6, 0.3
+    began = time.perf_counter()
+    with step_timeout(timeout_s, "compiled step 1"):
+        for trigger in (compiling.CallbackTrigger.DYNAMO, compiling.CallbackTrigger.LAZY_BACKWARD):
+            with compiling.callback_handler.install_callbacks(trigger, "0/0"):
+                time.sleep(compile_s / 2)
+        time.sleep(timeout_s / 3)
+    assert time.perf_counter() - began >= compile_s, "the block did not run whole"
+    assert not compiling.callback_handler.start_callbacks, "the pause's callbacks outlived the step"
+    with pytest.raises(CheckTimeout, match=r"compiled step 2 did not finish within 0.3 s.*compiling is not counted"):
+        with step_timeout(timeout_s, "compiled step 2"):
+            with compiling.callback_handler.install_callbacks(compiling.CallbackTrigger.DYNAMO, "1/0"):
+                time.sleep(0.05)
+            time.sleep(5)  # past the time left after the compile: a hang
+    assert not compiling.callback_handler.end_callbacks, "the pause's callbacks outlived the timed-out step"
+
+
 def test_a_real_process_prints_one_line_leaves_nothing_behind(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     proc = run_to_end([sys.executable, "-m", "mgpu", "check", f"{MODELS}:hangs", "--strategies", "ddp",

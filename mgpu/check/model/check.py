@@ -39,7 +39,8 @@ from mgpu.check.model.judge import CheckContext, References, judge_run
 from mgpu.check.model.plans import label, make_optimizer, plan_check, strategy_for
 from mgpu.check.model.probe import probe_model
 from mgpu.check.model.ranks import ModelRankJob, RankRuns, rank_recording, spec_blob
-from mgpu.check.model.record import RunPlan, Recording, record_strategy, snapshot, step_timeout
+from mgpu.check.model.record import RunPlan, Recording, record_strategy, snapshot
+from mgpu.check.model.timeout import step_timeout
 from mgpu.check.model.report import CheckResult, Report
 from mgpu.spec import ModelSpec, builtin_spec, load_spec, validate_spec
 from mgpu.strategies import RANK_STRATEGIES  # each run of these is a spawn of its ranks

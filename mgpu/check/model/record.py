@@ -30,8 +30,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import signal
-import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable
@@ -40,11 +38,11 @@ import torch
 from torch import nn
 
 from mgpu.comm import shard_bounds
-from mgpu.errors import CheckTimeout
+from mgpu.check.model.timeout import step_timeout
 from mgpu.spec import ModelSpec, slice_inputs
 
 __all__ = ["RunPlan", "Recording", "ReferenceSetup", "Arithmetic", "ReferenceStep", "LocalShard", "assemble_shards", "has_shards", "snapshot",
-           "state_digest", "load_snapshot", "record_strategy", "reference_step", "reference_run", "step_timeout",
+           "state_digest", "load_snapshot", "record_strategy", "reference_step", "reference_run",
            "check_ties", "device_pieces"]
 
 
@@ -181,27 +179,6 @@ def check_ties(model: nn.Module) -> list[list[str]]:
     for name, p in model.named_parameters(remove_duplicate=False):
         groups.setdefault(id(p), []).append(name)
     return sorted(names for names in groups.values() if len(names) > 1)
-
-
-@contextlib.contextmanager
-def step_timeout(seconds: float | None, what: str):
-    """CheckTimeout naming `what` if the block runs longer than `seconds` (SIGALRM: main thread
-    only; elsewhere, and with None, no limit)."""
-    if not seconds or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expire(signum, frame):
-        raise CheckTimeout(f"{what} did not finish within {seconds:g} s: the model hangs in forward or backward "
-                           "(or is too slow for --step-timeout)")
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def record_strategy(strategy, spec: ModelSpec, plan: RunPlan, label: str, timeout_s: float | None = None,
