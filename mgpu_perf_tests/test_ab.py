@@ -23,7 +23,7 @@ import pytest
 from mgpu_perf.errors import GateError
 from mgpu_perf.gate import stats as abstats
 from mgpu_perf.gate.arm import Arm, ArmError
-from mgpu_perf.gate.baseline import check_baseline
+from mgpu_perf.gate.baseline import check_baseline, read_trees
 from mgpu_perf.gate.compare import Comparison, compare, judge
 from mgpu_perf.gate.report import gate_exit_status
 from mgpu_perf.gate.rounds import round_order, round_pair
@@ -500,7 +500,7 @@ def test_bad_gate_input_is_a_gate_error_naming_the_problem_before_anything_is_ti
                                             "max_rounds": options.get("max_rounds", "40"),
                                             "sample_s": options.get("sample_s", "0.25"),
                                             "workers": options.get("workers", "auto")}, prefix="ab-"),
-                      ROOT, options.get("baseline"), options.get("python"))
+                      read_trees(ROOT, options.get("baseline"), options.get("python")))
         try:
             run.start()
         finally:
@@ -517,11 +517,11 @@ def test_a_revision_of_another_repository_is_named_as_not_one_of_this_repository
                     "--allow-empty", "-m", "x"], check=True)
     sha = subprocess.run(["git", "-C", str(other), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     with pytest.raises(GateError, match=f"--ab-baseline {sha}: not a revision of the repository at {ROOT}"):
-        GateRun(Settings.from_values(), ROOT, sha)
+        read_trees(ROOT, sha)
     plain = tmp_path / "plain"
     plain.mkdir()
     with pytest.raises(GateError, match="is not a git repository"):
-        GateRun(Settings.from_values(), plain, "HEAD")
+        read_trees(plain, "HEAD")
 
 
 def test_good_gate_options_become_the_settings():
@@ -563,8 +563,8 @@ def test_the_run_says_when_the_candidate_has_uncommitted_changes(tmp_path):
     (repo / "model.py").write_text("x = 1\n")
     subprocess.run([*git, "add", "model.py"], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
-    assert "no uncommitted changes" in GateRun(Settings.from_values(), repo, "HEAD").candidate_desc
+    assert "no uncommitted changes" in read_trees(repo, "HEAD").candidate_desc
     (repo / "model.py").write_text("x = 2\n")
-    run = GateRun(Settings.from_values(), repo, "HEAD")
-    assert "WITH uncommitted changes to model.py" in run.candidate_desc, run.candidate_desc
+    run = GateRun(Settings.from_values(), read_trees(repo, "HEAD"))
+    assert "WITH uncommitted changes to model.py" in run.trees.candidate_desc, run.trees.candidate_desc
     assert any("WITH uncommitted changes to model.py" in line for line in run.summary_lines())

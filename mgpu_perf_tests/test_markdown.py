@@ -20,6 +20,7 @@ from mgpu_perf.gate.compare import judge
 from mgpu_perf.gate.comparison import Comparison
 from mgpu_perf.gate.counted import Counted
 from mgpu_perf.gate.markdown import MARKER, STEP_SUMMARY_ENV, summary_markdown
+from mgpu_perf.gate.baseline import read_trees
 from mgpu_perf.gate.run import GateRun
 from mgpu_perf.gate.settings import Settings
 
@@ -113,7 +114,7 @@ def test_a_gate_run_writes_its_summary_and_the_job_summary_and_records_the_candi
     monkeypatch.setenv(STEP_SUMMARY_ENV, str(job_summary))
     markdown = tmp_path / "out" / "gate.md"
     for attempt in range(2):
-        run = GateRun(Settings.from_values({"markdown": str(markdown)}), repo, "HEAD")
+        run = GateRun(Settings.from_values({"markdown": str(markdown)}), read_trees(repo, "HEAD"))
         run.results = [_timed("test_speed.py::test_step", 1.0)]
         assert run.finish(tmp_path / "ab") == 0
         assert markdown in run.written and job_summary in run.written, run.written
@@ -128,7 +129,7 @@ def test_a_gate_run_writes_its_summary_and_the_job_summary_and_records_the_candi
 def test_without_markdown_or_a_job_summary_nothing_more_is_written(tmp_path, monkeypatch):
     monkeypatch.delenv(STEP_SUMMARY_ENV, raising=False)
     repo, _ = _repo(tmp_path)
-    run = GateRun(Settings.from_values(), repo, "HEAD")
+    run = GateRun(Settings.from_values(), read_trees(repo, "HEAD"))
     run.results = [_timed("t::a", 1.0)]
     run.finish(tmp_path / "ab")
     assert sorted(p.name for p in run.written) == ["ab-baseline.json", "ab-candidate.json", "ab.json"], run.written

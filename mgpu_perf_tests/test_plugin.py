@@ -339,6 +339,7 @@ def test_a_benchmark_its_share_cannot_decide_names_the_run_budget(user_repo, mon
     """The second of two benchmarks, after the first spent the run's budget: given 0 s, and its
     `undecidable` names --ab-run-budget-s (not only --ab-budget-s, which the user did not lower)."""
     from mgpu_perf.gate import run as run_module
+    from mgpu_perf.gate.baseline import read_trees
     from mgpu_perf.gate.compare import Comparison
     from mgpu_perf.gate.settings import Settings
 
@@ -349,7 +350,7 @@ def test_a_benchmark_its_share_cannot_decide_names_the_run_budget(user_repo, mon
         return Comparison(name, spec, status="undecidable", reason="noise 9 % a round: the budget allows 0")
 
     monkeypatch.setattr(run_module, "compare", undecided)
-    gate = run_module.GateRun(Settings.from_values({"run_budget_s": "50"}), user_repo, "HEAD")
+    gate = run_module.GateRun(Settings.from_values({"run_budget_s": "50"}), read_trees(user_repo, "HEAD"))
     gate.started = True  # no workers: compare is replaced
     gate.began = run_module.time.perf_counter() - 60  # the first benchmark took the whole budget and more
     gate.results.append(Comparison("first", {}))

@@ -5,6 +5,7 @@ temporary worktree when the first gated benchmark runs, or another checkout give
     root = repository_root(Path.cwd())
     baseline = check_baseline("origin/main", root)     # bad input: ValueError naming it; nothing created
     tree = baseline.checkout()                          # the worktree (removed by baseline.remove())
+    trees = read_trees(root, "origin/main")             # both trees as a gate run needs them (GateError)
 
 Everything here is cheap (a few `git` calls) and runs when the options are read, so bad input fails
 before anything is timed; the worktree itself waits for the first gated benchmark.
@@ -12,14 +13,18 @@ before anything is timed; the worktree itself waits for the first gated benchmar
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Baseline", "repository_root", "is_mgpu_checkout", "check_baseline", "uncommitted_changes",
-           "describe_candidate", "head_commit"]
+from mgpu_perf.errors import GateError
+
+__all__ = ["Baseline", "Trees", "repository_root", "is_mgpu_checkout", "check_baseline", "uncommitted_changes",
+           "describe_candidate", "head_commit", "read_trees"]
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -131,3 +136,37 @@ def describe_candidate(root: Path, changes: list[str]) -> str:
         return f"the working tree of {root} (no uncommitted changes)"
     listed = ", ".join(changes[:5]) + (f" and {len(changes) - 5} more" if len(changes) > 5 else "")
     return f"the working tree of {root}, WITH uncommitted changes to {listed}"
+
+
+@dataclass(frozen=True)
+class Trees:
+    """What a gate run times, read once as it is made: the candidate (the working tree at `root`) and
+    the baseline (a revision or a folder: `baseline`; None: this tree under `baseline_python`)."""
+    root: Path
+    baseline: Baseline | None
+    baseline_python: str        # the baseline arm's Python: sys.executable unless --ab-baseline-python
+    require_mgpu: bool          # a checkout of mgpu: each arm's workers import their own tree's mgpu
+    baseline_desc: str          # "origin/main (0123456789ab)", in the reports
+    candidate_desc: str         # the working tree, naming uncommitted changes
+    candidate_commit: str | None  # in ab.json and the Markdown summary
+
+
+def read_trees(root: Path, baseline_ref: str | None = None, baseline_python: str | None = None) -> Trees:
+    """Both trees of a gate run started in the repository at `root`; GateError (one line) for a
+    baseline that is none (no REF and no Python, a REF that is neither a revision nor a folder of
+    it, a Python that is not an executable file). Nothing is checked out yet (Baseline.checkout)."""
+    if not baseline_ref and not baseline_python:
+        raise GateError("the gate needs a baseline: --ab-baseline REF (a revision or another checkout) or "
+                        "--ab-baseline-python PATH")
+    if baseline_python and not (os.path.isfile(baseline_python) and os.access(baseline_python, os.X_OK)):
+        raise GateError(f"--ab-baseline-python {baseline_python}: not an executable file")
+    root = Path(root).resolve()
+    try:
+        baseline = check_baseline(baseline_ref, root) if baseline_ref else None
+    except ValueError as e:
+        raise GateError(str(e)) from None
+    changes = uncommitted_changes(root)
+    return Trees(root, baseline, baseline_python or sys.executable, is_mgpu_checkout(root),
+                 baseline_desc=(baseline.describe() if baseline else "this tree") +
+                 (f" with {baseline_python}" if baseline_python else ""),
+                 candidate_desc=describe_candidate(root, changes), candidate_commit=head_commit(root))

@@ -61,23 +61,21 @@ def run_gate_command(options, error: Callable[[str], None]) -> int:
     """The command, from its options (gate/settings.py's GateOptions, read and checked); `error` is
     the parser's (one line, exit 2)."""
     from mgpu.errors import EXIT_FAILED, EXIT_USAGE, MgpuError, one_line
+    from mgpu.spec import load_spec
     from mgpu_perf.clocks import gpu_clocks
     from mgpu_perf.errors import GateError
     from mgpu_perf.gate.arm import ArmError
-    from mgpu_perf.gate.baseline import repository_root
+    from mgpu_perf.gate.baseline import read_trees, repository_root
     from mgpu_perf.gate.run import GateRun
+    from mgpu_perf.harness.models import module_file
 
     root = repository_root(Path.cwd())
     try:
         model = model_in_repository(options.model, root)
         cases = gate_cases(model, options.strategies, options.devices, options.batch, options.input_shape, options.classes)
-        run = GateRun(options.settings, root, options.baseline, options.baseline_python, gpu_clocks())
+        trees = read_trees(root, options.baseline, options.baseline_python)
     except (GateError, ValueError) as e:
         error(_as_command_options(one_line(e)))
-    from mgpu.spec import load_spec
-
-    from mgpu_perf.harness.models import module_file
-
     try:  # the candidate must load it: a typo is bad input here, not a failed arm
         load_spec(model if Path.cwd() == root else options.model, input_shape=options.input_shape, classes=options.classes)
     except MgpuError as e:
@@ -86,6 +84,7 @@ def run_gate_command(options, error: Callable[[str], None]) -> int:
     if origin and not Path(origin).resolve().is_relative_to(root):
         error(f"{options.model}: its module comes from {origin}, outside the repository at {root}: both arms would "
               "time the same code (gate a model defined in this repository)")
+    run = GateRun(options.settings, trees, gpu_clocks())
     status = EXIT_FAILED
     try:
         for name, spec in cases:

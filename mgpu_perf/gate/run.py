@@ -2,19 +2,19 @@
 from the options by gate/settings.py), the two trees, the two arms (started when the first gated
 benchmark runs), the comparisons, the verdicts and the reports.
 
-    run = GateRun(Settings.from_values({"threshold": "10", "max_rounds": "200"}), root, baseline_ref="origin/main")
+    run = GateRun(Settings.from_values({"threshold": "10", "max_rounds": "200"}), read_trees(root, "origin/main"))
     run.compare("my_step[ddp-2]", spec, family_size=3)     # starts the arms the first time
     status = run.finish()                                   # verdicts (Holm), reports; 0 or 1
     run.close()
 
-Bad input raises mgpu_perf.errors.GateError (one line) when the run is made, before anything starts;
-a baseline whose code or Python cannot start a worker raises it from the first compare.
+Bad input raises mgpu_perf.errors.GateError (one line) when the trees are read (gate/baseline.py:
+read_trees), before anything starts; a baseline whose code or Python cannot start a worker raises it
+from the first compare.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import sys
 import tempfile
@@ -23,8 +23,7 @@ from pathlib import Path
 
 from mgpu_perf.errors import GateError
 from mgpu_perf.gate.arm import Arm, ArmError, start_workers
-from mgpu_perf.gate.baseline import (Baseline, check_baseline, describe_candidate, head_commit, is_mgpu_checkout,
-                                     uncommitted_changes)
+from mgpu_perf.gate.baseline import Trees
 from mgpu_perf.gate.compare import compare, judge
 from mgpu_perf.gate.comparison import Comparison
 from mgpu_perf.gate.report import gate_exit_status, write_reports
@@ -60,25 +59,8 @@ def share_of_run(settings: Settings, spent_s: float, benchmarks_left: int) -> Se
 
 
 class GateRun:
-    def __init__(self, settings: Settings, root: Path, baseline_ref: str | None = None,
-                 baseline_python: str | None = None, gpu_clocks: list | None = None):
-        if not baseline_ref and not baseline_python:
-            raise GateError("the gate needs a baseline: --ab-baseline REF (a revision or another checkout) or "
-                            "--ab-baseline-python PATH")
-        if baseline_python and not (os.path.isfile(baseline_python) and os.access(baseline_python, os.X_OK)):
-            raise GateError(f"--ab-baseline-python {baseline_python}: not an executable file")
-        self.settings, self.root = settings, Path(root).resolve()
-        self.require_mgpu = is_mgpu_checkout(self.root)
-        try:
-            self.baseline: Baseline | None = check_baseline(baseline_ref, self.root) if baseline_ref else None
-        except ValueError as e:
-            raise GateError(str(e)) from None
-        self.baseline_python = baseline_python or sys.executable
-        self.baseline_desc = (self.baseline.describe() if self.baseline else "this tree") + \
-            (f" with {baseline_python}" if baseline_python else "")
-        self.changes = uncommitted_changes(self.root)
-        self.candidate_desc = describe_candidate(self.root, self.changes)
-        self.candidate_commit = head_commit(self.root)  # in ab.json and the Markdown summary
+    def __init__(self, settings: Settings, trees: Trees, gpu_clocks: list | None = None):
+        self.settings, self.trees = settings, trees
         self.gpu_clocks = gpu_clocks or []
         self.results: list[Comparison] = []
         self.arms: dict[str, list[Arm]] = {}  # settings.workers workers an arm
@@ -92,19 +74,20 @@ class GateRun:
         """Check out the baseline and start every worker of both arms; GateError if one cannot start."""
         self.started = True
         self.workdir = Path(tempfile.mkdtemp(prefix="mgpu-ab-"))
+        trees = self.trees
         try:
-            base_tree = self.baseline.checkout() if self.baseline else self.root
+            base_tree = trees.baseline.checkout() if trees.baseline else trees.root
         except ValueError as e:
             raise GateError(str(e)) from None
         cannot_start = {
-            "baseline": f"--ab-baseline-python {self.baseline_python} is not a Python with torch and mgpu's needs"
-            if self.baseline_python != sys.executable else
-            f"the baseline's mgpu ({base_tree}) cannot be imported" if self.require_mgpu else
+            "baseline": f"--ab-baseline-python {trees.baseline_python} is not a Python with torch and mgpu's needs"
+            if trees.baseline_python != sys.executable else
+            f"the baseline's mgpu ({base_tree}) cannot be imported" if trees.require_mgpu else
             f"the baseline's worker ({base_tree}) cannot start",
             "candidate": "the candidate's worker cannot start"}
-        where = {"baseline": (base_tree, self.baseline_python), "candidate": (self.root, sys.executable)}
+        where = {"baseline": (base_tree, trees.baseline_python), "candidate": (trees.root, sys.executable)}
         try:  # all at once; from their first answer on they work one at a time
-            self.arms = start_workers(where, self.settings.workers, self.workdir, self.require_mgpu)
+            self.arms = start_workers(where, self.settings.workers, self.workdir, trees.require_mgpu)
         except ArmError as e:
             raise GateError(f"{cannot_start[e.label]}: {e}") from None
         self.versions_seen = {label: pool[0].versions for label, pool in self.arms.items()}  # kept if an arm dies
@@ -148,21 +131,21 @@ class GateRun:
         self.results = judge(self.results, self.settings)
         self.written = []
         if self.results and out_dir is not None:
-            self.written = write_reports(self.results, self.settings, Path(out_dir), self.baseline_desc,
-                                         self.candidate_desc, self.versions_seen, self.gpu_clocks,
-                                         self.candidate_commit)
+            self.written = write_reports(self.results, self.settings, Path(out_dir), self.trees.baseline_desc,
+                                         self.trees.candidate_desc, self.versions_seen, self.gpu_clocks,
+                                         self.trees.candidate_commit)
         if self.results:  # --ab-markdown FILE, and the job's summary under GitHub Actions
             from mgpu_perf.gate.markdown import write_summaries
 
-            self.written += write_summaries(self.results, self.settings, self.baseline_desc, self.candidate_desc,
-                                            self.candidate_commit)
+            self.written += write_summaries(self.results, self.settings, self.trees.baseline_desc,
+                                            self.trees.candidate_desc, self.trees.candidate_commit)
         return gate_exit_status(self.results, self.settings)
 
     def summary_lines(self) -> list[str]:
         from mgpu_perf.clocks import unlocked_warning
         from mgpu_perf.gate.report import format_table
 
-        lines = [f"baseline:  {self.baseline_desc}", f"candidate: {self.candidate_desc}"]
+        lines = [f"baseline:  {self.trees.baseline_desc}", f"candidate: {self.trees.candidate_desc}"]
         for label, v in self.versions_seen.items():
             lines.append(f"{label}: torch {v['torch']}, CUDA {v['cuda']}, NCCL {v['nccl']} ({v['python']})")
         warning = unlocked_warning(self.gpu_clocks)
@@ -176,7 +159,7 @@ class GateRun:
         for arm in self._workers():
             arm.close()
         self.arms = {}
-        if self.baseline is not None:
-            self.baseline.remove()
+        if self.trees.baseline is not None:
+            self.trees.baseline.remove()
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)

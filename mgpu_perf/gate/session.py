@@ -19,7 +19,7 @@ from mgpu_perf.clocks import gpu_clocks
 from mgpu.errors import MgpuError
 from mgpu_perf.errors import GateError
 from mgpu_perf.gate.settings import Settings
-from mgpu_perf.gate.baseline import repository_root
+from mgpu_perf.gate.baseline import read_trees, repository_root
 from mgpu_perf.gate.run import GateRun
 from mgpu_perf.markers import keep_gated
 
@@ -42,9 +42,10 @@ class ABGate:
         self.specs: dict[str, dict] = {}
         self.family_size = 1
         try:
-            self.run = GateRun(settings_from(config), repository_root(Path(config.invocation_params.dir)),
-                               config.getoption("ab_baseline"), config.getoption("ab_baseline_python"),
-                               gpu_clocks=gpu_clocks())
+            settings = settings_from(config)
+            trees = read_trees(repository_root(Path(config.invocation_params.dir)), config.getoption("ab_baseline"),
+                               config.getoption("ab_baseline_python"))
+            self.run = GateRun(settings, trees, gpu_clocks=gpu_clocks())
         except MgpuError as e:  # GateError and every other bad input; MgpuError, since pytester's in-process
             raise pytest.UsageError(str(e)) from None  # runs can leave mgpu_perf.errors imported twice
 
@@ -75,7 +76,7 @@ class ABGate:
         if not self.run.started:
             return  # nothing ran (--collect-only, or nothing gated): nothing to report
         tr = terminalreporter
-        tr.section(f"mgpu A/B gate: baseline {self.run.baseline_desc} vs the working tree")
+        tr.section(f"mgpu A/B gate: baseline {self.run.trees.baseline_desc} vs the working tree")
         for line in self.run.summary_lines():
             tr.write_line(line)
 

@@ -19,12 +19,13 @@ rule" and "The floor that worker processes set".
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import dataclass
 
 from mgpu.jsonsafe import finite_or_none
-from mgpu_perf.gate.stats import Estimate, degrees_of_freedom, t_quantile
+from mgpu_perf.gate.stats import Estimate, degrees_of_freedom
 
 __all__ = ["early_level", "PAIR_BIAS", "POWER_Z", "FLOOR_SDS", "BIAS_SHARE", "MAX_WORKERS", "SPARE", "round_noise", "noise_low",
            "rounds_needed", "smallest_detectable", "averaged_bias", "workers_for", "rounds_to_run", "threshold_floor",
@@ -65,9 +66,14 @@ def _margin(threshold: float) -> float:
     return math.log1p(threshold) - math.log1p(threshold / 2)
 
 
+@functools.lru_cache(maxsize=4096)
 def _t_at(alpha: float, rounds: int) -> float:
-    """The one-sided t quantile at level alpha of the trimmed mean of `rounds` log ratios."""
-    return t_quantile(1 - alpha, max(1, degrees_of_freedom(rounds)))
+    """The one-sided t quantile at level alpha of the trimmed mean of `rounds` log ratios, remembered:
+    rounds_needed asks for a few hundred at each look. Student's t from scipy here, as noise_low's
+    chi-square: the sizing's arithmetic asks nothing of stats but the test's degrees of freedom."""
+    from scipy.stats import t
+
+    return float(t.ppf(1 - alpha, max(1, degrees_of_freedom(rounds))))
 
 
 def _used(se: float, bias: float, t: float, power_z: float) -> float:
@@ -90,7 +96,9 @@ def rounds_needed(noise: float, threshold: float, alpha: float, power_z: float =
     margin = _margin(threshold)
     if power_z * bias >= margin:
         return most + 1
-    z_alpha = t_quantile(1 - alpha, 10_000)
+    from scipy.stats import t
+
+    z_alpha = float(t.ppf(1 - alpha, 10_000))
     n = max(3, int(((z_alpha + power_z) * noise / margin) ** 2 * 0.9))  # a start below the answer
     while n <= most:
         if _used(noise / math.sqrt(n), bias, _t_at(alpha, n), power_z) <= margin:
