@@ -16,18 +16,12 @@ import os
 from dataclasses import asdict, dataclass
 
 from mgpu.errors import ConfigError
+from mgpu.names import (AMP_MODES, DATA_NAMES, DEVICE_KINDS, MODEL_NAMES, NONFINITE_POLICIES, RESHARD_MODES,
+                        SHARD_MODES, STRATEGY_NAMES)
 from mgpu.options import Options, comma_list, number_text, option, whole_number
 from mgpu.validators import choices_metavar, finite_number, is_int, non_negative_int, positive_int
 
-STRATEGY_NAMES = ("single", "manual", "dataparallel", "ddp", "fsdp")
-MODEL_NAMES = ("resnet18", "lenet")
-DATA_NAMES = ("synthetic", "fashion-mnist")
-NONFINITE_POLICIES = ("error", "skip")
-AMP_MODES = ("off", "bf16")
-DEVICE_KINDS = ("auto", "cpu", "cuda")  # GPUs when there are enough else the CPU | the CPU always | GPUs or an error
 EXACT_GPU_MATH_ENV = "MGPU_EXACT_GPU_MATH"  # "1": every run (CLI, ranks) computes with exact_gpu_math, as --exact-gpu-math
-SHARD_MODES = ("block", "model")   # fsdp: a fully_shard per block, then the root; or the root only
-RESHARD_MODES = ("on", "off")      # fsdp: free the gathered parameters after forward (gather again in backward)
 
 
 @dataclass(frozen=True)

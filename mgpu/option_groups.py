@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mgpu.config import STRATEGY_NAMES
+from mgpu.names import STRATEGY_NAMES
 from mgpu.errors import EXIT_NOT_VERIFIED
 from mgpu.options import Options, comma_list, option, whole_number
 

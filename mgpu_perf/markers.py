@@ -24,7 +24,7 @@ def model_step_spec(model: str, strategy: str = "single", devices: int = 1, batc
                     threads_per_device: int | None = None) -> dict:
     """The spec of one training step of a user's model (`MODULE:FUNCTION`, mgpu's model contract)
     under `strategy` on `devices` devices, `batch` examples per device. ValueError naming a bad field."""
-    from mgpu.config import STRATEGY_NAMES  # no torch
+    from mgpu.names import STRATEGY_NAMES
     from mgpu.validators import positive_int  # no torch
 
     if not isinstance(model, str) or ":" not in model.strip(":"):

@@ -119,7 +119,7 @@ def test_without_its_options_the_installed_plugin_costs_nothing(pytester):
             assert pytestconfig.pluginmanager.has_plugin("mgpu_perf.plugin"), "the entry point did not load"
             # The option declarations only (gate/settings.py's Settings, counts/options.py and the leaves
             # they import): no torch, no gate or counting code.
-            declared = ("mgpu", "mgpu.options", "mgpu.errors", "mgpu.validators", "mgpu.config", "mgpu.jsonsafe",
+            declared = ("mgpu", "mgpu.options", "mgpu.errors", "mgpu.validators", "mgpu.names", "mgpu.jsonsafe",
                         "mgpu.option_groups", "mgpu_perf.gate", "mgpu_perf.gate.options", "mgpu_perf.gate.settings",
                         "mgpu_perf.gate.sizing", "mgpu_perf.gate.stats",  # the auto worker count's rule
                         "mgpu_perf.counts", "mgpu_perf.counts.options")

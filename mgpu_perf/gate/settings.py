@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from mgpu.config import AMP_MODES, STRATEGY_NAMES
+from mgpu.names import AMP_MODES, STRATEGY_NAMES
 from mgpu.option_groups import ModelOptions, device_counts, strategy_names
 from mgpu.options import (Options, number_in, option, options_group, percent, percent_shown, positive, shortest,
                           whole_number)
