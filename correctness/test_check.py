@@ -445,6 +445,32 @@ def test_the_step_timeout_does_not_count_torch_compile_compiling():
     assert not compiling.callback_handler.end_callbacks, "the pause's callbacks outlived the timed-out step"
 
 
+def test_a_ranks_step_timeout_leaves_out_what_the_other_ranks_compiled(tmp_path):
+    """Under --compile a rank waits at a collective for a rank that compiles again (its pieces of the
+    batch have another shape). The ranks write their compile seconds to a folder they share; a step's
+    timer leaves out what the others compiled while it ran, and a wait with nothing compiling beside
+    it still times out. This rank's own compiles are written for the others."""
+    import time
+
+    import torch._dynamo.callback as compiling
+    from mgpu.check.model.timeout import step_timeout
+
+    peer = tmp_path / "rank-999999"  # another rank's file, as its RankCompiles writes it
+    began = time.time()
+    peer.write_text(f"0.0 {began!r}")  # compiling from now on
+    with step_timeout(0.3, "ddp on 2 ranks (rank 1): step 1", peers=str(tmp_path)):
+        time.sleep(0.7)  # at the all-reduce, waiting for the compiling rank
+        peer.write_text(f"{time.time() - began!r} ")  # its compile ends; it joins
+        with compiling.callback_handler.install_callbacks(compiling.CallbackTrigger.DYNAMO, "0/0"):
+            time.sleep(0.1)  # this rank compiles too
+    mine = tmp_path / f"rank-{os.getpid()}"
+    total, in_progress = mine.read_text().split(" ")
+    assert float(total) >= 0.1 and not in_progress, f"this rank's compile seconds were not written: {mine.read_text()!r}"
+    with pytest.raises(CheckTimeout, match=r"rank 1\): step 2 did not finish within 0.3 s"):
+        with step_timeout(0.3, "ddp on 2 ranks (rank 1): step 2", peers=str(tmp_path)):
+            time.sleep(5)  # nobody compiles: a hang
+
+
 def test_a_real_process_prints_one_line_leaves_nothing_behind(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     proc = run_to_end([sys.executable, "-m", "mgpu", "check", f"{MODELS}:hangs", "--strategies", "ddp",

@@ -13,8 +13,10 @@ rank's recording: a rank leaves out what its state digests show to be bitwise ra
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import tempfile
 import threading
 from dataclasses import dataclass, replace
 
@@ -48,6 +50,7 @@ class ModelRankJob:
     options: CheckOptions
     find_unused: bool
     dropout_calls: bool = False    # the forward calls torch's dropout functions itself: hold them off too
+    compile_peers: str | None = None  # --compile: the folder where the ranks tell each other how long they compiled
 
     def spec(self) -> ModelSpec:
         if self.spec_blob is not None:
@@ -102,7 +105,7 @@ def _rank_plans(job: ModelRankJob, spec: ModelSpec, strategy) -> list | None:
         strategy.use_objective(spec.objective)
         strategy.setup(model, make_optimizer(job.options, spec))
         rec = record_strategy(strategy, spec, plan, label=f"{label(strategy.name, world)} (rank {rank})",
-                              timeout_s=job.options.step_timeout, keep_shards=True)
+                              timeout_s=job.options.step_timeout, keep_shards=True, peers=job.compile_peers)
         _send_only_differences(rec, rank, world)
         gathered = [None] * world if rank == 0 else None
         dist.gather_object(rec, gathered, dst=0)  # to rank 0 only: every rank's copy of all would cost memory
@@ -216,7 +219,9 @@ def _spawn_ranks(job: ModelRankJob, n: int, options: CheckOptions):
     steps = sum(p.steps + 1 for p in job.plans) * len(job.strategies)
     deadline = None if options.step_timeout is None else 60.0 + steps * options.step_timeout
     try:
-        return pickle.loads(spawn(rank_main, job, nprocs=n, deadline_s=deadline))
+        with tempfile.TemporaryDirectory(prefix="mgpu-compiles-") if options.compile else contextlib.nullcontext() as peers:
+            return pickle.loads(spawn(rank_main, replace(job, compile_peers=peers), nprocs=n,
+                                      deadline_s=deadline))
     except LaunchError as e:
         if e.kind in _RAISED_AGAIN:  # a rank's bad input or hanging model: the check's own error, not a crash
             raise _RAISED_AGAIN[e.kind](e.message) from None

@@ -182,12 +182,13 @@ def check_ties(model: nn.Module) -> list[list[str]]:
 
 
 def record_strategy(strategy, spec: ModelSpec, plan: RunPlan, label: str, timeout_s: float | None = None,
-                    keep_shards: bool = False) -> Recording:
+                    keep_shards: bool = False, peers: str | None = None) -> Recording:
     """Run `plan` on a set-up strategy (setup done, objective set) and record every replica.
 
     Under DDP each rank records its own replica; the caller gathers them. `label` names the run
     in timeout messages ("manual on 2 devices"). keep_shards: FSDP's sharded tensors are recorded
     as this rank's LocalShards, for the caller to assemble (no collective per tensor and step).
+    peers: the ranks' shared folder of compile times (step_timeout), under --compile.
     """
     modules = strategy.modules()
     rec = Recording(states=[[snapshot(m, keep_shards) for m in modules]],
@@ -197,7 +198,7 @@ def record_strategy(strategy, spec: ModelSpec, plan: RunPlan, label: str, timeou
         inputs, target = plan.batch(spec, step)
         local = strategy.local_indices(torch.arange(plan.batch_size))
         start, stop = int(local[0]), int(local[-1]) + 1
-        with step_timeout(timeout_s, f"{label}: step {step}"):
+        with step_timeout(timeout_s, f"{label}: step {step}", peers):
             stats = strategy.all_sum(strategy.forward_backward(slice_inputs(inputs, start, stop), target[start:stop],
                                                               plan.batch_size, plan.micro_steps)).tolist()
             if step == 1:
