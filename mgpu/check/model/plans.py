@@ -24,6 +24,10 @@ from mgpu.strategies import RANK_STRATEGIES, get_strategy  # RANK_STRATEGIES: ea
 
 __all__ = ["ModelCheckPlan", "plan_check", "make_plans", "make_optimizer", "SGDFactory", "strategy_for", "label", "run_device"]
 
+# --compile: the process group's timeout, the backstop behind the step's limit (which is the hang
+# detector, and leaves out compiling): a cold compile of a real model on a busy CPU takes minutes.
+COMPILING_COLLECTIVE_S = 1800.0
+
 
 @dataclass(frozen=True)
 class ModelCheckPlan:
@@ -71,8 +75,10 @@ def strategy_for(name: str, n: int, options: CheckOptions, find_unused: bool = F
     device kind, DDP's find_unused_parameters (for a model some steps leave parameters of unused),
     and the speed options (--amp bf16: the forward and loss under bfloat16 autocast; --compile: the
     (wrapped) model under torch.compile)."""
-    settings = StrategySettings(timeout=options.step_timeout or 60.0, device=options.device,
-                                find_unused_parameters=find_unused)
+    collective_s = options.step_timeout or 60.0
+    if options.compile:  # a rank waits at a collective while another compiles, which the step's limit
+        collective_s = max(collective_s, COMPILING_COLLECTIVE_S)  # leaves out (step_timeout's peers): so must this
+    settings = StrategySettings(timeout=collective_s, device=options.device, find_unused_parameters=find_unused)
     strategy = get_strategy(name).create(n, settings)
     strategy.use_speed_options(amp=options.amp, compile=options.compile)
     return strategy
