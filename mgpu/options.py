@@ -34,7 +34,7 @@ from mgpu.errors import ConfigError
 from mgpu.validators import is_int, number, positive_int
 
 __all__ = ["Option", "option", "options_group", "Options", "comma_list", "whole_number", "number_text", "choice",
-           "at_least", "positive", "number_in", "percent", "shortest", "percent_shown", "REMAINDER"]
+           "at_least", "number_in", "percent", "shortest", "percent_shown", "REMAINDER"]
 
 REMAINDER = argparse.REMAINDER
 _KEY = "mgpu.option"
@@ -306,11 +306,6 @@ def choice(choices: tuple) -> Callable:
             raise error(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
         return value
     return check
-
-
-def positive(value, flag: str, error: type[Exception]):
-    """A check: an integer >= 1 (not a bool), '{flag} must be a positive integer, got ...'."""
-    return positive_int(value, flag, error=error)
 
 
 def at_least(lowest: int) -> Callable:

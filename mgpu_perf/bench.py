@@ -29,7 +29,8 @@ from typing import Callable
 
 from mgpu.config import AMP_MODES, STRATEGY_NAMES
 from mgpu.option_groups import ModelOptions, device_counts, strategy_names
-from mgpu.options import at_least, option, positive, whole_number
+from mgpu.options import at_least, option, whole_number
+from mgpu.validators import positive_int
 
 __all__ = ["BenchOptions", "plan_cases", "run_bench", "format_table", "write_outputs"]
 
@@ -43,7 +44,7 @@ class BenchOptions(ModelOptions):
     strategies: tuple[str, ...] = strategy_names(("single", "manual", "ddp", "fsdp"),
                                                  help=f"strategies to time, from {','.join(STRATEGY_NAMES)}")
     devices: tuple[int, ...] = device_counts((1, 2))
-    batch: int = option(32, text=whole_number, check=positive, help="examples per device (weak scaling)")
+    batch: int = option(32, text=whole_number, check=positive_int, help="examples per device (weak scaling)")
     rounds: int = option(10, text=whole_number, check=at_least(1),
                          help="interleaved rounds: one step of every case each")
     warmup: int = option(2, text=whole_number, check=at_least(0), help="untimed steps of every case first")

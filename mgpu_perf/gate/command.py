@@ -61,13 +61,11 @@ def run_gate_command(options, error: Callable[[str], None]) -> int:
     """The command, from its options (gate/settings.py's GateOptions, read and checked); `error` is
     the parser's (one line, exit 2)."""
     from mgpu.errors import EXIT_FAILED, EXIT_USAGE, MgpuError, one_line
-    from mgpu.spec import load_spec
     from mgpu_perf.clocks import gpu_clocks
     from mgpu_perf.errors import GateError
     from mgpu_perf.gate.arm import ArmError
     from mgpu_perf.gate.baseline import read_trees, repository_root
     from mgpu_perf.gate.run import GateRun
-    from mgpu_perf.harness.models import module_file
 
     root = repository_root(Path.cwd())
     try:
@@ -76,6 +74,9 @@ def run_gate_command(options, error: Callable[[str], None]) -> int:
         trees = read_trees(root, options.baseline, options.baseline_python)
     except (GateError, ValueError) as e:
         error(_as_command_options(one_line(e)))
+    from mgpu.spec import load_spec  # torch: after the checks above, so that bad input there fails at once
+    from mgpu_perf.harness.models import module_file
+
     try:  # the candidate must load it: a typo is bad input here, not a failed arm
         load_spec(model if Path.cwd() == root else options.model, input_shape=options.input_shape, classes=options.classes)
     except MgpuError as e:

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 from mgpu.names import AMP_MODES, STRATEGY_NAMES
 from mgpu.option_groups import ModelOptions, device_counts, strategy_names
-from mgpu.options import (Options, number_in, option, options_group, percent, percent_shown, positive, shortest,
+from mgpu.options import (Options, number_in, option, options_group, percent, percent_shown, shortest,
                           whole_number)
+from mgpu.validators import positive_int
 from mgpu_perf.errors import GateError
 from mgpu_perf.gate.options import GRAPH_MODES
 from mgpu_perf.gate.sizing import MAX_WORKERS, PAIR_BIAS, workers_for
@@ -151,7 +152,7 @@ class GateOptions(ModelOptions):
                                          help="run the baseline with this Python (another torch/CUDA/NCCL)")
     strategies: tuple[str, ...] = strategy_names(("single",), help=f"strategies to gate, from {','.join(STRATEGY_NAMES)}")
     devices: tuple[int, ...] = device_counts((1,))
-    batch: int = option(32, text=whole_number, check=positive, help="examples per device")
+    batch: int = option(32, text=whole_number, check=positive_int, help="examples per device")
     settings: Settings = options_group(Settings)
     out: str = option("perf-results", help="folder for ab.json, ab-baseline.json, ab-candidate.json")
 

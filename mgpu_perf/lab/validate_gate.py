@@ -58,7 +58,7 @@ from mgpu_perf.gate.settings import Settings
 from mgpu_perf.gate.stats import verdict
 # The plants and the tree's copies live in lab/plants.py; imported from here too (validate_counts, notes' scripts).
 from mgpu_perf.lab.plants import PLANTED, PLANTED_FORWARD, copy_tree, project_files  # noqa: F401
-from mgpu_perf.lab.validate_gate_options import GATE_OPTIONS, ValidateGateOptions  # noqa: F401
+from mgpu_perf.lab.validate_gate_options import ValidateGateOptions
 
 
 @dataclass(frozen=True)

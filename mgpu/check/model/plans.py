@@ -24,8 +24,9 @@ from mgpu.strategies import RANK_STRATEGIES, get_strategy  # RANK_STRATEGIES: ea
 
 __all__ = ["ModelCheckPlan", "plan_check", "make_plans", "make_optimizer", "SGDFactory", "strategy_for", "label", "run_device"]
 
-# --compile: the process group's timeout, the backstop behind the step's limit (which is the hang
-# detector, and leaves out compiling): a cold compile of a real model on a busy CPU takes minutes.
+# --compile: the process group's timeout, and the allowance added to the ranks' deadline: backstops
+# behind the step's limit (the hang detector, which leaves out compiling), since a cold compile of a
+# real model on a busy CPU takes minutes.
 COMPILING_COLLECTIVE_S = 1800.0
 
 

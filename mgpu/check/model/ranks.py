@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from mgpu.config import CheckOptions
 from mgpu.devices import set_exact_gpu_math
 from mgpu.errors import CheckTimeout, LaunchError, SpecError
-from mgpu.check.model.plans import label, make_optimizer, strategy_for
+from mgpu.check.model.plans import COMPILING_COLLECTIVE_S, label, make_optimizer, strategy_for
 from mgpu.check.model.probe import switch_off_dropout
 from mgpu.check.model.record import (LocalShard, Recording, assemble_shards, has_shards, load_snapshot, record_strategy,
                                 state_digest)
@@ -217,7 +217,8 @@ def _spawn_ranks(job: ModelRankJob, n: int, options: CheckOptions):
     from mgpu.launch import spawn
 
     steps = sum(p.steps + 1 for p in job.plans) * len(job.strategies)
-    deadline = None if options.step_timeout is None else 60.0 + steps * options.step_timeout
+    deadline = None if options.step_timeout is None else \
+        60.0 + steps * options.step_timeout + (COMPILING_COLLECTIVE_S if options.compile else 0.0)
     try:
         with tempfile.TemporaryDirectory(prefix="mgpu-compiles-") if options.compile else contextlib.nullcontext() as peers:
             return pickle.loads(spawn(rank_main, replace(job, compile_peers=peers), nprocs=n,

@@ -78,9 +78,11 @@ def example_digests(forward: ForwardRecord, dims: dict, pads: dict) -> list[str]
                 sizes[t.shape[dims.get(key, 0)]] += 1
         else:
             sizes[len(t[1])] += 1
-    count = sizes.most_common(1)[0][0] if sizes else 0
+    if not sizes:
+        return [tensor_digest(torch.stack([t for t in tensors.values() if isinstance(t, torch.Tensor)]))]
+    count = sizes.most_common(1)[0][0]
     hashes = [hashlib.sha1() for _ in range(count)]
-    for key in sorted(tensors) if sizes else ():
+    for key in sorted(tensors):
         t = tensors[key]
         if isinstance(t, torch.Tensor):
             if not t.dim() or t.shape[dims.get(key, 0)] != count:
@@ -94,8 +96,6 @@ def example_digests(forward: ForwardRecord, dims: dict, pads: dict) -> list[str]
         elif len(t[1]) == count:
             for i in range(count):
                 hashes[i].update(key.encode() + t[1][i].encode())
-    if not sizes:
-        return [tensor_digest(torch.stack([t for t in tensors.values() if isinstance(t, torch.Tensor)]))]
     return [h.hexdigest() for h in hashes]
 
 
