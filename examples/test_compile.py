@@ -83,12 +83,15 @@ def test_a_compiled_run_that_diverges_from_eager_is_caught_under_manual(monkeypa
 @pytest.mark.parametrize("strategy, n", [("single", 1), ("manual", 2)])
 def test_train_compile_trains_what_eager_trains(strategy, n, tmp_path, capsys):
     """`python -m mgpu train --compile`: the chapter's line, and after one step the weights of the eager
-    run within float32 tolerance (one step: free-running runs part by more, test_weights says why)."""
+    run within float32 tolerance (one step: free-running runs part by more, test_weights says why).
+    Each device gets 8 examples under either strategy, so that the second run finds the first's
+    kernels in inductor's cache instead of compiling its own (seconds of C++ each on a cold cache)."""
     from mgpu.cli import main
     from mgpu.check.model.compare import assert_tensors_close
 
+    examples = str(8 * n)  # one step of 8 examples a device, and one test batch of the same shape
     args = ["train", "--model", "lenet", "--strategy", strategy, "--devices", str(n), "--epochs", "1",
-            "--batch-size", "16", "--train-size", "16", "--test-size", "16", "--no-progress", "--seed", "3"]
+            "--batch-size", examples, "--train-size", examples, "--test-size", examples, "--no-progress", "--seed", "3"]
     assert main([*args, "--out", str(tmp_path / "eager")]) == 0
     assert main([*args, "--compile", "--out", str(tmp_path / "compiled")]) == 0
     assert "test acc:" in capsys.readouterr().out
