@@ -101,14 +101,24 @@ def settings(storage: Path, repo: Path, **options):
 
 
 @pytest.fixture
-def scenario(tmp_path):
+def scenario(scenario_made, tmp_path):
+    """scenario_made's repository and storage, copied for the test to change as it likes."""
+    made, hashes, side = scenario_made
+    shutil.copytree(made, tmp_path, symlinks=True, dirs_exist_ok=True)
+    return tmp_path / "repo", tmp_path / "storage", hashes, side
+
+
+@pytest.fixture(scope="module")
+def scenario_made(tmp_path_factory):
     """13 commits: commit 4 makes the step 20 % slower, commits 6-12 each 2 % (7 commits, 1.15x in all);
     runner-a times every commit once, runner-b (4x the cores, 2x faster) every other, with no step;
-    a run of a side branch's commit and a run with uncommitted changes are saved too."""
-    repo = tmp_path / "repo"
+    a run of a side branch's commit and a run with uncommitted changes are saved too. Made once for the
+    module (about 45 git commands) and copied by each test that takes `scenario`."""
+    folder = tmp_path_factory.mktemp("scenario")
+    repo = folder / "repo"
     hashes = make_repo(repo, 13)
     levels = step_levels(13, slow_at=4, creep_from=6, creep_commits=7)
-    storage, rng = Storage(tmp_path / "storage"), random.Random(7)
+    storage, rng = Storage(folder / "storage"), random.Random(7)
     for i, commit in enumerate(hashes):
         storage.save(commit, RUNNER_A, {STEP: noisy(rng, levels[i]), OTHER: noisy(rng, 0.010)})
         if i % 2 == 0:
@@ -121,7 +131,7 @@ def scenario(tmp_path):
     git(repo, "checkout", "-q", "main")
     storage.save(side, RUNNER_A, {STEP: 0.200, OTHER: 0.010})
     storage.save(hashes[-1], RUNNER_A, {STEP: 0.300, OTHER: 0.010}, dirty=True)
-    return repo, storage.path, hashes, side
+    return folder, hashes, side
 
 
 def test_the_slow_commit_is_found_with_its_commit_range(scenario):

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 from html import escape
@@ -124,12 +125,22 @@ def benchmarks(i: int, scale: float, rng: random.Random) -> list[dict]:
 
 
 @pytest.fixture
-def ci(tmp_path):
+def ci(ci_made, tmp_path):
+    """ci_made's repository and storage, copied for the test to change as it likes."""
+    made, line, branch, odd = ci_made
+    shutil.copytree(made, tmp_path, symlinks=True, dirs_exist_ok=True)
+    return tmp_path / "repo", tmp_path / "storage", line, branch, odd
+
+
+@pytest.fixture(scope="module")
+def ci_made(tmp_path_factory):
     """14 first-parent commits, two of them --no-ff merges of a 2-commit branch (at 4 and 9); the Xeon
     times each twice (its first 5 commits in a folder of another name), the EPYC once, in the Xeon's
     folder; the branches' commits, a rebased-away commit, a dirty run, runs with no or odd commit_info,
-    another project's run, a run copied into a second folder and a --benchmark-save file beside them."""
-    repo = new_repo(tmp_path / "repo")
+    another project's run, a run copied into a second folder and a --benchmark-save file beside them.
+    Made once for the module (about 65 git commands) and copied by each test that takes `ci`."""
+    folder = tmp_path_factory.mktemp("ci")
+    repo = new_repo(folder / "repo")
     line, branch = [], []
     for i in range(14):
         if i in (4, 9):
@@ -146,7 +157,7 @@ def ci(tmp_path):
     git(repo, "branch", "-q", "-D", "gone")
     git(repo, "reflog", "expire", "--expire=now", "--all")
     git(repo, "gc", "-q", "--prune=now")
-    storage, rng = Storage(tmp_path / "storage"), random.Random(5)
+    storage, rng = Storage(folder / "storage"), random.Random(5)
     for i, sha in enumerate(line):
         for k in range(2):
             storage.save(sha, XEON, benchmarks(i, 1.0, rng), folder="ci-old" if i < 5 else FOLDER,
@@ -163,7 +174,7 @@ def ci(tmp_path):
     storage.save(line[-1], XEON, benchmarks(13, 1.0, rng), commit_info=None)
     storage.save(line[-1], XEON, benchmarks(13, 1.0, rng), commit_info="abc")   # not a record: no traceback
     storage.save(odd["other"], XEON, benchmarks(13, 1.0, rng), project="other")
-    return repo, storage.path, line, branch, odd
+    return folder, line, branch, odd
 
 
 def settings(storage, repo, **options):
