@@ -1,5 +1,6 @@
 """Root conftest: device facts, the GPU gate (`requires_gpus(n)`), benchmark
-machine info, and `--model MODULE:FUNCTION` (your model instead of mgpu's own).
+machine info, `--model MODULE:FUNCTION` (your model instead of mgpu's own), and the garbage
+collector's permanent generation after collection.
 
 Nothing here initialises CUDA: `torch.cuda.device_count()` asks the driver (NVML) only, so
 test collection stays cheap and forked test helpers stay safe.
@@ -8,6 +9,7 @@ test collection stays cheap and forked test helpers stay safe.
 from __future__ import annotations
 
 import functools
+import gc
 import os
 
 import pytest
@@ -61,6 +63,17 @@ def pytest_configure(config):
     except MgpuError as e:
         raise pytest.UsageError(f"--model {target}: {one_line(e)}") from None
     config.mgpu_model_spec = spec
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """Move what collection left alive (torch, hypothesis, every test module: hundreds of thousands of
+    objects) into the garbage collector's permanent generation. A full collection otherwise walks all
+    of them each time the tests' own allocations trigger one, which made the cyclic collector a large
+    share of a test process's CPU (docs/notes/suite-times.md, 2026-11-28). The objects stay as they
+    are; what the tests allocate is still collected. Garbage first, so that none is kept for good."""
+    gc.collect()
+    gc.freeze()
 
 
 def requires_gpus(n: int = 1):
