@@ -41,6 +41,7 @@ What the agent lacks, added here in a few lines each:
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import multiprocessing
 import os
@@ -72,9 +73,9 @@ DEADLINE_EXIT = errors.EXIT_RANK_DEADLINE
 # session, `mgpu check` over several world sizes) reuse the server. The server is a fresh,
 # single-threaded process that never touched CUDA, so forking it is safe.
 START_METHOD = "forkserver"
-# torch._dynamo: DDP's constructor and the optimizers import it (about 1 s of a rank's start).
+# mgpu/fork_server.py imports torch and what every rank needs, with the garbage collector's care;
 # `_server_preload` adds the module of the first spawn's rank function where it is mgpu's own.
-_SERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "mgpu.launch"]
+_SERVER_PRELOAD = ["mgpu.fork_server"]
 # The environment this module was imported with. In a rank forked from the server it is the
 # server's (the launcher's when the server started), before the agent added RANK, WORLD_SIZE, ...
 _ENV_AT_IMPORT = dict(os.environ)
@@ -167,6 +168,10 @@ def _adopt_environment(launcher_env: dict) -> None:
 
 @record
 def _rank_main(fn: Callable, cfg_bytes: bytes, launcher_pid: int, end_time: float | None, launcher_env: dict) -> Any:
+    # What the fork server imported (torch: hundreds of thousands of objects) goes to the garbage
+    # collector's permanent generation: each full collection of the rank then walks only what the
+    # rank allocates. (Python's docs advise this after a fork; it also keeps those pages shared.)
+    gc.freeze()
     _adopt_environment(launcher_env)
     cfg = pickle.loads(cfg_bytes)
     _die_with_parent(launcher_pid)
