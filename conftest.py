@@ -1,6 +1,6 @@
 """Root conftest: device facts, the GPU gate (`requires_gpus(n)`), benchmark
-machine info, `--model MODULE:FUNCTION` (your model instead of mgpu's own), and the garbage
-collector's permanent generation after collection.
+machine info, `--model MODULE:FUNCTION` (your model instead of mgpu's own), the garbage
+collector's permanent generation after collection, and pytester runs that keep the libraries they import.
 
 Nothing here initialises CUDA: `torch.cuda.device_count()` asks the driver (NVML) only, so
 test collection stays cheap and forked test helpers stay safe.
@@ -11,7 +11,10 @@ from __future__ import annotations
 import functools
 import gc
 import os
+import sys
+import sysconfig
 
+import _pytest.pytester
 import pytest
 import torch
 
@@ -74,6 +77,41 @@ def pytest_collection_finish(session):
     are; what the tests allocate is still collected. Garbage first, so that none is kept for good."""
     gc.collect()
     gc.freeze()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test with pytester keeps what its in-process pytest runs import of libraries (mgpu, torch, the
+    project's helpers). pytester puts sys.modules back as it was before each such run, so that the next
+    run imports its test files anew; but a library module first imported during the run (say mgpu.run,
+    when the inner session collected correctness/) then left sys.modules while its package still held it.
+    Later in this process `from mgpu import run` and `from mgpu.run import train` named two modules: a test
+    that patched the first ran a real training through the second (an hour at generic kernels), and
+    torch, importing its dropped torch._inductor.test_operators again, failed to register its operators
+    twice. Test files, conftests and files outside the project still go, as pytester intends."""
+    if "pytester" not in getattr(item, "fixturenames", ()):
+        return (yield)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_pytest.pytester, "SysModulesSnapshot", _keeping_libraries(item.config.rootpath))
+        return (yield)
+
+
+def _keeping_libraries(root):
+    libraries = tuple(os.path.join(path, "") for path in {str(root), *sysconfig.get_paths().values()})
+
+    def is_library(name: str) -> bool:
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path is None:  # built in, frozen or a namespace package
+            return True
+        base = os.path.basename(path)
+        test_code = base == "conftest.py" or base.startswith("test_") or base.endswith("_test.py")
+        return path.startswith(libraries) and not test_code
+
+    class SnapshotKeepingLibraries(_pytest.pytester.SysModulesSnapshot):
+        def __init__(self, preserve=None):
+            super().__init__(preserve=lambda name: is_library(name) or (preserve is not None and preserve(name)))
+
+    return SnapshotKeepingLibraries
 
 
 def requires_gpus(n: int = 1):
