@@ -445,6 +445,37 @@ def test_the_step_timeout_does_not_count_torch_compile_compiling():
     assert not compiling.callback_handler.end_callbacks, "the pause's callbacks outlived the timed-out step"
 
 
+def test_a_step_timeout_puts_back_the_timer_it_found():
+    """pytest-timeout's backstop (pytest.ini's timeout) is a SIGALRM timer too: a check run in a test's
+    own process leaves it running, with its handler and the time it had left, so that a hang later in
+    the same test still ends; one that came due during the step fires when the step ends."""
+    import signal
+    import time
+
+    from mgpu.check.model.timeout import step_timeout
+
+    fired = []
+    handler = lambda signum, frame: fired.append(time.monotonic())  # noqa: E731
+    old_handler = signal.signal(signal.SIGALRM, handler)
+    old_left, old_interval = signal.setitimer(signal.ITIMER_REAL, 30)
+    try:
+        with step_timeout(5, "step 1"):
+            time.sleep(0.1)
+        left = signal.getitimer(signal.ITIMER_REAL)[0]
+        assert signal.getsignal(signal.SIGALRM) is handler, "the caller's SIGALRM handler was not put back"
+        assert 29.0 < left < 29.95, f"the caller's timer has {left:.2f} s left after a 0.1-s step, not about 29.9"
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with step_timeout(5, "step 2"):
+            time.sleep(0.5)  # the caller's timer comes due here
+        ended = time.monotonic()
+        while not fired and time.monotonic() < ended + 2:
+            time.sleep(0.01)
+        assert fired and fired[0] - ended < 1, f"the caller's timer, due during the step, did not fire when it ended: {fired}"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, old_left, old_interval)
+        signal.signal(signal.SIGALRM, old_handler)
+
+
 def test_a_ranks_step_timeout_leaves_out_what_the_other_ranks_compiled(tmp_path):
     """Under --compile a rank waits at a collective for a rank that compiles again (its pieces of the
     batch have another shape). The ranks write their compile seconds to a folder they share; a step's

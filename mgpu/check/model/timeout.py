@@ -28,7 +28,9 @@ def step_timeout(seconds: float | None, what: str, peers: str | None = None):
     runner) and other work beside it that takes longer than a step may, and it is not a hang.
     `peers`: a folder the ranks of one run share (RankCompiles). A rank waits at a collective for
     one that still compiles (its pieces of the batch have another shape, so it compiles again when
-    this one does not): the time the other ranks compiled while this step ran is left out too."""
+    this one does not): the time the other ranks compiled while this step ran is left out too.
+    A timer that was running when the step began (SIGALRM's handler and its time left) is put back
+    when the step ends; one that came due during the step fires then."""
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -48,13 +50,16 @@ def step_timeout(seconds: float | None, what: str, peers: str | None = None):
                            "(or is too slow for --step-timeout; torch.compile's compiling is not counted)")
 
     old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    outer_left, outer_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    began = time.monotonic()
     try:
         with _timer_paused_while_compiling(clocks):
             yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+        if outer_left > 0:  # a timer of the caller's (pytest-timeout's backstop, say) runs on; one due meanwhile fires now
+            signal.setitimer(signal.ITIMER_REAL, max(outer_left - (time.monotonic() - began), 1e-3), outer_interval)
 
 
 @contextlib.contextmanager
