@@ -79,21 +79,22 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(hookwrapper=True)  # the old style: the GPU machine's pytest may predate wrapper=True
 def pytest_runtest_protocol(item, nextitem):
     """A test with pytester keeps what its in-process pytest runs import of libraries (mgpu, torch, the
     project's helpers). pytester puts sys.modules back as it was before each such run, so that the next
-    run imports its test files anew; but a library module first imported during the run (say mgpu.run,
-    when the inner session collected correctness/) then left sys.modules while its package still held it.
-    Later in this process `from mgpu import run` and `from mgpu.run import train` named two modules: a test
-    that patched the first ran a real training through the second (an hour at generic kernels), and
-    torch, importing its dropped torch._inductor.test_operators again, failed to register its operators
-    twice. Test files, conftests and files outside the project still go, as pytester intends."""
+    run imports its test files anew; but a library module first imported during the run (mgpu.run, when
+    the inner session collected correctness/) then left sys.modules while its package still held it.
+    Later in this process `from mgpu import run` and `from mgpu.run import train` named two modules: a
+    test that patched the first ran a full-size training through the second (still running 400 s on at
+    generic kernels), and torch, importing its dropped torch._inductor.test_operators again, failed to
+    register those operators twice. Test files, conftests and files outside the project still go."""
     if "pytester" not in getattr(item, "fixturenames", ()):
-        return (yield)
+        yield
+        return
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_pytest.pytester, "SysModulesSnapshot", _keeping_libraries(item.config.rootpath))
-        return (yield)
+        yield
 
 
 def _keeping_libraries(root):

@@ -668,7 +668,9 @@ def test_cli_reports_sigterm_with_exit_code_143(monkeypatch, capsys):
         raise launch.Terminated(signal.SIGTERM)
 
     monkeypatch.setattr(run_module, "train", stopped)
-    assert cli.main(["train", "--out", ""]) == 143
+    # A run of seconds, should the patch miss the `train` the command calls: it then ends 0, not 143.
+    tiny = ["--model", "lenet", "--epochs", "1", "--batch-size", "8", "--train-size", "8", "--test-size", "8", "--no-progress"]
+    assert cli.main(["train", *tiny, "--out", ""]) == 143, "the command did not call the patched mgpu.run.train"
     assert capsys.readouterr().err == "mgpu: terminated: every rank stopped\n"
 
 
