@@ -39,6 +39,11 @@ def statuses(report) -> dict:
     return {(r.name, r.strategy, r.devices): r for r in report.results}
 
 
+def outcome(report) -> list:
+    """Each comparison's status, and for one that failed its first divergence (a failure's reason is empty)."""
+    return [(r.name, r.status, r.first_divergence.describe() if r.first_divergence else r.reason) for r in report.results]
+
+
 def by_name(report, name: str):
     found = [r for r in report.results if r.name == name]
     assert found, f"no check named {name!r} in {[r.name for r in report.results]}"
@@ -139,7 +144,7 @@ def test_dropout_that_forward_calls_through_torchs_functions_is_switched_off_and
     and F.dropout and never call the module: evaluating the modules would leave that on."""
     report = check("functional_dropout")
     assert not [r for r in report.results if r.name == "randomness"], "dropout mistaken for other randomness"
-    assert not report.failures and report.verified, [(r.name, r.status, r.reason) for r in report.results]
+    assert not report.failures and report.verified, outcome(report)
     reason = by_name(report, "random-layers").reason
     assert "2 call(s) to scaled_dot_product_attention(dropout_p=0.1) in each forward" in reason, reason
     assert "2 call(s) to dropout(p=0.2) in each forward" in reason, reason
@@ -160,7 +165,7 @@ def test_stochastic_depth_is_switched_off_and_named_not_taken_for_randomness():
 
     report = run_check(image_spec(vit, (1, 8, 8), 4, name="vit_drop_path"), MANUAL_2)
     assert not [r for r in report.results if r.name == "randomness"], "stochastic depth taken for randomness"
-    assert not report.failures and report.verified, [(r.name, r.status, r.reason) for r in report.results]
+    assert not report.failures and report.verified, outcome(report)
     reason = by_name(report, "random-layers").reason
     assert reason.startswith("dropout and stochastic depth switched off for every check") and "drop_path" in reason, \
         reason
@@ -169,7 +174,7 @@ def test_stochastic_depth_is_switched_off_and_named_not_taken_for_randomness():
 @pytest.mark.parametrize("model", ["record_output", "named_output"])
 def test_a_dict_output_is_scored_on_its_logits_or_the_field_the_spec_names(model):
     report = check(model)
-    assert not report.failures and report.verified, [(r.name, r.status, r.reason) for r in report.results]
+    assert not report.failures and report.verified, outcome(report)
 
 
 def test_lazy_modules_are_materialised_before_anything_is_copied():
@@ -177,7 +182,7 @@ def test_lazy_modules_are_materialised_before_anything_is_copied():
     built = spec.build_seeded(3)
     assert built.fc1.weight.shape == (16, 64) and torch.equal(built.fc1.weight, spec.build_seeded(3).fc1.weight)
     report = check("lazy")
-    assert not report.failures and report.verified, [(r.name, r.status, r.reason) for r in report.results]
+    assert not report.failures and report.verified, outcome(report)
 
 
 def test_batch_mixing_through_a_buffer_read_in_the_same_forward_names_the_buffer():

@@ -542,7 +542,9 @@ def _hang_forever(rendezvous_port):
         if port is not None:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 held[port] = s.connect_ex(("127.0.0.1", port)) == 0
-    print(f"rank {os.environ['RANK']} up, ports held: {held}", file=sys.stderr, flush=True)
+    # One write: the ranks share the launcher's stderr, and print() writes a line and its newline apart
+    # (stderr is unbuffered), so two ranks' lines could run together ("{...}rank 1 up, ...").
+    os.write(2, f"rank {os.environ['RANK']} up, ports held: {held}\n".encode())
     while True:
         time.sleep(1)
 
