@@ -139,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = TrainConfig.from_namespace(args)  # text -> numbers -> validate(): its rules and messages
     except ConfigError as e:
         parser.error(one_line(e))
-    from mgpu.run import train  # after checking: `--help`, typos and bad values answer without importing torch
+    from mgpu.startup import imports_uncollected
+
+    with imports_uncollected():
+        from mgpu.run import train  # after checking: `--help`, typos and bad values answer without importing torch
 
     def run() -> int:
         train(cfg)

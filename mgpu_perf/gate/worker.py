@@ -157,10 +157,17 @@ def main(argv: list[str]) -> int:
     if "--require-mgpu" in argv[1:] and not _inside(where, tree):
         out.write(json.dumps({"error": f"mgpu was imported from {where}, not from {tree}"}) + "\n")
         return 1
-    from mgpu_perf.harness import workloads
+    # torch and the code under test imported with the garbage collector paused, then frozen, as
+    # mgpu.startup does (not imported from there: the tree under test may be older than it)
+    gc.disable()
+    try:
+        from mgpu_perf.harness import workloads
 
-    NOT_COMPARABLE = not_comparable_errors()
-    import torch
+        NOT_COMPARABLE = not_comparable_errors()
+        import torch
+    finally:
+        gc.freeze()
+        gc.enable()
 
     threads = torch.get_num_threads()  # each workload starts from it (_setup)
     out.write(json.dumps({"ready": True, "versions": versions(), "mgpu": where}) + "\n")
