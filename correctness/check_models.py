@@ -306,10 +306,15 @@ def compiled_ddp_bypassing_the_reducer() -> ModelSpec:
     """A planted defect in how a strategy compiles, for `check --compile`: DDP's inner module is
     compiled instead of the DDP wrapper, so the training forward and backward never reach DDP's
     reducer and no gradient is averaged over the ranks. The ranks are fresh processes: the plant is
-    made wherever this spec is loaded (a test restores the launching process's class)."""
+    made wherever this spec is loaded (a test restores the launching process's class).
+    The defect is in what is compiled, which dynamo's capture decides (the inner module's graph has
+    no reducer hook), not in the kernels inductor would build from it: the plant compiles with
+    torch's "aot_eager" backend, the same capture and AOTAutograd backward without building C++ (on
+    a cold cache, every rank compiles every kernel with g++ itself)."""
     from mgpu.strategies.ddp import DistributedDataParallel
 
-    DistributedDataParallel.compiled = lambda self, net: torch.compile(net.module) if self.compile_model else net
+    DistributedDataParallel.compiled = (lambda self, net: torch.compile(net.module, backend="aot_eager")
+                                        if self.compile_model else net)
     return mlp()
 
 
